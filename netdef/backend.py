@@ -1,0 +1,99 @@
+"""The array module (NumPy on the CPU, CuPy on a GPU), device selection and random state.
+
+This is the one place with process-wide mutable state, on purpose: Caffe's mode/device setting and
+its random seed are global too, and pycaffe users call ``netdef.set_device`` / ``netdef.set_random_seed``
+once at start-up.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+_state = {"device": "cpu", "device_id": 0, "rng": np.random.default_rng(), "dtype": np.float32}
+
+
+def set_device(device: str = "cpu", device_id: int = 0) -> None:
+    """Select where new blobs live: ``"cpu"`` (NumPy) or ``"gpu"`` (CuPy on ``device_id``)."""
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"set_device: device must be 'cpu' or 'gpu', not {device!r}")
+    if device == "gpu":
+        try:
+            import cupy
+        except ImportError as exc:  # pragma: no cover - depends on the machine
+            raise RuntimeError("set_device('gpu') needs CuPy: pip install cupy-cuda12x (or the build for your CUDA)") from exc
+        cupy.cuda.Device(device_id).use()
+    _state["device"] = device
+    _state["device_id"] = device_id
+
+
+def set_mode_cpu() -> None:
+    """pycaffe's spelling of ``set_device('cpu')``."""
+    set_device("cpu")
+
+
+def set_mode_gpu() -> None:
+    """pycaffe's spelling of ``set_device('gpu')``."""
+    set_device("gpu", _state["device_id"])
+
+
+def set_device_id(device_id: int) -> None:
+    """pycaffe's ``caffe.set_device(id)``: choose the GPU without switching mode."""
+    _state["device_id"] = device_id
+
+
+def device() -> str:
+    return _state["device"]
+
+
+def xp():
+    """The array module new blobs are allocated with."""
+    if _state["device"] == "gpu":
+        import cupy
+
+        return cupy
+    return np
+
+
+def get_array_module(*arrays):
+    """NumPy or CuPy, whichever owns ``arrays`` (Chainer's discipline: layers never import cupy)."""
+    for a in arrays:
+        if type(a).__module__.startswith("cupy"):
+            import cupy
+
+            return cupy
+    return np
+
+
+def to_host(array) -> np.ndarray:
+    """A NumPy array with the same values (no copy when it already is one)."""
+    if isinstance(array, np.ndarray):
+        return array
+    if hasattr(array, "get"):
+        return array.get()
+    return np.asarray(array)
+
+
+def to_device(array, like=None):
+    """Move a host array to the current device (or to the module of ``like``)."""
+    module = get_array_module(like) if like is not None else xp()
+    if module is np:
+        return to_host(array)
+    return module.asarray(array)
+
+
+def set_random_seed(seed: int) -> None:
+    """Seed netdef's random generator (fillers, dropout, shuffling): same seed, same run."""
+    _state["rng"] = np.random.default_rng(seed)
+
+
+def rng() -> np.random.Generator:
+    """The generator that fillers and stochastic layers draw from."""
+    return _state["rng"]
+
+
+def default_dtype():
+    return _state["dtype"]
+
+
+def set_default_dtype(dtype) -> None:
+    """float32 (Caffe's) by default; float64 for numerical gradient checks."""
+    _state["dtype"] = np.dtype(dtype).type

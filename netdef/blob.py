@@ -1,0 +1,152 @@
+"""Blob: an N-d array of values (``data``) and of gradients (``diff``), as in Caffe.
+
+Both arrays belong to the current array module and are allocated lazily on first access, so a net can
+be built (shapes only) without touching memory. Rules layers follow:
+- A layer may replace a top's ``data`` (``top.data = y``) or a bottom's ``diff`` with a new array of the
+  blob's shape; ``Blob`` checks the shape and casts to the blob's dtype.
+- Parameter blobs are only ever updated in place (``+=``, ``[...] =``): shared parameters and the
+  gradient exchange hold views of them.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import backend
+
+
+def _as_shape(shape) -> tuple:
+    if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+        shape = tuple(shape[0])
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"blob dimensions must be non-negative, got {shape}")
+    return shape
+
+
+class Blob:
+    """Holds ``data`` and ``diff`` of one shape. ``Blob(2, 3)`` or ``Blob((2, 3))``."""
+
+    def __init__(self, *shape, dtype=None, name: str = ""):
+        self.name = name
+        self.dtype = np.dtype(dtype or backend.default_dtype()).type
+        self._shape = _as_shape(shape) if shape else ()
+        self._data = None
+        self._diff = None
+        self._xp = backend.xp()
+
+    # ------------------------------------------------------------------ shape
+    @property
+    def shape(self) -> tuple:
+        return self._shape
+
+    def reshape(self, *shape) -> None:
+        """Set a new shape; the contents are kept when the element count is unchanged."""
+        new_shape = _as_shape(shape)
+        if new_shape == self._shape:
+            return
+        same_count = math.prod(new_shape) == math.prod(self._shape)
+        self._data = self._data.reshape(new_shape) if (same_count and self._data is not None) else None
+        self._diff = self._diff.reshape(new_shape) if (same_count and self._diff is not None) else None
+        self._shape = new_shape
+
+    def reshape_like(self, other: "Blob") -> None:
+        self.reshape(other.shape)
+
+    @property
+    def count(self) -> int:
+        return math.prod(self._shape)
+
+    def count_range(self, start: int, end: int | None = None) -> int:
+        return math.prod(self._shape[start:end])
+
+    @property
+    def num_axes(self) -> int:
+        return len(self._shape)
+
+    def canonical_axis(self, axis: int) -> int:
+        """Caffe's CanonicalAxisIndex: negative axes count from the end; out of range is an error."""
+        n = len(self._shape)
+        if not -n <= axis < max(n, 1):
+            raise IndexError(f"axis {axis} out of range for blob {self.name!r} of shape {self._shape}")
+        return axis + n if axis < 0 else axis
+
+    def _legacy(self, index: int) -> int:
+        # Caffe's LegacyShape: missing leading axes read as 1 for blobs of fewer than four axes.
+        if len(self._shape) > 4:
+            raise ValueError(f"blob {self.name!r} has {len(self._shape)} axes; num/channels/height/width need <= 4")
+        if index >= len(self._shape):
+            return 1
+        return self._shape[index]
+
+    num = property(lambda self: self._legacy(0))
+    channels = property(lambda self: self._legacy(1))
+    height = property(lambda self: self._legacy(2))
+    width = property(lambda self: self._legacy(3))
+
+    # ------------------------------------------------------------------ contents
+    def _fresh(self):
+        return self._xp.zeros(self._shape, dtype=self.dtype)
+
+    def _checked(self, value, what: str):
+        module = backend.get_array_module(value)
+        if module is not self._xp:
+            value = backend.to_device(value, like=self._xp.empty(0))
+        arr = self._xp.asarray(value, dtype=self.dtype)
+        if arr.shape != self._shape:
+            if arr.size == self.count:
+                arr = arr.reshape(self._shape)
+            else:
+                raise ValueError(f"blob {self.name!r}: {what} of shape {arr.shape} does not fit shape {self._shape}")
+        return arr
+
+    @property
+    def data(self):
+        if self._data is None:
+            self._data = self._fresh()
+        return self._data
+
+    @data.setter
+    def data(self, value) -> None:
+        self._data = self._checked(value, "data")
+
+    @property
+    def diff(self):
+        if self._diff is None:
+            self._diff = self._fresh()
+        return self._diff
+
+    @diff.setter
+    def diff(self, value) -> None:
+        self._diff = self._checked(value, "diff")
+
+    @property
+    def has_data(self) -> bool:
+        return self._data is not None
+
+    def share_data(self, other: "Blob") -> None:
+        """Make this blob's data the same array as ``other``'s (same count, own shape)."""
+        if other.count != self.count:
+            raise ValueError(f"cannot share data of {other.name!r} {other.shape} with {self.name!r} {self.shape}")
+        self._data = other.data.reshape(self._shape)
+
+    def share_diff(self, other: "Blob") -> None:
+        if other.count != self.count:
+            raise ValueError(f"cannot share diff of {other.name!r} {other.shape} with {self.name!r} {self.shape}")
+        self._diff = other.diff.reshape(self._shape)
+
+    def zero_diff(self) -> None:
+        if self._diff is not None:
+            self._diff[...] = 0
+
+    def astype(self, dtype) -> None:
+        """Change the element type, converting contents (used for float64 gradient checks)."""
+        self.dtype = np.dtype(dtype).type
+        if self._data is not None:
+            self._data = self._data.astype(self.dtype)
+        if self._diff is not None:
+            self._diff = self._diff.astype(self.dtype)
+
+    def __repr__(self) -> str:
+        return f"Blob({self.name!r}, shape={self._shape})"

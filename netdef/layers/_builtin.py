@@ -1,0 +1,2 @@
+"""Imports every built-in layer family so that their types are registered."""
+from . import activation, data, dense, loss, normalization, python, shape, vision  # noqa: F401

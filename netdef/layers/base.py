@@ -1,0 +1,141 @@
+"""The layer contract and the type registry.
+
+Every layer, built-in or a user's, implements four methods against the current array module:
+
+- ``setup(bottom, top)``: read parameters from ``self.layer_param`` once, create ``self.blobs``.
+- ``reshape(bottom, top)``: derive top shapes from bottom shapes (called again when inputs change).
+- ``forward(bottom, top)``: compute tops.
+- ``backward(top, propagate_down, bottom)``: write ``bottom[i].diff`` for each ``i`` with
+  ``propagate_down[i]`` and *add* parameter gradients into ``self.blobs[j].diff`` where
+  ``self.param_propagate_down[j]`` (adding is what makes shared parameters and ``iter_size`` work).
+
+Parameter defaults live in the schema (``netdef.proto``), never in layer code. pycaffe Python layers
+(``class L(caffe.Layer)`` with the same four methods) work unchanged as ``class L(netdef.Layer)``.
+"""
+from __future__ import annotations
+
+from ..blob import Blob
+from ..proto import netdef_pb2 as pb
+
+TRAIN = pb.TRAIN
+TEST = pb.TEST
+
+_REGISTRY: dict[str, type] = {}
+
+
+class LayerError(Exception):
+    """A problem with one layer's definition or inputs; the message names the layer."""
+
+
+def register_layer(type_name: str):
+    """Class decorator: ``@register_layer("MyType")`` makes ``type: "MyType"`` build that class."""
+
+    def decorate(cls):
+        existing = _REGISTRY.get(type_name)
+        if existing is not None and existing is not cls and existing.__qualname__ != cls.__qualname__:
+            raise ValueError(f"layer type {type_name!r} is already registered to {existing.__module__}.{existing.__qualname__}")
+        _REGISTRY[type_name] = cls
+        cls.type_name = type_name
+        return cls
+
+    return decorate
+
+
+def layer_class(type_name: str) -> type:
+    """The class registered for ``type_name``; a KeyError that lists the known types otherwise."""
+    _load_builtin_layers()
+    try:
+        return _REGISTRY[type_name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise KeyError(f"unknown layer type {type_name!r} (known types: {known})") from None
+
+
+def registered_types() -> list[str]:
+    _load_builtin_layers()
+    return sorted(_REGISTRY)
+
+
+def _load_builtin_layers() -> None:
+    # Importing the family modules runs their @register_layer decorators; done lazily so that
+    # importing netdef.layers.base has no side effects.
+    from . import _builtin  # noqa: F401
+
+
+class Layer:
+    """Base class of every layer. Subclasses override the four methods and optionally the
+    class attributes that describe blob counts and loss behaviour."""
+
+    type_name = "Layer"
+    #: Blob-count contract, checked before setup (None: no constraint).
+    exact_num_bottom: int | None = None
+    min_bottom: int | None = None
+    max_bottom: int | None = None
+    exact_num_top: int | None = None
+    min_top: int | None = None
+    max_top: int | None = None
+    #: A loss layer's first top gets loss_weight 1 unless the prototxt says otherwise.
+    is_loss = False
+    #: Whether the net may create missing tops automatically (Caffe's AutoTopBlobs).
+    auto_top_blobs = False
+
+    def __init__(self, layer_param: pb.LayerParameter | None = None):
+        self.layer_param = layer_param if layer_param is not None else pb.LayerParameter()
+        self.blobs: list[Blob] = []
+        self.param_propagate_down: list[bool] = []
+        self.phase = self.layer_param.phase if self.layer_param.HasField("phase") else TRAIN
+        self.param_str = self.layer_param.python_param.param_str
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def name(self) -> str:
+        return self.layer_param.name
+
+    @property
+    def type(self) -> str:
+        return self.layer_param.type or self.type_name
+
+    # ------------------------------------------------------------------ the contract
+    def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
+        """Read parameters and create learnable blobs. Default: nothing to set up."""
+
+    def reshape(self, bottom: list[Blob], top: list[Blob]) -> None:
+        raise NotImplementedError(f"layer {self.name!r} ({self.type}) does not implement reshape")
+
+    def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
+        raise NotImplementedError(f"layer {self.name!r} ({self.type}) does not implement forward")
+
+    def backward(self, top: list[Blob], propagate_down: list[bool], bottom: list[Blob]) -> None:
+        """Default: no gradient (layers that cannot back-propagate, e.g. data layers)."""
+
+    def allow_force_backward(self, bottom_index: int) -> bool:
+        """Whether ``force_backward`` may ask for this bottom's gradient (False for labels)."""
+        return True
+
+    # ------------------------------------------------------------------ framework side
+    def check_blob_counts(self, bottom: list[Blob], top: list[Blob]) -> None:
+        def check(kind, n, exact, lo, hi):
+            if exact is not None and n != exact:
+                raise LayerError(f"layer {self.name!r} ({self.type}) takes {exact} {kind} blob(s), got {n}")
+            if lo is not None and n < lo:
+                raise LayerError(f"layer {self.name!r} ({self.type}) takes at least {lo} {kind} blob(s), got {n}")
+            if hi is not None and n > hi:
+                raise LayerError(f"layer {self.name!r} ({self.type}) takes at most {hi} {kind} blob(s), got {n}")
+
+        check("bottom", len(bottom), self.exact_num_bottom, self.min_bottom, self.max_bottom)
+        check("top", len(top), self.exact_num_top, self.min_top, self.max_top)
+
+    def setup_layer(self, bottom: list[Blob], top: list[Blob]) -> None:
+        """Caffe's Layer::SetUp: check counts, set up, then shape the tops."""
+        self.check_blob_counts(bottom, top)
+        self.setup(bottom, top)
+        if len(self.param_propagate_down) != len(self.blobs):
+            self.param_propagate_down = [True] * len(self.blobs)
+        self.reshape(bottom, top)
+
+    def error(self, message: str) -> LayerError:
+        """An exception whose message names this layer; ``raise self.error("...")``."""
+        return LayerError(f"layer {self.name!r} ({self.type}): {message}")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"

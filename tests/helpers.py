@@ -1,0 +1,168 @@
+"""Shared test helpers: where ../shared is, one numerical gradient checker, and a runner for the
+single-layer Caffe oracles in ../shared/fixtures/caffe-ref/layers/."""
+from __future__ import annotations
+
+import contextlib
+import pathlib
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from netdef import backend
+from netdef.blob import Blob
+from netdef.layers.base import TEST, TRAIN, layer_class
+from netdef.proto import netdef_pb2 as pb
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+CAFFE_REF = SHARED / "fixtures" / "caffe-ref"
+LAYER_CASES = CAFFE_REF / "layers"
+
+
+def shared_path(*parts: str) -> pathlib.Path:
+    """A path under ../shared, skipping the calling test (with the reason) when it is absent."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent: ../shared (Caffe reference fixtures) is not beside this checkout")
+    return path
+
+
+@contextlib.contextmanager
+def default_dtype(dtype):
+    old = backend.default_dtype()
+    backend.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        backend.set_default_dtype(old)
+
+
+def parse_layer(text: str, phase: int = TRAIN) -> pb.LayerParameter:
+    param = text_format.Parse(text, pb.LayerParameter())
+    param.phase = phase
+    return param
+
+
+def make_layer(layer_param: pb.LayerParameter):
+    return layer_class(layer_param.type)(layer_param)
+
+
+def blobs_from(arrays, dtype) -> list[Blob]:
+    out = []
+    for i, a in enumerate(arrays):
+        b = Blob(np.shape(a), dtype=dtype, name=f"x{i}")
+        b.data[...] = np.asarray(a, dtype=dtype)
+        out.append(b)
+    return out
+
+
+def build(layer_param, bottoms, num_tops: int, dtype=np.float64, params=None):
+    """Instantiate and set up one layer on fresh blobs; ``params`` (arrays) replace the fillers."""
+    with default_dtype(dtype):
+        layer = make_layer(layer_param)
+        bottom = blobs_from(bottoms, dtype)
+        top = [Blob(dtype=dtype, name=f"y{i}") for i in range(num_tops)]
+        layer.setup_layer(bottom, top)
+        if params is not None:
+            assert len(params) == len(layer.blobs), f"layer has {len(layer.blobs)} blobs, {len(params)} given"
+            for blob, value in zip(layer.blobs, params):
+                assert blob.shape == np.shape(value), f"param shape {blob.shape} != {np.shape(value)}"
+                blob.data[...] = value
+    return layer, bottom, top
+
+
+def _objective(layer, bottom, top, top_diffs):
+    layer.reshape(bottom, top)
+    layer.forward(bottom, top)
+    return sum(float(np.sum(t.data * d)) for t, d in zip(top, top_diffs))
+
+
+def check_gradients(layer_param, bottoms, num_tops=1, params=None, check_bottoms=None, check_params=True,
+                    step=1e-4, rtol=1e-4, atol=1e-6, seed=0, top_diffs=None):
+    """Central-difference check (float64) of every requested bottom and parameter gradient of
+    J = sum_i <top_i, top_diff_i>. Loss layers: pass ``top_diffs=[1.0]`` (the loss weight)."""
+    rng = np.random.default_rng(seed)
+    bottoms = [np.asarray(b, dtype=np.float64) for b in bottoms]
+    layer, bottom, top = build(layer_param, bottoms, num_tops, np.float64, params)
+    layer.forward(bottom, top)
+    if top_diffs is None:
+        top_diffs = [rng.standard_normal(t.shape) for t in top]
+    top_diffs = [np.broadcast_to(np.asarray(d, dtype=np.float64), t.shape).copy() for t, d in zip(top, top_diffs)]
+    if check_bottoms is None:
+        check_bottoms = list(range(len(bottom)))
+    for t, d in zip(top, top_diffs):
+        t.diff = d.copy()
+    for p in layer.blobs:
+        p.diff[...] = 0
+    layer.backward(top, [i in check_bottoms for i in range(len(bottom))], bottom)
+    analytic_bottom = {i: np.array(bottom[i].diff) for i in check_bottoms}
+    analytic_param = [np.array(p.diff) for p in layer.blobs]
+
+    def numeric(array):
+        grad = np.zeros_like(array)
+        flat, g = array.reshape(-1), grad.reshape(-1)
+        for k in range(flat.size):
+            old = flat[k]
+            flat[k] = old + step
+            plus = _objective(layer, bottom, top, top_diffs)
+            flat[k] = old - step
+            minus = _objective(layer, bottom, top, top_diffs)
+            flat[k] = old
+            g[k] = (plus - minus) / (2 * step)
+        return grad
+
+    for i in check_bottoms:
+        np.testing.assert_allclose(analytic_bottom[i], numeric(bottom[i].data), rtol=rtol, atol=atol,
+                                   err_msg=f"bottom {i} gradient of {layer_param.type}")
+    if check_params:
+        for j, p in enumerate(layer.blobs):
+            np.testing.assert_allclose(analytic_param[j], numeric(p.data), rtol=rtol, atol=atol,
+                                       err_msg=f"param {j} gradient of {layer_param.type}")
+    return layer
+
+
+def layer_case_names(prefixes: tuple[str, ...] = ()) -> list[str]:
+    """Names of the single-layer oracle cases (empty when ../shared is absent; tests then skip)."""
+    if not LAYER_CASES.exists():
+        return []
+    names = sorted(p.stem for p in LAYER_CASES.glob("*.npz"))
+    return [n for n in names if not prefixes or n.startswith(prefixes)]
+
+
+def run_caffe_case(name: str, rtol=1e-4, atol=1e-5):
+    """Run one oracle case through netdef (float32) and compare every output, gradient and
+    updated stored blob with what Caffe computed."""
+    path = shared_path("fixtures", "caffe-ref", "layers", f"{name}.npz")
+    case = np.load(path)
+    phase = TEST if str(case["phase"]) == "TEST" else TRAIN
+    param = parse_layer(str(case["layer"]), phase)
+    nb = len([k for k in case.files if k.startswith("bottom/")])
+    nt = len([k for k in case.files if k.startswith("top/")])
+    bottoms = [case[f"bottom/{i}"] for i in range(nb)]
+    params = [case[f"param/{j}"] for j in range(len([k for k in case.files if k.startswith("param/")]))]
+    layer, bottom, top = build(param, bottoms, nt, np.float32, params if params else None)
+    layer.forward(bottom, top)
+    for i in range(nt):
+        np.testing.assert_allclose(top[i].data, case[f"top/{i}"], rtol=rtol, atol=atol, err_msg=f"{name}: top {i}")
+    for j in range(len(params)):
+        if f"param_after/{j}" in case.files:
+            np.testing.assert_allclose(layer.blobs[j].data, case[f"param_after/{j}"], rtol=rtol, atol=atol,
+                                       err_msg=f"{name}: stored blob {j} after forward")
+    if str(case["mode"]) == "forward":
+        return layer
+    for i in range(nt):
+        top[i].diff = np.broadcast_to(case[f"top_diff/{i}"], top[i].shape)
+    for p in layer.blobs:
+        p.diff[...] = 0
+    propagate = [f"bottom_diff/{i}" in case.files for i in range(nb)]
+    layer.backward(top, propagate, bottom)
+    for i in range(nb):
+        if propagate[i]:
+            np.testing.assert_allclose(bottom[i].diff, case[f"bottom_diff/{i}"], rtol=rtol, atol=atol,
+                                       err_msg=f"{name}: bottom {i} gradient")
+    for j in range(len(params)):
+        if f"param_diff/{j}" in case.files:
+            np.testing.assert_allclose(layer.blobs[j].diff, case[f"param_diff/{j}"], rtol=rtol, atol=atol,
+                                       err_msg=f"{name}: param {j} gradient")
+    return layer
