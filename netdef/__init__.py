@@ -1,0 +1,29 @@
+"""netdef: a Caffe-compatible declarative network trainer.
+
+pycaffe users port by renaming ``caffe`` to ``netdef``::
+
+    import netdef
+    net = netdef.Net("deploy.prototxt", netdef.TEST, weights="model.caffemodel")
+    probs = net.forward(data=images)["prob"]
+"""
+from .backend import (
+    get_array_module,
+    set_device,
+    set_device_id,
+    set_mode_cpu,
+    set_mode_gpu,
+    set_random_seed,
+)
+from .blob import Blob
+from .layers.base import TEST, TRAIN, Layer, LayerError, layer_class, register_layer, registered_types
+from .net import Net, NetError
+from .proto import netdef_pb2 as proto_pb2
+from .weights import WeightsError
+
+# pycaffe spells the protobuf module caffe.proto.caffe_pb2; netdef.proto_pb2 is the same messages.
+__all__ = [
+    "Blob", "Layer", "LayerError", "Net", "NetError", "TEST", "TRAIN", "WeightsError", "get_array_module",
+    "layer_class", "proto_pb2", "register_layer", "registered_types", "set_device", "set_device_id",
+    "set_mode_cpu", "set_mode_gpu", "set_random_seed",
+]
+__version__ = "0.1.0"

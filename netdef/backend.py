@@ -11,8 +11,14 @@ import numpy as np
 _state = {"device": "cpu", "device_id": 0, "rng": np.random.default_rng(), "dtype": np.float32}
 
 
-def set_device(device: str = "cpu", device_id: int = 0) -> None:
-    """Select where new blobs live: ``"cpu"`` (NumPy) or ``"gpu"`` (CuPy on ``device_id``)."""
+def set_device(device="cpu", device_id: int = 0) -> None:
+    """Select where new blobs live: ``"cpu"`` (NumPy) or ``"gpu"`` (CuPy on ``device_id``).
+
+    ``set_device(1)`` (an integer, pycaffe's spelling) only chooses the GPU id, as ``caffe.set_device``.
+    """
+    if isinstance(device, int) and not isinstance(device, bool):
+        set_device_id(device)
+        return
     if device not in ("cpu", "gpu"):
         raise ValueError(f"set_device: device must be 'cpu' or 'gpu', not {device!r}")
     if device == "gpu":

@@ -37,22 +37,39 @@ def _bilinear(shape: tuple) -> np.ndarray:
         raise ValueError(f"bilinear filler needs a 4-D blob with square kernels, got shape {shape}")
     size = shape[3]
     f = math.ceil(size / 2.0)
-    c = (2 * f - 1 - f % 2) / (2.0 * f)
+    c = (size - 1) / (2.0 * f)
     axis = 1 - np.abs(np.arange(size) / f - c)
     kernel = np.outer(axis, axis)
     return np.broadcast_to(kernel, shape).copy()
 
 
-def make_values(shape: tuple, param: pb.FillerParameter, rng: np.random.Generator | None = None) -> np.ndarray:
-    """A float64 host array of ``shape`` filled as ``param`` says."""
+def _uniform(rng, low, high, shape, dtype):
+    # Drawing in the blob's precision halves the time and memory of filling a large float32 layer.
+    values = rng.random(size=shape, dtype=dtype)
+    values *= dtype(high - low)
+    values += dtype(low)
+    return values
+
+
+def _normal(rng, mean, std, shape, dtype):
+    values = rng.standard_normal(size=shape, dtype=dtype)
+    values *= dtype(std)
+    values += dtype(mean)
+    return values
+
+
+def make_values(shape: tuple, param: pb.FillerParameter, rng: np.random.Generator | None = None,
+                dtype=np.float64) -> np.ndarray:
+    """A host array of ``shape`` and ``dtype`` (float32 or float64) filled as ``param`` says."""
     rng = rng or backend.rng()
+    dtype = np.dtype(dtype).type
     kind = param.type
     if kind == "constant":
-        return np.full(shape, param.value, dtype=np.float64)
+        return np.full(shape, param.value, dtype=dtype)
     if kind == "uniform":
-        return rng.uniform(param.min, param.max, size=shape)
+        return _uniform(rng, param.min, param.max, shape, dtype)
     if kind == "gaussian":
-        values = rng.normal(param.mean, param.std, size=shape)
+        values = _normal(rng, param.mean, param.std, shape, dtype)
         if param.sparse >= 0:
             # Caffe keeps each weight with probability sparse / num_outputs (num_outputs = shape[0]).
             if len(shape) < 1:
@@ -61,22 +78,23 @@ def make_values(shape: tuple, param: pb.FillerParameter, rng: np.random.Generato
             values *= rng.random(size=shape) < keep
         return values
     if kind == "positive_unitball":
-        values = rng.uniform(0.0, 1.0, size=shape)
+        values = _uniform(rng, 0.0, 1.0, shape, dtype)
         rows = values.reshape(shape[0], -1)
         rows /= rows.sum(axis=1, keepdims=True)
         return rows.reshape(shape)
     if kind == "xavier":
         scale = math.sqrt(3.0 / _variance_n(shape, param.variance_norm))
-        return rng.uniform(-scale, scale, size=shape)
+        return _uniform(rng, -scale, scale, shape, dtype)
     if kind == "msra":
         std = math.sqrt(2.0 / _variance_n(shape, param.variance_norm))
-        return rng.normal(0.0, std, size=shape)
+        return _normal(rng, 0.0, std, shape, dtype)
     if kind == "bilinear":
-        return _bilinear(shape)
+        return _bilinear(shape).astype(dtype)
     raise ValueError(f"unknown filler type {kind!r} (known: constant, uniform, gaussian, positive_unitball, xavier, msra, bilinear)")
 
 
 def fill(blob, param: pb.FillerParameter, rng: np.random.Generator | None = None) -> None:
     """Fill ``blob.data`` in place as ``param`` says."""
-    values = make_values(tuple(blob.shape), param, rng)
-    blob.data[...] = backend.to_device(values.astype(blob.dtype), like=blob.data)
+    dtype = blob.dtype if np.dtype(blob.dtype) in (np.float32, np.float64) else np.float64
+    values = make_values(tuple(blob.shape), param, rng, dtype)
+    blob.data[...] = backend.to_device(values, like=blob.data)

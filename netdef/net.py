@@ -1,0 +1,491 @@
+"""Net: a NetParameter built into layers and blobs, run forward and backward.
+
+Building follows Caffe's Net::Init: filter layers by the net state (phase, level, stages), upgrade legacy
+definitions, insert Split layers where a blob feeds several layers, resolve bottoms and tops in definition
+order (a top named like one of the layer's bottoms works in place), share parameters by ``param { name }``,
+assign loss weights and decide which layers and bottoms need backward.
+
+During ``backward`` the net calls its backward hooks each time some parameters' gradients become final
+(a parameter shared by several layers is final after the last of them in backward order, i.e. its
+first user in definition order): the distributed solver starts exchanging those gradients right then.
+"""
+from __future__ import annotations
+
+import collections
+import os
+from typing import Callable
+
+import numpy as np
+
+from . import backend, weights as _weights
+from .blob import Blob
+from .layers.base import TEST, TRAIN, LayerError, layer_class
+from .proto import io as proto_io
+from .proto import netdef_pb2 as pb
+from .splits import insert_splits
+from .upgrade import upgrade_net
+
+BackwardHook = Callable[[int, list], None]
+
+
+class NetError(ValueError):
+    """A net definition that cannot be built; the message names the file, line, layer and blob."""
+
+
+def state_matches_rule(state: pb.NetState, rule: pb.NetStateRule) -> bool:
+    """Caffe's StateMeetsRule: every condition the rule sets must hold."""
+    if rule.HasField("phase") and rule.phase != state.phase:
+        return False
+    if rule.HasField("min_level") and state.level < rule.min_level:
+        return False
+    if rule.HasField("max_level") and state.level > rule.max_level:
+        return False
+    stages = set(state.stage)
+    if any(s not in stages for s in rule.stage):
+        return False
+    if any(s in stages for s in rule.not_stage):
+        return False
+    return True
+
+
+def layer_included(layer: pb.LayerParameter, state: pb.NetState) -> bool:
+    """Caffe's FilterNet for one layer: include rules need one match, exclude rules none."""
+    if layer.include and layer.exclude:
+        raise NetError(f"layer {layer.name!r} specifies both include and exclude rules; use one of them")
+    if layer.include:
+        return any(state_matches_rule(state, r) for r in layer.include)
+    return not any(state_matches_rule(state, r) for r in layer.exclude)
+
+
+def _parse_phase(phase) -> int:
+    if phase is None:
+        return TEST
+    if isinstance(phase, str):
+        upper = phase.upper()
+        if upper not in ("TRAIN", "TEST"):
+            raise ValueError(f"phase must be TRAIN or TEST, not {phase!r}")
+        return TRAIN if upper == "TRAIN" else TEST
+    if phase not in (TRAIN, TEST):
+        raise ValueError(f"phase must be netdef.TRAIN (0) or netdef.TEST (1), not {phase!r}")
+    return int(phase)
+
+
+class Net:
+    """A built network. pycaffe-compatible surface::
+
+        net = netdef.Net("deploy.prototxt", netdef.TEST, weights="model.caffemodel")
+        net = netdef.Net("deploy.prototxt", "model.caffemodel", netdef.TEST)   # pycaffe's order
+        out = net.forward(data=batch)          # {output blob name: array}
+        net.backward()                         # parameter gradients in net.params[name][i].diff
+
+    ``model`` is a prototxt path, prototxt text or a NetParameter.
+    """
+
+    def __init__(self, model, phase=None, weights=None, *, stages=(), level: int = 0, **legacy):
+        # pycaffe also accepts Net(model, weights_path, phase).
+        if isinstance(phase, (str, os.PathLike)) and str(phase).upper() not in ("TRAIN", "TEST"):
+            weights, phase = phase, weights
+        if "param" in legacy:
+            model = legacy.pop("param")
+        if legacy:
+            raise TypeError(f"unexpected arguments: {', '.join(legacy)}")
+        param, text, self.source = proto_io.read_net_param(model)
+        param = pb.NetParameter.FromString(param.SerializeToString())  # never mutate the caller's
+        self._layer_lines = proto_io.top_level_block_lines(text) if text else []
+        try:
+            upgrade_net(param, self.source)
+        except ValueError as exc:
+            raise NetError(str(exc)) from None
+        state = pb.NetState()
+        state.CopyFrom(param.state)
+        state.phase = _parse_phase(phase if phase is not None else (param.state.phase if param.HasField("state") else None))
+        if stages:
+            del state.stage[:]
+            state.stage.extend(stages)
+        if level:
+            state.level = level
+        self.phase = state.phase
+        self.state = state
+        self.name = param.name
+        self.force_backward = param.force_backward
+        self.param_def = param
+        self._backward_hooks: list[BackwardHook] = []
+        self._build(param)
+        if weights is not None:
+            self.copy_from(weights)
+
+    # ====================================================================================== building
+    def _where(self, layer_index_in_file: int | None) -> str:
+        if layer_index_in_file is not None and layer_index_in_file < len(self._layer_lines):
+            return f"{self.source}:{self._layer_lines[layer_index_in_file]}"
+        return self.source
+
+    def _build(self, param: pb.NetParameter) -> None:
+        # Keep the index each layer had in the file, to put line numbers into errors.
+        defined = []
+        for file_index, layer in enumerate(param.layer):
+            if layer_included(layer, self.state):
+                defined.append((file_index, layer))
+        filtered = [layer for _, layer in defined]
+        origins = [i for i, _ in defined]
+        try:
+            with_splits, origin_of = insert_splits(filtered)
+        except ValueError as exc:
+            raise NetError(f"{self.source}: {exc}") from None
+        file_index_of = [origins[o] if o is not None else None for o in origin_of]
+
+        self.layers = []
+        self._layer_names: list[str] = []
+        self.blobs: "collections.OrderedDict[str, Blob]" = collections.OrderedDict()
+        self.bottom_names: dict[str, list[str]] = {}
+        self.top_names: dict[str, list[str]] = {}
+        self._bottom_vecs: list[list[Blob]] = []
+        self._top_vecs: list[list[Blob]] = []
+        self._loss_weights: list[list[float]] = []
+        self._producer: dict[str, int] = {}
+        available: dict[str, Blob] = {}
+        unconsumed: set[str] = set()  # produced and not yet read: the net's outputs at the end
+        self._input_names: list[str] = []
+
+        for li, layer_param in enumerate(with_splits):
+            where = self._where(file_index_of[li])
+            name = layer_param.name
+            layer_param.phase = self.phase
+            if not layer_param.type:
+                raise NetError(f"{where}: layer {name!r} has no type")
+            try:
+                cls = layer_class(layer_param.type)
+            except KeyError as exc:
+                raise NetError(f"{where}: layer {name!r}: {exc.args[0]}") from None
+            if len(layer_param.propagate_down) not in (0, len(layer_param.bottom)):
+                raise NetError(f"{where}: layer {name!r} has {len(layer_param.propagate_down)} propagate_down "
+                               f"values for {len(layer_param.bottom)} bottoms")
+            bottoms = []
+            for bi, bottom_name in enumerate(layer_param.bottom):
+                if bottom_name not in available:
+                    raise NetError(f"{where}: layer {name!r} ({layer_param.type}): unknown bottom blob "
+                                   f"{bottom_name!r} (bottom {bi}); no earlier layer produces it")
+                bottoms.append(available[bottom_name])
+                unconsumed.discard(bottom_name)
+            tops = []
+            for ti, top_name in enumerate(layer_param.top):
+                if ti < len(layer_param.bottom) and layer_param.bottom[ti] == top_name:
+                    tops.append(available[top_name])  # in place, as Caffe: same name at the same index
+                    unconsumed.add(top_name)
+                    continue
+                if top_name in self.blobs:
+                    raise NetError(f"{where}: layer {name!r} ({layer_param.type}): top blob {top_name!r} is "
+                                   f"already produced by layer {self._layer_names[self._producer[top_name]]!r} "
+                                   f"(a layer works in place only when top i has the name of bottom i)")
+                blob = Blob(name=top_name)
+                self.blobs[top_name] = blob
+                available[top_name] = blob
+                unconsumed.add(top_name)
+                self._producer[top_name] = li
+                tops.append(blob)
+            try:
+                layer = cls(layer_param)
+            except (LayerError, ValueError, ImportError, AttributeError, TypeError) as exc:
+                raise NetError(f"{where}: layer {name!r} ({layer_param.type}): {exc}") from None
+            if cls.auto_top_blobs:
+                wanted = max(cls.exact_num_top or 0, cls.min_top or 0)
+                while len(tops) < wanted:
+                    auto_name = f"{name}_auto_top_{len(tops)}"
+                    blob = Blob(name=auto_name)
+                    self.blobs[auto_name] = blob
+                    available[auto_name] = blob
+                    unconsumed.add(auto_name)
+                    tops.append(blob)
+                    layer_param.top.append(auto_name)
+            if layer_param.blobs:
+                # Blobs stored in the definition (Caffe nets can carry them) preset the parameters.
+                layer.blobs = [_weights.blob_from_proto(b, name=f"{name}[{j}]") for j, b in enumerate(layer_param.blobs)]
+            try:
+                layer.setup_layer(bottoms, tops)
+            except (LayerError, ValueError, IndexError, KeyError, NotImplementedError, TypeError, ZeroDivisionError) as exc:
+                shapes = ", ".join(f"{n} {tuple(b.shape)}" for n, b in zip(layer_param.bottom, bottoms))
+                raise NetError(f"{where}: layer {name!r} ({layer_param.type}) with bottoms [{shapes}]: {exc}") from None
+            if layer_param.type == "Input":
+                self._input_names.extend(layer_param.top)
+            self.layers.append(layer)
+            self._layer_names.append(name)
+            self.bottom_names[name] = list(layer_param.bottom)
+            self.top_names[name] = list(layer_param.top)
+            self._bottom_vecs.append(bottoms)
+            self._top_vecs.append(tops)
+            self._loss_weights.append(self._layer_loss_weights(layer, layer_param, where))
+        self._output_names = [n for n in self.blobs if n in unconsumed]
+        self._setup_params(with_splits, file_index_of)
+        self._decide_backward()
+        self._compute_hook_points()
+
+    def _layer_loss_weights(self, layer, layer_param, where) -> list[float]:
+        n = len(layer_param.top)
+        if layer_param.loss_weight:
+            if len(layer_param.loss_weight) != n:
+                raise NetError(f"{where}: layer {layer_param.name!r} has {len(layer_param.loss_weight)} loss_weight "
+                               f"values for {n} tops")
+            return list(layer_param.loss_weight)
+        weights = [0.0] * n
+        if layer.is_loss and n:
+            weights[0] = 1.0
+        return weights
+
+    def _setup_params(self, layer_params, file_index_of) -> None:
+        """Parameter sharing by ``param { name }`` and the lr/decay multipliers of every parameter."""
+        self.params: "collections.OrderedDict[str, list[Blob]]" = collections.OrderedDict()
+        self.learnable_params: list[Blob] = []
+        self.params_lr: list[float] = []
+        self.params_weight_decay: list[float] = []
+        self._param_owner_index: dict[str, int] = {}
+        self._learnable_id_of: list[list[int]] = []  # per layer, per blob -> learnable index
+        for li, (layer, layer_param) in enumerate(zip(self.layers, layer_params)):
+            where = self._where(file_index_of[li])
+            ids = []
+            if layer.blobs:
+                self.params[layer.name] = layer.blobs
+            if len(layer_param.param) > len(layer.blobs):
+                raise NetError(f"{where}: layer {layer.name!r} has {len(layer_param.param)} param specs but only "
+                               f"{len(layer.blobs)} parameter blobs")
+            for j, blob in enumerate(layer.blobs):
+                blob.name = blob.name or f"{layer.name}[{j}]"
+                spec = layer_param.param[j] if j < len(layer_param.param) else pb.ParamSpec()
+                fixed = not layer.param_propagate_down[j]  # e.g. BatchNorm's statistics
+                lr = 0.0 if fixed else spec.lr_mult
+                if spec.lr_mult == 0 or fixed:
+                    layer.param_propagate_down[j] = False
+                if spec.name and spec.name in self._param_owner_index:
+                    owner_id = self._param_owner_index[spec.name]
+                    owner = self.learnable_params[owner_id]
+                    if spec.share_mode == pb.ParamSpec.PERMISSIVE:
+                        if owner.count != blob.count:
+                            raise NetError(f"{where}: layer {layer.name!r} shares parameter {spec.name!r} with count "
+                                           f"{blob.count}, but its owner has count {owner.count} ({owner.shape})")
+                    elif owner.shape != blob.shape:
+                        raise NetError(f"{where}: layer {layer.name!r} shares parameter {spec.name!r} with shape "
+                                       f"{blob.shape}, but its owner has shape {owner.shape} "
+                                       f"(use share_mode: PERMISSIVE to share by count)")
+                    if spec.HasField("lr_mult") and self.params_lr[owner_id] != lr:
+                        raise NetError(f"{where}: layer {layer.name!r}: shared parameter {spec.name!r} has lr_mult "
+                                       f"{lr} but its owner has {self.params_lr[owner_id]}")
+                    if owner.shape == blob.shape:
+                        layer.blobs[j] = owner
+                    else:
+                        blob.share_data(owner)
+                        blob.share_diff(owner)
+                    ids.append(owner_id)
+                    continue
+                ids.append(len(self.learnable_params))
+                if spec.name:
+                    self._param_owner_index[spec.name] = len(self.learnable_params)
+                self.learnable_params.append(blob)
+                self.params_lr.append(lr)
+                self.params_weight_decay.append(0.0 if fixed else spec.decay_mult)
+            self._learnable_id_of.append(ids)
+
+    def _decide_backward(self) -> None:
+        """Which layers run backward and which of their bottoms get a gradient (Caffe's rules)."""
+        n = len(self.layers)
+        blob_needs = {}
+        self.layer_need_backward = [False] * n
+        self.bottom_need_backward: list[list[bool]] = []
+        for li, layer in enumerate(self.layers):
+            lp = layer.layer_param
+            need = False
+            per_bottom = []
+            for bi, bottom_name in enumerate(lp.bottom):
+                needs = blob_needs.get(bottom_name, False)
+                need |= needs
+                allowed = lp.propagate_down[bi] if lp.propagate_down else True
+                per_bottom.append(needs and allowed)
+            need |= any(layer.param_propagate_down)
+            self.layer_need_backward[li] = need
+            self.bottom_need_backward.append(per_bottom)
+            if need:
+                for top_name in lp.top:
+                    blob_needs[top_name] = True
+        # Backward only where the loss depends on the layer.
+        under_loss: set[str] = set()
+        skip_backprop: set[str] = set()
+        for li in range(n - 1, -1, -1):
+            lp = self.layers[li].layer_param
+            contributes = False
+            skip = True
+            for ti, top_name in enumerate(lp.top):
+                if self._loss_weights[li][ti] != 0 or top_name in under_loss:
+                    contributes = True
+                if top_name not in skip_backprop:
+                    skip = False
+                if contributes and not skip:
+                    break
+            if self.layer_need_backward[li] and skip:
+                self.layer_need_backward[li] = False
+                self.bottom_need_backward[li] = [False] * len(lp.bottom)
+            if not contributes:
+                self.layer_need_backward[li] = False
+            for bi, bottom_name in enumerate(lp.bottom):
+                if contributes:
+                    under_loss.add(bottom_name)
+                else:
+                    self.bottom_need_backward[li][bi] = False
+                if not self.bottom_need_backward[li][bi]:
+                    skip_backprop.add(bottom_name)
+        if self.force_backward:
+            for li, layer in enumerate(self.layers):
+                self.layer_need_backward[li] = True
+                lp = layer.layer_param
+                for bi in range(len(lp.bottom)):
+                    allowed = lp.propagate_down[bi] if lp.propagate_down else True
+                    self.bottom_need_backward[li][bi] = (self.bottom_need_backward[li][bi]
+                                                         or (allowed and layer.allow_force_backward(bi)))
+
+    def _compute_hook_points(self) -> None:
+        """For each layer, the learnable parameters whose gradient is final once it has run backward."""
+        last_user: dict[int, int] = {}
+        for li, ids in enumerate(self._learnable_id_of):
+            layer = self.layers[li]
+            for j, pid in enumerate(ids):
+                if self.layer_need_backward[li] and layer.param_propagate_down[j]:
+                    last_user[pid] = min(last_user.get(pid, li), li)
+        self._final_at: list[list[int]] = [[] for _ in self.layers]
+        for pid, li in sorted(last_user.items()):
+            self._final_at[li].append(pid)
+        self.learnable_param_ids_with_grad = sorted(last_user)
+
+    # ====================================================================================== pycaffe API
+    @property
+    def inputs(self) -> list[str]:
+        return list(self._input_names)
+
+    @property
+    def outputs(self) -> list[str]:
+        return list(self._output_names)
+
+    @property
+    def layer_dict(self):
+        return collections.OrderedDict(zip(self._layer_names, self.layers))
+
+    @property
+    def blob_loss_weights(self) -> dict[str, float]:
+        out = collections.OrderedDict((name, 0.0) for name in self.blobs)
+        for li, layer in enumerate(self.layers):
+            for top_name, w in zip(layer.layer_param.top, self._loss_weights[li]):
+                out[top_name] = w
+        return out
+
+    def layer_index(self, name: str) -> int:
+        try:
+            return self._layer_names.index(name)
+        except ValueError:
+            raise KeyError(f"net {self.name!r} has no layer {name!r}") from None
+
+    def _range(self, start, end, default_start, default_end):
+        s = self.layer_index(start) if isinstance(start, str) else (default_start if start is None else start)
+        e = self.layer_index(end) if isinstance(end, str) else (default_end if end is None else end)
+        return s, e
+
+    # ====================================================================================== forward
+    def forward_range(self, start: int = 0, end: int | None = None) -> float:
+        """Run layers start..end inclusive; return the weighted loss they produced."""
+        end = len(self.layers) - 1 if end is None else end
+        loss = 0.0
+        for li in range(start, end + 1):
+            layer, bottom, top = self.layers[li], self._bottom_vecs[li], self._top_vecs[li]
+            layer.reshape(bottom, top)
+            layer.forward(bottom, top)
+            for blob, weight in zip(top, self._loss_weights[li]):
+                if weight:
+                    loss += weight * float(blob.data.sum())
+        return loss
+
+    def forward(self, blobs=None, start=None, end=None, **kwargs):
+        """pycaffe's forward: set input blobs from ``kwargs``, run, return {output name: data}."""
+        for name, value in kwargs.items():
+            if name not in self.blobs:
+                raise KeyError(f"net {self.name!r} has no blob {name!r} to set (inputs: {self.inputs})")
+            blob = self.blobs[name]
+            value = backend.to_device(np.asarray(value) if not hasattr(value, "__cuda_array_interface__") else value,
+                                      like=blob.data)
+            if tuple(value.shape) != blob.shape:
+                blob.reshape(value.shape)
+            blob.data = value
+        s, e = self._range(start, end, 0, len(self.layers) - 1)
+        self.loss = self.forward_range(s, e)
+        names = set(self.outputs) | set(blobs or ())
+        return collections.OrderedDict((n, self.blobs[n].data) for n in self.blobs if n in names)
+
+    # ====================================================================================== backward
+    def register_backward_hook(self, hook: BackwardHook) -> None:
+        """Call ``hook(layer_index, param_ids)`` during backward each time the gradients of the
+        learnable parameters ``param_ids`` (indices into ``learnable_params``) become final."""
+        self._backward_hooks.append(hook)
+
+    def remove_backward_hook(self, hook: BackwardHook) -> None:
+        self._backward_hooks.remove(hook)
+
+    def _fill_loss_diffs(self, start: int, end: int) -> None:
+        for li in range(start, end + 1):
+            for blob, weight in zip(self._top_vecs[li], self._loss_weights[li]):
+                if weight:
+                    blob.diff = blob.data * 0 + weight
+
+    def backward_range(self, start: int | None = None, end: int = 0) -> None:
+        """Run backward from layer ``start`` down to layer ``end`` (inclusive)."""
+        start = len(self.layers) - 1 if start is None else start
+        for li in range(start, end - 1, -1):
+            if self.layer_need_backward[li]:
+                self.layers[li].backward(self._top_vecs[li], self.bottom_need_backward[li], self._bottom_vecs[li])
+            if self._final_at[li]:
+                for hook in self._backward_hooks:
+                    hook(li, self._final_at[li])
+
+    def backward(self, diffs=None, start=None, end=None, **kwargs):
+        """pycaffe's backward: set top diffs from ``kwargs`` (else loss weights), run, return
+        {input name: diff}. Parameter gradients are *added* to ``.diff`` (call
+        ``clear_param_diffs`` between iterations, as the solver does)."""
+        s, e = self._range(start, end, len(self.layers) - 1, 0)
+        self._fill_loss_diffs(0, len(self.layers) - 1)
+        for name, value in kwargs.items():
+            self.blobs[name].diff = value
+        self.backward_range(s, e)
+        names = set(self.inputs) | set(diffs or ())
+        return collections.OrderedDict((n, self.blobs[n].diff) for n in self.blobs if n in names)
+
+    def forward_backward(self) -> float:
+        """One training pass: forward, loss diffs, backward; returns the loss."""
+        loss = self.forward_range(0, len(self.layers) - 1)
+        self._fill_loss_diffs(0, len(self.layers) - 1)
+        self.backward_range()
+        self.loss = loss
+        return loss
+
+    def clear_param_diffs(self) -> None:
+        for blob in self.learnable_params:
+            blob.zero_diff()
+
+    def reshape(self) -> None:
+        """Propagate new input shapes through every layer."""
+        for layer, bottom, top in zip(self.layers, self._bottom_vecs, self._top_vecs):
+            layer.reshape(bottom, top)
+
+    # ====================================================================================== weights
+    def copy_from(self, path) -> None:
+        """Load a ``.caffemodel`` (V2 or legacy V1, or Caffe's HDF5 ``.caffemodel.h5``), by layer name."""
+        _weights.copy_from(self, path)
+
+    def share_with(self, other: "Net") -> None:
+        """Make this net use ``other``'s parameter blobs for layers of the same name (Caffe's ShareTrainedLayersWith)."""
+        _weights.share_with(self, other)
+
+    def to_proto(self, write_diff: bool = False) -> pb.NetParameter:
+        return _weights.to_proto(self, write_diff)
+
+    def save(self, path, write_diff: bool = False) -> None:
+        """Write the parameters as a V2 ``.caffemodel`` that Caffe reads (atomically)."""
+        _weights.save(self, path, write_diff)
+
+    def save_hdf5(self, path, write_diff: bool = False) -> None:
+        _weights.save_hdf5(self, path, write_diff)
+
+    def __repr__(self) -> str:
+        return f"<Net {self.name!r} phase={'TRAIN' if self.phase == TRAIN else 'TEST'} layers={len(self.layers)}>"

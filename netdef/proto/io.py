@@ -1,0 +1,167 @@
+"""Reading and writing Caffe's protobuf files, text and binary, with errors that name the file.
+
+Text errors carry the file, line and column (``lenet.prototxt:12:5: ...``). Writes are atomic: the
+message goes to a temporary file in the same folder that is then renamed over the target, so a run
+killed mid-write never leaves a torn file behind.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+
+from google.protobuf import message as _message
+from google.protobuf import text_format
+
+from . import netdef_pb2 as pb
+
+
+class ProtoFileError(ValueError):
+    """A protobuf file (or text) that cannot be read; the message names the file and position."""
+
+
+def looks_like_text_message(source: str) -> bool:
+    """True when ``source`` is prototxt content rather than a path."""
+    if "{" in source or "\n" in source:
+        return True
+    return ":" in source and not os.path.exists(source)
+
+
+def _source_text(source) -> tuple[str, str]:
+    """(text, name used in error messages) for a path or for prototxt content."""
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and not looks_like_text_message(source)):
+        path = pathlib.Path(source)
+        try:
+            return path.read_text(encoding="utf-8"), str(path)
+        except FileNotFoundError:
+            raise ProtoFileError(f"{path}: no such file") from None
+        except UnicodeDecodeError as exc:
+            raise ProtoFileError(f"{path}: not a text prototxt ({exc}); is it a binary file?") from None
+    return source, "<prototxt string>"
+
+
+def parse_text(text: str, message, name: str = "<prototxt string>"):
+    """Parse prototxt ``text`` into ``message``; errors say ``name:line:column: what``."""
+    try:
+        text_format.Parse(text, message)
+    except text_format.ParseError as exc:
+        line, column = exc.GetLine(), exc.GetColumn()
+        detail = str(exc)
+        # The library prefixes "line:column : "; keep only the explanation after it.
+        if line is not None and detail.startswith(f"{line}:"):
+            detail = detail.split(" : ", 1)[-1]
+        where = f"{name}:{line}:{column}" if line is not None else name
+        raise ProtoFileError(f"{where}: {detail}") from None
+    return message
+
+
+def read_text(source, message_type):
+    """A ``message_type`` read from a prototxt path or prototxt content."""
+    text, name = _source_text(source)
+    return parse_text(text, message_type(), name)
+
+
+def read_binary(path, message_type):
+    """A ``message_type`` read from a binary protobuf file (``.caffemodel``, ``.binaryproto``...)."""
+    path = pathlib.Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ProtoFileError(f"{path}: no such file") from None
+    message = message_type()
+    try:
+        message.ParseFromString(data)
+    except _message.DecodeError as exc:
+        raise ProtoFileError(f"{path}: not a binary {message_type.__name__} ({exc})") from None
+    return message
+
+
+def read_text_or_binary(path, message_type):
+    """Caffe's ReadProtoFromTextFileOrDie/BinaryFile choice: binary first, then text."""
+    path = pathlib.Path(path)
+    try:
+        return read_binary(path, message_type)
+    except ProtoFileError:
+        return read_text(path, message_type)
+
+
+def _atomic_write(path, data: bytes) -> None:
+    path = pathlib.Path(path)
+    folder = path.parent if str(path.parent) else pathlib.Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_binary(path, message) -> None:
+    """Write ``message`` in binary, atomically."""
+    _atomic_write(path, message.SerializeToString())
+
+
+def write_text(path, message) -> None:
+    """Write ``message`` as prototxt, atomically."""
+    _atomic_write(path, text_format.MessageToString(message).encode("utf-8"))
+
+
+def read_net_param(source) -> tuple[pb.NetParameter, str, str]:
+    """(NetParameter, text, name) from a path, prototxt content or a NetParameter (not upgraded)."""
+    if isinstance(source, pb.NetParameter):
+        return source, "", "<NetParameter>"
+    text, name = _source_text(source)
+    return parse_text(text, pb.NetParameter(), name), text, name
+
+
+def top_level_block_lines(text: str, field_names=("layer", "layers")) -> list[int]:
+    """Line numbers (1-based) of each top-level ``layer {`` / ``layers {`` block, in order.
+
+    The protobuf parser does not report where a message came from; the net builder uses this to put
+    the file position into its errors. Comments and strings are skipped.
+    """
+    lines: list[int] = []
+    depth = 0
+    line = 1
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line += 1
+            i += 1
+        elif c == "#":
+            while i < n and text[i] != "\n":
+                i += 1
+        elif c in "\"'":
+            quote = c
+            i += 1
+            while i < n and text[i] != quote:
+                if text[i] == "\\":
+                    i += 1
+                elif text[i] == "\n":
+                    line += 1
+                i += 1
+            i += 1
+        elif c in "{<":
+            depth += 1
+            i += 1
+        elif c in "}>":
+            depth -= 1
+            i += 1
+        elif c.isalpha() or c == "_":
+            j = i
+            while j < n and (text[j].isalnum() or text[j] == "_"):
+                j += 1
+            if depth == 0 and text[i:j] in field_names:
+                lines.append(line)
+            i = j
+        else:
+            i += 1
+    return lines

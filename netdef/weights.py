@@ -1,0 +1,209 @@
+"""Parameters to and from Caffe's files: ``.caffemodel`` (binary NetParameter, V2 or legacy V1) and
+Caffe's HDF5 weights (``.caffemodel.h5``: ``/data/<layer>/<i>`` datasets).
+
+Loading matches layers by name as Caffe's CopyTrainedLayersFrom does: source layers absent from the
+net are ignored, a layer's blob count and every blob's shape must agree (legacy 4-D num/channels/height/
+width dims compare against the blob's trailing axes, as Caffe's ShapeEquals does).
+"""
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from . import backend
+from .blob import Blob
+from .proto import io as proto_io
+from .proto import netdef_pb2 as pb
+from .upgrade import upgrade_net
+
+
+class WeightsError(ValueError):
+    """Weights that do not fit the net; the message names the file, layer and blob index."""
+
+
+def proto_shape(proto: pb.BlobProto) -> tuple[int, ...]:
+    """The shape stored in a BlobProto: ``shape`` or the legacy 4-D fields."""
+    if proto.HasField("shape"):
+        return tuple(int(d) for d in proto.shape.dim)
+    if any(proto.HasField(f) for f in ("num", "channels", "height", "width")):
+        return (proto.num, proto.channels, proto.height, proto.width)
+    return (len(proto.double_data) or len(proto.data),)
+
+
+def legacy_dims(shape: tuple[int, ...]) -> tuple[int, int, int, int] | None:
+    """Caffe's LegacyShape(-4..-1): the trailing four axes, 1 where absent; None beyond 4 axes."""
+    if len(shape) > 4:
+        return None
+    return (1,) * (4 - len(shape)) + tuple(shape)
+
+
+def shape_matches(proto: pb.BlobProto, shape: tuple[int, ...]) -> bool:
+    if proto.HasField("shape") or not any(proto.HasField(f) for f in ("num", "channels", "height", "width")):
+        return proto_shape(proto) == tuple(shape)
+    return legacy_dims(tuple(shape)) == (proto.num, proto.channels, proto.height, proto.width)
+
+
+def proto_values(proto: pb.BlobProto, diff: bool = False) -> np.ndarray:
+    doubles = proto.double_diff if diff else proto.double_data
+    floats = proto.diff if diff else proto.data
+    if len(doubles):
+        return np.asarray(doubles, dtype=np.float64)
+    return np.asarray(floats, dtype=np.float32)
+
+
+def blob_from_proto(proto: pb.BlobProto, name: str = "") -> Blob:
+    shape = proto_shape(proto)
+    blob = Blob(shape, name=name)
+    values = proto_values(proto)
+    if values.size != blob.count:
+        raise WeightsError(f"blob {name!r}: {values.size} values stored for shape {shape}")
+    blob.data[...] = backend.to_device(values.reshape(shape).astype(blob.dtype), like=blob.data)
+    return blob
+
+
+def blob_to_proto(blob: Blob, write_diff: bool = False) -> pb.BlobProto:
+    proto = pb.BlobProto()
+    proto.shape.dim.extend(blob.shape)
+    proto.data.extend(backend.to_host(blob.data).astype(np.float32).ravel().tolist())
+    if write_diff:
+        proto.diff.extend(backend.to_host(blob.diff).astype(np.float32).ravel().tolist())
+    return proto
+
+
+def _fill_from(blob: Blob, values: np.ndarray) -> None:
+    blob.data[...] = backend.to_device(np.asarray(values).reshape(blob.shape).astype(blob.dtype), like=blob.data)
+
+
+def _is_hdf5(path: pathlib.Path) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(8) == b"\x89HDF\r\n\x1a\n"
+
+
+def copy_from(net, path) -> None:
+    """Copy parameters from a Caffe weights file into ``net``, by layer name."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise WeightsError(f"{path}: no such weights file")
+    if _is_hdf5(path):
+        _copy_from_hdf5(net, path)
+        return
+    source = proto_io.read_binary(path, pb.NetParameter)
+    upgrade_net(source, str(path))
+    layers = net.layer_dict
+    for src in source.layer:
+        target = layers.get(src.name)
+        if target is None or not src.blobs:
+            continue  # Caffe: "Ignoring source layer"
+        if len(src.blobs) != len(target.blobs):
+            raise WeightsError(f"{path}: layer {src.name!r} has {len(src.blobs)} blobs in the file but "
+                               f"{len(target.blobs)} in the net ({target.type})")
+        for j, (proto, blob) in enumerate(zip(src.blobs, target.blobs)):
+            if not shape_matches(proto, blob.shape):
+                raise WeightsError(f"{path}: cannot copy param {j} of layer {src.name!r}: shape mismatch; the "
+                                   f"file has {proto_shape(proto)}, the net has {blob.shape}. To learn this "
+                                   f"layer's parameters from scratch rather than copying from a saved net, "
+                                   f"rename the layer.")
+            values = proto_values(proto)
+            if values.size != blob.count:
+                raise WeightsError(f"{path}: layer {src.name!r} param {j}: {values.size} values for {blob.shape}")
+            _fill_from(blob, values)
+
+
+def _copy_from_hdf5(net, path: pathlib.Path) -> None:
+    try:
+        import h5py
+    except ImportError as exc:  # pragma: no cover - h5py is a test dependency
+        raise WeightsError(f"{path}: reading HDF5 weights needs h5py (pip install h5py)") from exc
+    layers = net.layer_dict
+    with h5py.File(path, "r") as handle:
+        if "data" not in handle:
+            raise WeightsError(f"{path}: not a Caffe HDF5 weights file (no /data group)")
+        data = handle["data"]
+        for name in data:
+            target = layers.get(name)
+            if target is None:
+                continue
+            group = data[name]
+            if len(group) != len(target.blobs):
+                raise WeightsError(f"{path}: layer {name!r} has {len(group)} blobs in the file but "
+                                   f"{len(target.blobs)} in the net")
+            for j, blob in enumerate(target.blobs):
+                values = group[str(j)][...]
+                if tuple(values.shape) != blob.shape and values.size != blob.count:
+                    raise WeightsError(f"{path}: cannot copy param {j} of layer {name!r}: the file has shape "
+                                       f"{values.shape}, the net has {blob.shape}")
+                _fill_from(blob, values)
+
+
+def share_with(net, other) -> None:
+    """Use ``other``'s parameter blobs in ``net`` for layers of the same name (same shapes required)."""
+    theirs = other.layer_dict
+    for li, layer in enumerate(net.layers):
+        source = theirs.get(layer.name)
+        if source is None or not layer.blobs:
+            continue
+        if len(source.blobs) != len(layer.blobs):
+            raise WeightsError(f"cannot share layer {layer.name!r}: {len(source.blobs)} vs {len(layer.blobs)} blobs")
+        for j, blob in enumerate(source.blobs):
+            if blob.shape != layer.blobs[j].shape:
+                raise WeightsError(f"cannot share param {j} of layer {layer.name!r}: {blob.shape} vs "
+                                   f"{layer.blobs[j].shape}")
+            layer.blobs[j] = blob
+        if layer.name in net.params:
+            net.params[layer.name] = layer.blobs
+    # Learnable parameter lists point at the shared blobs too.
+    for pid, owner in enumerate(net.learnable_params):
+        for li, ids in enumerate(net._learnable_id_of):
+            for j, lid in enumerate(ids):
+                if lid == pid:
+                    net.learnable_params[pid] = net.layers[li].blobs[j]
+                    break
+            else:
+                continue
+            break
+
+
+def to_proto(net, write_diff: bool = False) -> pb.NetParameter:
+    """The net's definition with every layer's blobs, as Caffe's Net::ToProto writes it."""
+    out = pb.NetParameter()
+    out.name = net.name
+    for layer in net.layers:
+        lp = out.layer.add()
+        lp.CopyFrom(layer.layer_param)
+        del lp.blobs[:]
+        for blob in layer.blobs:
+            lp.blobs.append(blob_to_proto(blob, write_diff))
+    return out
+
+
+def save(net, path, write_diff: bool = False) -> None:
+    proto_io.write_binary(path, to_proto(net, write_diff))
+
+
+def save_hdf5(net, path, write_diff: bool = False) -> None:
+    """Caffe's Net::ToHDF5 layout: /data/<layer>/<i> (and /diff/... with write_diff), atomically."""
+    import os
+    import tempfile
+
+    import h5py
+
+    path = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w") as handle:
+            groups = [("data", "data")] + ([("diff", "diff")] if write_diff else [])
+            for group_name, attr in groups:
+                group = handle.create_group(group_name)
+                for layer in net.layers:
+                    if not layer.blobs:
+                        continue
+                    lg = group.create_group(layer.name)
+                    for j, blob in enumerate(layer.blobs):
+                        lg.create_dataset(str(j), data=backend.to_host(getattr(blob, attr)).astype(np.float32))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,266 @@
+"""The Net builder: filtering, upgrades, splits, in-place layers, sharing, loss weights, backward
+decisions, hooks and errors."""
+import numpy as np
+import pytest
+
+import netdef
+from netdef.net import NetError
+
+TINY = """
+name: "tiny"
+layer { name: "data" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 4 dim: 3 } shape { dim: 4 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
+        inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
+layer { name: "acc" type: "Accuracy" bottom: "ip2" bottom: "label" top: "acc" include { phase: TEST } }
+"""
+
+
+def tiny_inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((4, 3)).astype(np.float32), np.array([0, 2, 1, 2], np.float32)
+
+
+def test_phase_filtering_and_splits():
+    train = netdef.Net(TINY, netdef.TRAIN)
+    test = netdef.Net(TINY, netdef.TEST)
+    assert [l.name for l in train.layers] == ["data", "ip1", "relu1", "ip2", "loss"]
+    # In TEST, ip2 and label feed two layers each: Caffe's split layers and blob names appear.
+    assert "ip2_ip2_0_split" in [l.name for l in test.layers]
+    assert "label_data_1_split" in [l.name for l in test.layers]
+    assert {"ip2_ip2_0_split_0", "ip2_ip2_0_split_1"} <= set(test.blobs)
+    assert test.outputs == ["loss", "acc"]
+    assert train.outputs == ["loss"]
+    assert train.inputs == ["data", "label"]
+    assert list(train.params) == ["ip1", "ip2"]
+    assert train.params["ip1"][0].data.shape == (5, 3)
+
+
+def test_in_place_layer_shares_the_blob():
+    net = netdef.Net(TINY, netdef.TRAIN)
+    x, y = tiny_inputs()
+    net.forward(data=x, label=y)
+    assert (net.blobs["ip1"].data >= 0).all()
+    assert "relu1" in net.top_names and net.top_names["relu1"] == ["ip1"]
+
+
+def test_forward_backward_matches_numeric_gradient():
+    net = netdef.Net(TINY, netdef.TRAIN)
+    x, y = tiny_inputs()
+    out = net.forward(data=x, label=y)
+    loss = float(out["loss"])
+    net.clear_param_diffs()
+    net.backward()
+    w = net.params["ip1"][0]
+    analytic = np.array(w.diff[1, 2])
+    eps = 1e-2
+    w.data[1, 2] += eps
+    plus = float(net.forward(data=x, label=y)["loss"])
+    w.data[1, 2] -= 2 * eps
+    minus = float(net.forward(data=x, label=y)["loss"])
+    w.data[1, 2] += eps
+    assert abs((plus - minus) / (2 * eps) - analytic) < 2e-3
+    assert loss > 0
+
+
+def test_split_sums_gradients_of_all_consumers():
+    text = """
+    layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+    layer { name: "a" type: "Power" bottom: "x" top: "a" power_param { scale: 2 } }
+    layer { name: "b" type: "Power" bottom: "x" top: "b" power_param { scale: 3 } }
+    layer { name: "s" type: "Eltwise" bottom: "a" bottom: "b" top: "s" loss_weight: 1 }
+    force_backward: true
+    """
+    net = netdef.Net(text, netdef.TRAIN)
+    net.forward(x=np.ones((2, 3), np.float32))
+    net.backward()
+    np.testing.assert_allclose(net.blobs["x"].diff, 5.0)
+
+
+def test_loss_weight_on_a_blob_that_is_also_read():
+    text = """
+    layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+    layer { name: "a" type: "Power" bottom: "x" top: "a" power_param { scale: 2 } loss_weight: 0.5 }
+    layer { name: "b" type: "Power" bottom: "a" top: "b" power_param { scale: 3 } loss_weight: 1 }
+    force_backward: true
+    """
+    net = netdef.Net(text, netdef.TRAIN)
+    net.forward(x=np.ones((2, 3), np.float32))
+    assert net.loss == pytest.approx(0.5 * 12 + 36)
+    net.backward()
+    # d/dx of 0.5*sum(2x) + sum(6x) = 1 + 6
+    np.testing.assert_allclose(net.blobs["x"].diff, 7.0)
+
+
+def test_stage_and_level_rules():
+    text = """
+    layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 } } }
+    layer { name: "deploy_only" type: "AbsVal" bottom: "x" top: "y" include { stage: "deploy" } }
+    layer { name: "not_deploy" type: "AbsVal" bottom: "x" top: "z" exclude { stage: "deploy" } }
+    layer { name: "high" type: "AbsVal" bottom: "x" top: "h" include { min_level: 2 } }
+    """
+    plain = netdef.Net(text, netdef.TEST)
+    assert [l.name for l in plain.layers] == ["x", "not_deploy"]
+    deploy = netdef.Net(text, netdef.TEST, stages=["deploy"], level=3)
+    assert [l.name for l in deploy.layers] == ["x", "deploy_only", "high"]
+
+
+def test_shared_parameters_are_one_blob_and_accumulate():
+    text = """
+    layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+    layer { name: "f1" type: "InnerProduct" bottom: "x" top: "f1" param { name: "w" } param { name: "b" }
+            inner_product_param { num_output: 3 weight_filler { type: "gaussian" } } }
+    layer { name: "f2" type: "InnerProduct" bottom: "f1" top: "f2" param { name: "w" } param { name: "b" }
+            inner_product_param { num_output: 3 } }
+    layer { name: "loss" type: "EuclideanLoss" bottom: "f2" bottom: "x" top: "loss" }
+    """
+    net = netdef.Net(text, netdef.TRAIN)
+    assert net.params["f1"][0] is net.params["f2"][0]
+    assert len(net.learnable_params) == 2
+    finals = []
+    net.register_backward_hook(lambda li, ids: finals.append((net.layers[li].name, list(ids))))
+    net.forward(x=np.ones((2, 3), np.float32))
+    net.clear_param_diffs()
+    net.backward()
+    # Shared parameters are final only after f1, the last of their users in backward order.
+    assert finals == [("f1", [0, 1])]
+
+
+def test_shared_parameter_shape_mismatch_is_an_error():
+    text = """
+    layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+    layer { name: "f1" type: "InnerProduct" bottom: "x" top: "f1" param { name: "w" }
+            inner_product_param { num_output: 3 } }
+    layer { name: "f2" type: "InnerProduct" bottom: "f1" top: "f2" param { name: "w" }
+            inner_product_param { num_output: 4 } }
+    """
+    with pytest.raises(NetError, match=r"'f2'.*'w'.*\(4, 3\).*\(3, 3\)"):
+        netdef.Net(text, netdef.TRAIN)
+
+
+def test_hooks_fire_in_backward_order_per_layer():
+    net = netdef.Net(TINY, netdef.TRAIN)
+    seen = []
+    net.register_backward_hook(lambda li, ids: seen.append(net.layers[li].name))
+    x, y = tiny_inputs()
+    net.forward(data=x, label=y)
+    net.backward()
+    assert seen == ["ip2", "ip1"]
+
+
+def test_backward_needs_and_propagate_down():
+    net = netdef.Net(TINY, netdef.TRAIN)
+    names = [l.name for l in net.layers]
+    assert net.layer_need_backward[names.index("data")] is False
+    loss = names.index("loss")
+    assert net.bottom_need_backward[loss] == [True, False]
+    frozen = TINY.replace('layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"',
+                          'layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1" '
+                          'param { lr_mult: 0 } param { lr_mult: 0 }')
+    net = netdef.Net(frozen, netdef.TRAIN)
+    names = [l.name for l in net.layers]
+    assert net.layer_need_backward[names.index("ip1")] is False
+    assert net.layer_need_backward[names.index("relu1")] is False
+    assert net.bottom_need_backward[names.index("ip2")] == [False]
+
+
+def test_force_backward_reaches_the_data():
+    net = netdef.Net("force_backward: true\n" + TINY, netdef.TRAIN)
+    x, y = tiny_inputs()
+    net.forward(data=x, label=y)
+    diffs = net.backward()
+    assert np.abs(diffs["data"]).sum() > 0
+    assert not np.any(net.blobs["label"].diff)
+
+
+def test_errors_name_file_line_layer_and_blob(tmp_path):
+    path = tmp_path / "bad.prototxt"
+    path.write_text('name: "bad"\nlayer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 } } }\n'
+                    'layer {\n  name: "y"\n  type: "AbsVal"\n  bottom: "nothere"\n  top: "y"\n}\n')
+    with pytest.raises(NetError, match=r"bad\.prototxt:3: layer 'y' \(AbsVal\): unknown bottom blob 'nothere'"):
+        netdef.Net(str(path), netdef.TEST)
+    path.write_text('layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 } } }\n'
+                    'layer { name: "q" type: "NoSuchType" bottom: "x" top: "q" }\n')
+    with pytest.raises(NetError, match=r"bad\.prototxt:2: layer 'q': unknown layer type 'NoSuchType'"):
+        netdef.Net(str(path), netdef.TEST)
+    path.write_text('layer {\n  name: "x"\n  type: "Input"\n  tpo: "x"\n}\n')
+    with pytest.raises(ValueError, match=r"bad\.prototxt:4:\d+: .*tpo"):
+        netdef.Net(str(path), netdef.TEST)
+    path.write_text('layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 } } }\n'
+                    'layer { name: "a" type: "AbsVal" bottom: "x" top: "a" }\n'
+                    'layer { name: "b" type: "AbsVal" bottom: "x" top: "a" }\n')
+    with pytest.raises(NetError, match=r"bad\.prototxt:3: layer 'b'.*top blob 'a' is already produced by layer 'a'"):
+        netdef.Net(str(path), netdef.TEST)
+
+
+def test_shape_mismatch_error_names_layer_and_bottoms():
+    text = """
+    layer { name: "x" type: "Input" top: "x" top: "y" input_param { shape { dim: 2 dim: 3 } shape { dim: 2 dim: 4 } } }
+    layer { name: "sum" type: "Eltwise" bottom: "x" bottom: "y" top: "s" }
+    """
+    with pytest.raises(NetError, match=r"layer 'sum' \(Eltwise\) with bottoms \[x \(2, 3\), y \(2, 4\)\]"):
+        netdef.Net(text, netdef.TEST)
+
+
+def test_legacy_input_fields_become_an_input_layer():
+    text = 'name: "old"\ninput: "data"\ninput_dim: 2\ninput_dim: 3\ninput_dim: 5\ninput_dim: 5\n' \
+           'layer { name: "r" type: "ReLU" bottom: "data" top: "r" }\n'
+    net = netdef.Net(text, netdef.TEST)
+    assert net.inputs == ["data"]
+    assert net.blobs["data"].shape == (2, 3, 5, 5)
+    text2 = 'input: "data"\ninput_shape { dim: 7 dim: 2 }\nlayer { name: "r" type: "ReLU" bottom: "data" top: "r" }'
+    assert netdef.Net(text2, netdef.TEST).blobs["r"].shape == (7, 2)
+
+
+def test_v1_layers_are_upgraded():
+    text = """
+    name: "v1"
+    input: "data" input_dim: 2 input_dim: 1 input_dim: 6 input_dim: 6
+    layers { name: "conv" type: CONVOLUTION bottom: "data" top: "conv" blobs_lr: 1 blobs_lr: 2
+             weight_decay: 1 weight_decay: 0
+             convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "xavier" } } }
+    layers { name: "relu" type: RELU bottom: "conv" top: "conv" }
+    layers { name: "pool" type: POOLING bottom: "conv" top: "pool" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+    """
+    net = netdef.Net(text, netdef.TEST)
+    assert [l.type for l in net.layers] == ["Input", "Convolution", "ReLU", "Pooling"]
+    assert net.blobs["pool"].shape == (2, 4, 2, 2)
+    assert net.params_lr == [1.0, 2.0]
+    assert net.params_weight_decay == [1.0, 0.0]
+
+
+def test_v0_layers_and_padding_layers_are_upgraded():
+    text = """
+    name: "v0"
+    input: "data" input_dim: 1 input_dim: 2 input_dim: 5 input_dim: 5
+    layers { layer { name: "pad1" type: "padding" pad: 1 } bottom: "data" top: "pad1" }
+    layers { layer { name: "conv1" type: "conv" num_output: 3 kernelsize: 3 stride: 1
+                     weight_filler { type: "gaussian" std: 0.01 } blobs_lr: 1 blobs_lr: 2 }
+             bottom: "pad1" top: "conv1" }
+    layers { layer { name: "relu1" type: "relu" } bottom: "conv1" top: "conv1" }
+    layers { layer { name: "pool1" type: "pool" pool: AVE kernelsize: 2 stride: 2 } bottom: "conv1" top: "pool1" }
+    """
+    net = netdef.Net(text, netdef.TEST)
+    assert [l.name for l in net.layers] == ["input", "conv1", "relu1", "pool1"]
+    conv = net.layer_dict["conv1"].layer_param.convolution_param
+    assert list(conv.pad) == [1] and list(conv.kernel_size) == [3]
+    assert net.blobs["conv1"].shape == (1, 3, 5, 5)
+    assert net.bottom_names["conv1"] == ["data"]
+    assert net.params_lr == [1.0, 2.0]
+
+
+def test_net_from_file_and_pycaffe_argument_order(tmp_path):
+    model = tmp_path / "tiny.prototxt"
+    model.write_text(TINY)
+    net = netdef.Net(str(model), netdef.TRAIN)
+    weights = tmp_path / "tiny.caffemodel"
+    net.save(str(weights))
+    again = netdef.Net(str(model), str(weights), netdef.TEST)
+    assert again.phase == netdef.TEST
+    np.testing.assert_array_equal(again.params["ip1"][0].data, net.params["ip1"][0].data)
+    again2 = netdef.Net(str(model), netdef.TEST, weights=str(weights))
+    np.testing.assert_array_equal(again2.params["ip2"][1].data, net.params["ip2"][1].data)
