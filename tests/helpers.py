@@ -39,7 +39,11 @@ def default_dtype(dtype):
 
 
 def parse_layer(text: str, phase: int = TRAIN) -> pb.LayerParameter:
-    param = text_format.Parse(text, pb.LayerParameter())
+    """A LayerParameter from its fields, or from ``layer { ... }`` as the oracle cases store it."""
+    if text.lstrip().startswith("layer"):
+        param = text_format.Parse(text, pb.NetParameter()).layer[0]
+    else:
+        param = text_format.Parse(text, pb.LayerParameter())
     param.phase = phase
     return param
 

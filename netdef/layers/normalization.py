@@ -1,1 +1,329 @@
-"""(to be written)"""
+"""Normalization layers: BatchNorm, Scale, Bias, MVN (Caffe semantics)."""
+from __future__ import annotations
+
+import math
+
+from ..backend import get_array_module
+from ..blob import Blob
+from ..fillers import fill
+from ..proto import netdef_pb2 as pb
+from .base import TEST, Layer, register_layer
+
+
+def _keep_or_create(layer: Layer, shapes: list[tuple], dtype) -> bool:
+    """Create ``layer.blobs`` of ``shapes`` unless they already exist (loaded or shared weights,
+    Caffe's "Skipping parameter initialization"), in which case their shapes are checked.
+    Returns True when fresh blobs were created (and so need filling)."""
+    if layer.blobs:
+        if len(layer.blobs) != len(shapes):
+            raise layer.error(f"expects {len(shapes)} blob(s), {len(layer.blobs)} are present")
+        for j, (blob, shape) in enumerate(zip(layer.blobs, shapes)):
+            if tuple(blob.shape) != tuple(shape):
+                raise layer.error(f"blob {j} has shape {blob.shape}, expected {tuple(shape)}")
+        return False
+    layer.blobs = [Blob(shape, dtype=dtype) for shape in shapes]
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+@register_layer("BatchNorm")
+class BatchNormLayer(Layer):
+    """Normalizes each channel by its mean and variance (no affine part; follow with Scale).
+
+    bottom[0]: N x C x ... (or N x C, or N) input x
+    top[0]:    same shape, y = (x - mu_c) / sqrt(var_c + eps)
+
+    Stored blobs: [mean_sum (C), var_sum (C), scale_factor (1)], statistics = blob / scale_factor
+    (0 when the factor is 0). Without global stats, mu and var are the batch mean and biased
+    variance over N and the spatial axes, and the stored blobs are updated as
+    f = maf*f + 1, mean_sum = maf*mean_sum + mu, var_sum = maf*var_sum + m/(m-1)*var (m = N*H*W).
+    use_global_stats defaults to (phase == TEST). The stored blobs never receive gradients.
+    """
+
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def setup(self, bottom, top):
+        p = self.layer_param.batch_norm_param
+        self.use_global_stats = p.use_global_stats if p.HasField("use_global_stats") else self.phase == TEST
+        self.maf = float(p.moving_average_fraction)
+        self.eps = float(p.eps)
+        shape = bottom[0].shape
+        self.channels = 1 if len(shape) == 1 else shape[1]
+        if _keep_or_create(self, [(self.channels,), (self.channels,), (1,)], bottom[0].dtype):
+            for b in self.blobs:
+                b.data[...] = 0
+        # Statistics are not learned: Caffe forces lr_mult 0 and never writes their diff.
+        self.param_propagate_down = [False] * 3
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        c = 1 if len(shape) == 1 else shape[1]
+        if c != self.channels:
+            raise self.error(f"input has {c} channels, the layer was set up for {self.channels}")
+        if top[0] is not bottom[0]:
+            top[0].reshape(shape)
+
+    def _view(self, a):
+        return a.reshape(a.shape[0], self.channels, -1)
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        xp = get_array_module(x)
+        x3 = self._view(x)
+        if self.use_global_stats:
+            f = float(self.blobs[2].data.reshape(-1)[0])
+            factor = 0.0 if f == 0 else 1.0 / f
+            mean = self.blobs[0].data * factor
+            var = self.blobs[1].data * factor
+        else:
+            mean = x3.mean(axis=(0, 2))
+            var = ((x3 - mean[None, :, None]) ** 2).mean(axis=(0, 2))
+            m = x3.shape[0] * x3.shape[2]
+            correction = m / (m - 1) if m > 1 else 1.0
+            self.blobs[2].data *= self.maf
+            self.blobs[2].data += 1
+            self.blobs[0].data *= self.maf
+            self.blobs[0].data += mean
+            self.blobs[1].data *= self.maf
+            self.blobs[1].data += correction * var
+        std = xp.sqrt(var + self.eps).astype(x.dtype, copy=False)
+        y = ((x3 - mean[None, :, None]) / std[None, :, None]).astype(x.dtype, copy=False)
+        self._std = std
+        # A private copy: a later in-place layer may overwrite the top's array.
+        self._y = y
+        top[0].data = y.reshape(x.shape).copy()
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        dy = self._view(top[0].diff)
+        inv_std = 1.0 / self._std[None, :, None]
+        if self.use_global_stats:
+            dx = dy * inv_std
+        else:
+            y = self._y
+            mean_dy = dy.mean(axis=(0, 2), keepdims=True)
+            mean_ydy = (y * dy).mean(axis=(0, 2), keepdims=True)
+            dx = (dy - mean_dy - y * mean_ydy) * inv_std
+        bottom[0].diff = dx.reshape(bottom[0].shape)
+
+
+# ---------------------------------------------------------------------------------------------
+def _operand_shape(layer: Layer, shape: tuple, axis: int, num_axes: int) -> tuple:
+    """Shape of a learned scale/bias covering ``num_axes`` axes of ``shape`` from ``axis``."""
+    axis = _canonical(layer, axis, len(shape))
+    if num_axes < -1:
+        raise layer.error(f"num_axes must be -1 or non-negative, got {num_axes}")
+    if num_axes == -1:
+        return tuple(shape[axis:])
+    if axis + num_axes > len(shape):
+        raise layer.error(f"axis {axis} + num_axes {num_axes} exceeds the {len(shape)} input axes")
+    return tuple(shape[axis:axis + num_axes])
+
+
+def _canonical(layer: Layer, axis: int, n: int) -> int:
+    if not -n <= axis < max(n, 1):
+        raise layer.error(f"axis {axis} out of range for an input of {n} axes")
+    return axis + n if axis < 0 else axis
+
+
+def _broadcast_dims(layer: Layer, x_shape: tuple, operand_shape: tuple, axis_param: int):
+    """(outer, operand count, inner) for broadcasting an operand of ``operand_shape`` against
+    ``x_shape`` from ``axis_param``; a scalar operand ignores the axis (Caffe uses axis 0)."""
+    k = len(operand_shape)
+    axis = 0 if k == 0 else _canonical(layer, axis_param, len(x_shape))
+    if axis + k > len(x_shape) or tuple(x_shape[axis:axis + k]) != tuple(operand_shape):
+        raise layer.error(f"operand of shape {tuple(operand_shape)} does not match input shape "
+                          f"{tuple(x_shape)} from axis {axis}")
+    return math.prod(x_shape[:axis]), math.prod(operand_shape), math.prod(x_shape[axis + k:])
+
+
+@register_layer("Scale")
+class ScaleLayer(Layer):
+    """Multiplies the input by a scale broadcast over the other axes, optionally adding a bias.
+
+    bottom[0]: x, any shape
+    bottom[1]: (optional) the scale s, of shape x.shape[axis : axis + s.ndim]; without it, s is a
+               learned blob covering num_axes axes from axis (-1: all remaining, 0: a scalar),
+               filled by ``filler`` (constant 1 by default)
+    top[0]:    y = x * s (+ b), same shape as x; b is a learned blob (after s) when bias_term
+    """
+
+    min_bottom = 1
+    max_bottom = 2
+    exact_num_top = 1
+
+    def setup(self, bottom, top):
+        p = self.layer_param.scale_param
+        shapes = []
+        if len(bottom) == 1:
+            shapes.append(_operand_shape(self, bottom[0].shape, p.axis, p.num_axes))
+        self.bias_index = None
+        if p.bias_term:
+            # Caffe builds an inner Bias layer with num_axes = the scale's number of axes.
+            bias_axes = bottom[1].num_axes if len(bottom) > 1 else p.num_axes
+            shapes.append(_operand_shape(self, bottom[0].shape, p.axis, bias_axes))
+            self.bias_index = len(shapes) - 1
+        if _keep_or_create(self, shapes, bottom[0].dtype):
+            if len(bottom) == 1:
+                filler = pb.FillerParameter()
+                if p.HasField("filler"):
+                    filler.CopyFrom(p.filler)
+                else:
+                    filler.type = "constant"
+                    filler.value = 1.0
+                fill(self.blobs[0], filler)
+            if self.bias_index is not None:
+                fill(self.blobs[self.bias_index], p.bias_filler)
+
+    def _scale_blob(self, bottom):
+        return bottom[1] if len(bottom) > 1 else self.blobs[0]
+
+    def reshape(self, bottom, top):
+        p = self.layer_param.scale_param
+        s = self._scale_blob(bottom)
+        self._dims = _broadcast_dims(self, bottom[0].shape, s.shape, p.axis)
+        if self.bias_index is not None:
+            b = self.blobs[self.bias_index]
+            if tuple(b.shape) != tuple(s.shape):
+                raise self.error(f"bias of shape {b.shape} does not match the scale's shape {s.shape}")
+        if top[0] is not bottom[0]:
+            top[0].reshape(bottom[0].shape)
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        o, d, i = self._dims
+        s = self._scale_blob(bottom).data.reshape(1, d, 1)
+        y = x.reshape(o, d, i) * s
+        if self.bias_index is not None:
+            y = y + self.blobs[self.bias_index].data.reshape(1, d, 1)
+        # Keep the input: in place, the top's new array replaces it in the shared blob.
+        self._x = x
+        top[0].data = y.reshape(x.shape)
+
+    def backward(self, top, propagate_down, bottom):
+        o, d, i = self._dims
+        dy = top[0].diff.reshape(o, d, i)
+        # Parameter and scale gradients first: in place, bottom diff is the same blob as top diff.
+        if self.bias_index is not None and self.param_propagate_down[self.bias_index]:
+            b = self.blobs[self.bias_index]
+            b.diff += dy.sum(axis=(0, 2)).reshape(b.shape)
+        s_blob = self._scale_blob(bottom)
+        want_scale = propagate_down[1] if len(bottom) > 1 else self.param_propagate_down[0]
+        if want_scale:
+            xp = get_array_module(dy)
+            ds = xp.einsum("odi,odi->d", dy, self._x.reshape(o, d, i)).reshape(s_blob.shape)
+            if len(bottom) > 1:
+                bottom[1].diff = ds
+            else:
+                s_blob.diff += ds
+        if propagate_down[0]:
+            bottom[0].diff = (dy * s_blob.data.reshape(1, d, 1)).reshape(bottom[0].shape)
+
+
+@register_layer("Bias")
+class BiasLayer(Layer):
+    """Adds a bias broadcast over the other axes.
+
+    bottom[0]: x, any shape
+    bottom[1]: (optional) the bias b, of shape x.shape[axis : axis + b.ndim]; without it, b is a
+               learned blob covering num_axes axes from axis (-1: all remaining, 0: a scalar),
+               filled by ``filler`` (constant 0 by default)
+    top[0]:    y = x + b, same shape as x
+    """
+
+    min_bottom = 1
+    max_bottom = 2
+    exact_num_top = 1
+
+    def setup(self, bottom, top):
+        p = self.layer_param.bias_param
+        if len(bottom) == 1:
+            shape = _operand_shape(self, bottom[0].shape, p.axis, p.num_axes)
+            if _keep_or_create(self, [shape], bottom[0].dtype):
+                fill(self.blobs[0], p.filler)
+
+    def _bias_blob(self, bottom):
+        return bottom[1] if len(bottom) > 1 else self.blobs[0]
+
+    def reshape(self, bottom, top):
+        b = self._bias_blob(bottom)
+        self._dims = _broadcast_dims(self, bottom[0].shape, b.shape, self.layer_param.bias_param.axis)
+        if top[0] is not bottom[0]:
+            top[0].reshape(bottom[0].shape)
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        o, d, i = self._dims
+        y = x.reshape(o, d, i) + self._bias_blob(bottom).data.reshape(1, d, 1)
+        top[0].data = y.reshape(x.shape)
+
+    def backward(self, top, propagate_down, bottom):
+        o, d, i = self._dims
+        dy = top[0].diff
+        want_bias = propagate_down[1] if len(bottom) > 1 else self.param_propagate_down[0]
+        if want_bias:
+            db = dy.reshape(o, d, i).sum(axis=(0, 2)).reshape(self._bias_blob(bottom).shape)
+            if len(bottom) > 1:
+                bottom[1].diff = db
+            else:
+                self.blobs[0].diff += db
+        if propagate_down[0] and top[0] is not bottom[0]:
+            bottom[0].diff = dy.copy()
+
+
+# ---------------------------------------------------------------------------------------------
+@register_layer("MVN")
+class MVNLayer(Layer):
+    """Mean-variance normalization of each sample (per channel, or across channels).
+
+    bottom[0]: N x C x H x W input x (legacy num/channels: at most 4 axes)
+    top[0]:    same shape; y = x - mean, or with normalize_variance y = (x - mean) / (std + eps)
+               (eps is added to the standard deviation, as in Caffe), where mean and the biased
+               std run over H x W per (n, c), or over C x H x W per n when across_channels.
+    """
+
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def setup(self, bottom, top):
+        p = self.layer_param.mvn_param
+        self.normalize_variance = p.normalize_variance
+        self.across_channels = p.across_channels
+        self.eps = float(p.eps)
+
+    def reshape(self, bottom, top):
+        b = bottom[0]
+        rows = b.num if self.across_channels else b.num * b.channels
+        self._rows = rows
+        if top[0] is not bottom[0]:
+            top[0].reshape(b.shape)
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        x2 = x.reshape(self._rows, -1)
+        centered = x2 - x2.mean(axis=1, keepdims=True)
+        if self.normalize_variance:
+            xp = get_array_module(x)
+            std = xp.sqrt((centered ** 2).mean(axis=1, keepdims=True)) + self.eps
+            y = centered / std
+            self._std = std
+            # Private copy for backward: a later in-place layer may overwrite the top's array.
+            self._y = y.copy()
+        else:
+            y = centered
+        top[0].data = y.reshape(x.shape)
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        dy = top[0].diff.reshape(self._rows, -1)
+        if self.normalize_variance:
+            # Caffe's formula, which treats (std + eps) like the standard deviation.
+            y = self._y
+            dx = dy - dy.mean(axis=1, keepdims=True) - y * (y * dy).mean(axis=1, keepdims=True)
+            dx = dx / self._std
+        else:
+            dx = dy - dy.mean(axis=1, keepdims=True)
+        bottom[0].diff = dx.reshape(bottom[0].shape)
