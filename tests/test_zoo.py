@@ -1,6 +1,5 @@
 """Every prototxt of BVLC Caffe's examples and model zoo parses; every net whose inputs are declared
 builds in both phases with the blob shapes Caffe computes."""
-import pathlib
 
 import pytest
 
