@@ -17,12 +17,23 @@ from .backend import (
 from .blob import Blob
 from .layers.base import TEST, TRAIN, Layer, LayerError, layer_class, register_layer, registered_types
 from .net import Net, NetError
+from .solver import (
+    AdaDeltaSolver,
+    AdaGradSolver,
+    AdamSolver,
+    NesterovSolver,
+    RMSPropSolver,
+    SGDSolver,
+    Solver,
+    get_solver,
+)
 from .proto import netdef_pb2 as proto_pb2
 from .weights import WeightsError
 
 # pycaffe spells the protobuf module caffe.proto.caffe_pb2; netdef.proto_pb2 is the same messages.
 __all__ = [
-    "Blob", "Layer", "LayerError", "Net", "NetError", "TEST", "TRAIN", "WeightsError", "get_array_module",
+    "AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "NesterovSolver", "RMSPropSolver", "SGDSolver", "Solver",
+    "get_solver", "Blob", "Layer", "LayerError", "Net", "NetError", "TEST", "TRAIN", "WeightsError", "get_array_module",
     "layer_class", "proto_pb2", "register_layer", "registered_types", "set_device", "set_device_id",
     "set_mode_cpu", "set_mode_gpu", "set_random_seed",
 ]

@@ -81,7 +81,7 @@ class Net:
     ``model`` is a prototxt path, prototxt text or a NetParameter.
     """
 
-    def __init__(self, model, phase=None, weights=None, *, stages=(), level: int = 0, **legacy):
+    def __init__(self, model, phase=None, weights=None, *, stages=(), level: int = 0, base_dir=None, **legacy):
         # pycaffe also accepts Net(model, weights_path, phase).
         if isinstance(phase, (str, os.PathLike)) and str(phase).upper() not in ("TRAIN", "TEST"):
             weights, phase = phase, weights
@@ -90,6 +90,11 @@ class Net:
         if legacy:
             raise TypeError(f"unexpected arguments: {', '.join(legacy)}")
         param, text, self.source = proto_io.read_net_param(model)
+        # Relative file names inside layers (data sources, mean files) are tried in the working
+        # directory first, as Caffe does, then in this folder: the definition's own by default.
+        if base_dir is None and not isinstance(model, pb.NetParameter) and not proto_io.looks_like_text_message(str(model)):
+            base_dir = os.path.dirname(os.path.abspath(str(model)))
+        self.base_dir = base_dir
         param = pb.NetParameter.FromString(param.SerializeToString())  # never mutate the caller's
         self._layer_lines = proto_io.top_level_block_lines(text) if text else []
         try:
@@ -187,6 +192,7 @@ class Net:
                 layer = cls(layer_param)
             except (LayerError, ValueError, ImportError, AttributeError, TypeError) as exc:
                 raise NetError(f"{where}: layer {name!r} ({layer_param.type}): {exc}") from None
+            layer.base_dir = self.base_dir
             if cls.auto_top_blobs:
                 wanted = max(cls.exact_num_top or 0, cls.min_top or 0)
                 while len(tops) < wanted:
@@ -202,7 +208,8 @@ class Net:
                 layer.blobs = [_weights.blob_from_proto(b, name=f"{name}[{j}]") for j, b in enumerate(layer_param.blobs)]
             try:
                 layer.setup_layer(bottoms, tops)
-            except (LayerError, ValueError, IndexError, KeyError, NotImplementedError, TypeError, ZeroDivisionError) as exc:
+            except (LayerError, ValueError, IndexError, KeyError, NotImplementedError, TypeError, ZeroDivisionError,
+                    OSError) as exc:
                 shapes = ", ".join(f"{n} {tuple(b.shape)}" for n, b in zip(layer_param.bottom, bottoms))
                 raise NetError(f"{where}: layer {name!r} ({layer_param.type}) with bottoms [{shapes}]: {exc}") from None
             if layer_param.type == "Input":
@@ -214,7 +221,8 @@ class Net:
             self._bottom_vecs.append(bottoms)
             self._top_vecs.append(tops)
             self._loss_weights.append(self._layer_loss_weights(layer, layer_param, where))
-        self._output_names = [n for n in self.blobs if n in unconsumed]
+        # Caffe keeps the unread blobs in a std::set, so its (and pycaffe's) outputs are sorted by name.
+        self._output_names = sorted(unconsumed)
         self._setup_params(with_splits, file_index_of)
         self._decide_backward()
         self._compute_hook_points()

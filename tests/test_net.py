@@ -33,7 +33,7 @@ def test_phase_filtering_and_splits():
     assert "ip2_ip2_0_split" in [l.name for l in test.layers]
     assert "label_data_1_split" in [l.name for l in test.layers]
     assert {"ip2_ip2_0_split_0", "ip2_ip2_0_split_1"} <= set(test.blobs)
-    assert test.outputs == ["loss", "acc"]
+    assert test.outputs == ["acc", "loss"]
     assert train.outputs == ["loss"]
     assert train.inputs == ["data", "label"]
     assert list(train.params) == ["ip1", "ip2"]

@@ -85,6 +85,8 @@ class Layer:
         self.param_propagate_down: list[bool] = []
         self.phase = self.layer_param.phase if self.layer_param.HasField("phase") else TRAIN
         self.param_str = self.layer_param.python_param.param_str
+        #: Folder of the net definition, set by the Net; see resolve_path.
+        self.base_dir: str | None = None
 
     # ------------------------------------------------------------------ identity
     @property
@@ -107,6 +109,17 @@ class Layer:
 
     def backward(self, top: list[Blob], propagate_down: list[bool], bottom: list[Blob]) -> None:
         """Default: no gradient (layers that cannot back-propagate, e.g. data layers)."""
+
+    def resolve_path(self, path: str) -> str:
+        """A file named in this layer's parameters: as given when it exists (relative to the working
+        directory, as Caffe), else relative to the folder of the net definition (``self.base_dir``),
+        so a model folder runs from anywhere. Unchanged when neither exists (the caller reports it)."""
+        import os
+
+        if os.path.isabs(path) or os.path.exists(path) or not getattr(self, "base_dir", None):
+            return path
+        beside = os.path.join(self.base_dir, path)
+        return beside if os.path.exists(beside) else path
 
     def allow_force_backward(self, bottom_index: int) -> bool:
         """Whether ``force_backward`` may ask for this bottom's gradient (False for labels)."""

@@ -1,0 +1,324 @@
+"""``netdef <verb>``: the command line a Caffe user knows (``caffe train/test/time``, the data tools).
+
+Each verb is one function that parses nothing and decides little: it calls the library. Flags keep
+Caffe's names and also accept Caffe's single-dash spelling (``-solver x``, ``--solver=x``).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+log = logging.getLogger("netdef")
+
+
+def _flag(parser, name: str, **kwargs):
+    """Add ``--name`` with Caffe's ``-name`` spelling as an alias."""
+    parser.add_argument(f"--{name}", f"-{name}", **kwargs)
+
+
+def _set_device(gpu: str | None) -> None:
+    import netdef
+
+    if gpu in (None, ""):
+        return
+    if gpu == "all":
+        gpu = "0"
+    ids = [int(g) for g in gpu.split(",")]
+    if len(ids) > 1:
+        log.warning("several GPUs in one process are not supported; use MPI ranks (mpiexec -n N). Using GPU %d", ids[0])
+    netdef.set_device("gpu", ids[0])
+
+
+def _stages(args) -> list[str]:
+    return [s for s in (args.stage or "").split(",") if s]
+
+
+# ------------------------------------------------------------------------------------------- train
+def cmd_train(args) -> int:
+    import netdef
+    from netdef.solver import get_solver
+    from netdef.solver.solver import install_signal_handlers
+
+    solver_path = args.solver or args.solver_positional
+    if not solver_path:
+        raise SystemExit("netdef train: give the solver prototxt (netdef train SOLVER or --solver=SOLVER)")
+    if args.snapshot and args.weights:
+        raise SystemExit("netdef train: give --snapshot (resume) or --weights (fine-tune), not both")
+    _set_device(args.gpu)
+    overrides = {}
+    if args.iterations:
+        overrides["max_iter"] = args.iterations
+    solver = get_solver(solver_path, **overrides)
+    if args.weights:
+        for path in args.weights.split(","):
+            log.info("Finetuning from %s", path)
+            solver.net.copy_from(path)
+            for test_net in solver.test_nets:
+                test_net.copy_from(path)
+    install_signal_handlers(solver, sigint_effect=args.sigint_effect, sighup_effect=args.sighup_effect)
+    progress = getattr(args, "_progress", None)
+    if progress is not None:
+        progress.total = solver.param.max_iter
+        solver.add_callback(on_iteration_end=lambda s: progress.update(s.iter))
+    log.info("Starting Optimization")
+    solver.solve(resume_file=args.snapshot or None)
+    if progress is not None:
+        progress.clear()
+    del netdef
+    return 0
+
+
+# -------------------------------------------------------------------------------------------- test
+def cmd_test(args) -> int:
+    import numpy as np
+
+    import netdef
+
+    if not args.model:
+        raise SystemExit("netdef test: --model is required")
+    _set_device(args.gpu)
+    net = netdef.Net(args.model, netdef.TEST, weights=args.weights or None, stages=_stages(args), level=args.level)
+    log.info("Running for %d iterations.", args.iterations)
+    weights = net.blob_loss_weights
+    totals: dict[str, np.ndarray] = {}
+    order: list[str] = []
+    loss = 0.0
+    for i in range(args.iterations):
+        outputs = net.forward()
+        loss += net.loss
+        for name, value in outputs.items():
+            values = np.asarray(netdef.backend.to_host(value), dtype=np.float64).ravel()
+            for k, v in enumerate(values):
+                key = name if values.size == 1 else f"{name}[{k}]"
+                log.info("Batch %d, %s = %g", i, name, v)
+                if key not in totals:
+                    totals[key] = 0.0
+                    order.append(key)
+                totals[key] += v
+    loss /= args.iterations
+    log.info("Loss: %g", loss)
+    for key in order:
+        mean = totals[key] / args.iterations
+        name = key.split("[")[0]
+        weight = weights.get(name, 0.0)
+        suffix = f" (* {weight:g} = {weight * mean:g} loss)" if weight else ""
+        log.info("%s = %g%s", name, mean, suffix)
+    return 0
+
+
+# -------------------------------------------------------------------------------------------- time
+def cmd_time(args) -> int:
+    import netdef
+
+    if not args.model:
+        raise SystemExit("netdef time: --model is required")
+    _set_device(args.gpu)
+    phase = netdef.TRAIN if args.phase.upper() == "TRAIN" else netdef.TEST
+    net = netdef.Net(args.model, phase, stages=_stages(args), level=args.level)
+    log.info("Performing Forward")
+    net.forward_range()
+    log.info("Initial loss: %g", net.loss if hasattr(net, "loss") else 0.0)
+    log.info("Performing Backward")
+    net.forward_backward()
+    n_layers = len(net.layers)
+    forward_ms = [0.0] * n_layers
+    backward_ms = [0.0] * n_layers
+    log.info("*** Benchmark begins ***")
+    log.info("Testing for %d iterations.", args.iterations)
+    total_start = time.perf_counter()
+    total_forward = total_backward = 0.0
+    for it in range(1, args.iterations + 1):
+        iter_start = time.perf_counter()
+        for li in range(n_layers):
+            start = time.perf_counter()
+            net.forward_range(li, li)
+            forward_ms[li] += (time.perf_counter() - start) * 1000
+        mid = time.perf_counter()
+        total_forward += (mid - iter_start) * 1000
+        net._fill_loss_diffs(0, n_layers - 1)
+        for li in range(n_layers - 1, -1, -1):
+            start = time.perf_counter()
+            net.backward_range(li, li)
+            backward_ms[li] += (time.perf_counter() - start) * 1000
+        end = time.perf_counter()
+        total_backward += (end - mid) * 1000
+        log.info("Iteration: %d forward-backward time: %d ms.", it, round((end - iter_start) * 1000))
+    log.info("Average time per layer: ")
+    for li, layer in enumerate(net.layers):
+        log.info("%10s\tforward: %g ms.", layer.name, forward_ms[li] / args.iterations)
+        log.info("%10s\tbackward: %g ms.", layer.name, backward_ms[li] / args.iterations)
+    log.info("Average Forward pass: %g ms.", total_forward / args.iterations)
+    log.info("Average Backward pass: %g ms.", total_backward / args.iterations)
+    log.info("Average Forward-Backward: %g ms.", (total_forward + total_backward) / args.iterations)
+    log.info("Total Time: %g ms.", (time.perf_counter() - total_start) * 1000)
+    log.info("*** Benchmark ends ***")
+    return 0
+
+
+# -------------------------------------------------------------------------------------- data tools
+def cmd_convert_mnist(args) -> int:
+    from netdef.data.convert import convert_mnist
+
+    count = convert_mnist(args.images, args.labels, args.output_db, backend=args.backend)
+    log.info("Processed %s files.", count)
+    return 0
+
+
+def cmd_convert_imageset(args) -> int:
+    from netdef.data.convert import convert_imageset
+
+    count = convert_imageset(args.root_folder, args.listfile, args.db_name, resize_height=args.resize_height,
+                             resize_width=args.resize_width, shuffle=args.shuffle, gray=args.gray,
+                             encoded=args.encoded, encode_type=args.encode_type, backend=args.backend,
+                             check_size=args.check_size)
+    log.info("Processed %s files.", count)
+    return 0
+
+
+def cmd_compute_image_mean(args) -> int:
+    from netdef.data.convert import compute_image_mean
+
+    compute_image_mean(args.input_db, args.output_file, backend=args.backend)
+    return 0
+
+
+def cmd_prepare_digits(args) -> int:
+    from netdef.data.convert import convert_mnist, digits_to_idx
+
+    import pathlib
+
+    folder = pathlib.Path(args.folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = digits_to_idx(folder)
+    for split in ("train", "test"):
+        db = folder / f"digits_{split}_lmdb"
+        if db.exists():
+            log.info("%s exists; keeping it", db)
+            continue
+        count = convert_mnist(files[f"{split}_images"], files[f"{split}_labels"], str(db), backend="lmdb")
+        log.info("Wrote %s (%s images)", db, count)
+    return 0
+
+
+def cmd_device_query(args) -> int:
+    import netdef
+
+    try:
+        netdef.set_device("gpu", args.gpu_id)
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(args.gpu_id)
+        log.info("Device id: %d", args.gpu_id)
+        log.info("Name: %s", props["name"].decode() if isinstance(props["name"], bytes) else props["name"])
+        log.info("Total global memory: %d", props["totalGlobalMem"])
+    except Exception as exc:  # noqa: BLE001 - reported to the user as is
+        log.error("No usable GPU: %s", exc)
+        return 1
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ parser
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="netdef",
+        description="netdef: train, test and time Caffe-format networks (prototxt) on NumPy/CuPy, and "
+                    "prepare their data. Flags follow Caffe's command line (-solver, --solver=...).")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+
+    train = verbs.add_parser("train", help="train or fine-tune a model from a solver prototxt",
+                             description="Train a model. Resume with --snapshot, fine-tune with --weights. "
+                                         "Under mpiexec every rank runs this command (data parallel).")
+    train.add_argument("solver_positional", nargs="?", metavar="SOLVER", help="the solver prototxt")
+    _flag(train, "solver", help="the solver prototxt (same as the positional SOLVER)")
+    _flag(train, "snapshot", help="resume from this .solverstate (or .solverstate.h5)")
+    _flag(train, "weights", help="fine-tune from these .caffemodel files (comma separated)")
+    _flag(train, "iterations", type=int, default=0, help="override the solver's max_iter")
+    _flag(train, "gpu", help="GPU id to run on (default: the solver's solver_mode/device_id)")
+    _flag(train, "sigint_effect", default="stop", choices=["stop", "snapshot", "none"],
+          help="what Ctrl-C (SIGINT) does: stop (snapshot if enabled, then exit), snapshot, none")
+    _flag(train, "sighup_effect", default="snapshot", choices=["stop", "snapshot", "none"],
+          help="what SIGHUP does")
+    train.set_defaults(func=cmd_train)
+
+    test = verbs.add_parser("test", help="score a model: print each output's mean over --iterations batches")
+    _flag(test, "model", help="the model prototxt (TEST phase)")
+    _flag(test, "weights", help="the trained .caffemodel")
+    _flag(test, "iterations", type=int, default=50, help="number of batches (default 50)")
+    _flag(test, "gpu", help="GPU id")
+    _flag(test, "stage", help="comma-separated stages of the net state")
+    _flag(test, "level", type=int, default=0, help="level of the net state")
+    test.set_defaults(func=cmd_test)
+
+    timing = verbs.add_parser("time", help="benchmark forward and backward, per layer")
+    _flag(timing, "model", help="the model prototxt")
+    _flag(timing, "iterations", type=int, default=50, help="number of timed iterations (default 50)")
+    _flag(timing, "phase", default="TRAIN", choices=["TRAIN", "TEST", "train", "test"], help="net phase")
+    _flag(timing, "gpu", help="GPU id")
+    _flag(timing, "stage", help="comma-separated stages")
+    _flag(timing, "level", type=int, default=0, help="level of the net state")
+    timing.set_defaults(func=cmd_time)
+
+    mnist = verbs.add_parser("convert-mnist", help="IDX image and label files (gzipped or not) to a DB of Datums")
+    mnist.add_argument("images")
+    mnist.add_argument("labels")
+    mnist.add_argument("output_db")
+    _flag(mnist, "backend", default="lmdb", choices=["lmdb", "leveldb"], help="the DB type")
+    mnist.set_defaults(func=cmd_convert_mnist)
+
+    imageset = verbs.add_parser("convert-imageset", help="a list of images ('path label' lines) to a DB of Datums")
+    imageset.add_argument("root_folder")
+    imageset.add_argument("listfile")
+    imageset.add_argument("db_name")
+    _flag(imageset, "resize_height", type=int, default=0, help="resize images to this height (0: keep)")
+    _flag(imageset, "resize_width", type=int, default=0, help="resize images to this width (0: keep)")
+    _flag(imageset, "shuffle", action="store_true", help="shuffle the list order")
+    _flag(imageset, "gray", action="store_true", help="load images as grayscale")
+    _flag(imageset, "encoded", action="store_true", help="store encoded images (PNG/JPEG bytes)")
+    _flag(imageset, "encode_type", default="", help="encoding to store: png or jpg (default: the file's own)")
+    _flag(imageset, "backend", default="lmdb", choices=["lmdb", "leveldb"], help="the DB type")
+    _flag(imageset, "check_size", action="store_true", help="check that all images have the same size")
+    imageset.set_defaults(func=cmd_convert_imageset)
+
+    mean = verbs.add_parser("compute-image-mean", help="the mean image of a DB, as a .binaryproto")
+    mean.add_argument("input_db")
+    mean.add_argument("output_file")
+    _flag(mean, "backend", default="lmdb", choices=["lmdb", "leveldb"], help="the DB type")
+    mean.set_defaults(func=cmd_compute_image_mean)
+
+    digits = verbs.add_parser("prepare-digits", help="write scikit-learn's bundled 8x8 digits as IDX files and "
+                                                     "LMDBs (offline data for a first run)")
+    digits.add_argument("folder")
+    digits.set_defaults(func=cmd_prepare_digits)
+
+    query = verbs.add_parser("device-query", help="show the GPU that --gpu would use")
+    _flag(query, "gpu_id", type=int, default=0, help="GPU id")
+    query.set_defaults(func=cmd_device_query)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from netdef import logs
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.verb:
+        parser.print_help()
+        return 1
+    progress = logs.ProgressLine() if (args.verb == "train" and sys.stderr.isatty()) else None
+    args._progress = progress
+    logs.configure(progress=progress)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        log.error("Interrupted")
+        return 130
+    except (ValueError, OSError, RuntimeError, KeyError) as exc:
+        # Definition and data errors already name the file, line, layer or blob: show them plainly.
+        log.error("%s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

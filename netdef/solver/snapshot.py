@@ -1,0 +1,454 @@
+"""Snapshots: Caffe's ``.caffemodel`` + ``.solverstate`` pair (or ``.caffemodel.h5`` + ``.solverstate.h5``).
+
+Contents are Caffe's, field for field, so Caffe restores netdef's snapshots and netdef restores Caffe's:
+
+- ``<prefix>_iter_<N>.caffemodel``: the train net as Caffe's ``Net::ToProto`` writes it (every layer, its
+  blobs, and diffs with ``snapshot_diff``).
+- ``<prefix>_iter_<N>.solverstate``: SolverState {iter, learned_net (the model path exactly as written,
+  i.e. the prefix as given, relative to the working directory when relative), history (the update
+  rule's blobs in Caffe's order), current_step}.
+- HDF5: the model is ``/data/<layer>/<i>`` (a group for every layer, datasets only for parameters a
+  layer owns; ``/diff/<layer>/<i>`` for all with ``snapshot_diff``), the state holds datasets
+  ``iter`` (int32, shape (1,)), ``learned_net`` (a null-terminated fixed-length string),
+  ``current_step`` (int32, shape (1,)) and a group ``history`` with datasets ``0``, ``1``...
+
+netdef adds what exact resumption needs, which Caffe ignores when reading: ``SolverState.netdef_state``
+(field 10000; in HDF5 the dataset ``netdef_state`` holding the same serialized message as opaque bytes)
+with the random generator's state and each data layer's ``data_state()``.
+
+Both files are first written completely to temporary files beside their targets, then renamed over
+them, model first and state second: a failed or interrupted snapshot leaves the earlier files as they
+were and no temporary file behind, and a state file never names a model that is not there yet.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import tempfile
+
+import numpy as np
+
+from .. import backend
+from ..proto import io as proto_io
+from ..proto import netdef_pb2 as pb
+from ..weights import blob_to_proto, proto_shape, proto_values
+
+logger = logging.getLogger("netdef")
+
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+class SnapshotError(ValueError):
+    """A snapshot that cannot be written or restored; the message names the file."""
+
+
+# ============================================================================================ names
+def snapshot_filename(param: pb.SolverParameter, iteration: int, extension: str) -> str:
+    """Caffe's SnapshotFilename: ``<snapshot_prefix>_iter_<iter><extension>``."""
+    return f"{param.snapshot_prefix}_iter_{iteration}{extension}"
+
+
+def model_extension(param: pb.SolverParameter) -> str:
+    return ".caffemodel.h5" if param.snapshot_format == pb.SolverParameter.HDF5 else ".caffemodel"
+
+
+def state_extension(param: pb.SolverParameter) -> str:
+    return ".solverstate.h5" if param.snapshot_format == pb.SolverParameter.HDF5 else ".solverstate"
+
+
+# ============================================================================================ netdef state
+_RNG_FORMAT = b"numpy-bitgen-json:"
+
+
+def _rng_state_bytes() -> bytes:
+    return _RNG_FORMAT + json.dumps(backend.rng().bit_generator.state).encode("ascii")
+
+
+def _restore_rng(data: bytes, where: str) -> None:
+    if not data.startswith(_RNG_FORMAT):
+        logger.warning("%s: unknown random-state format; the random generator is not restored", where)
+        return
+    state = json.loads(data[len(_RNG_FORMAT):].decode("ascii"))
+    generator = backend.rng()
+    if type(generator.bit_generator).__name__ != state.get("bit_generator"):
+        backend.set_random_seed(0)  # a fresh default generator, whose state is then replaced
+        generator = backend.rng()
+    if type(generator.bit_generator).__name__ != state.get("bit_generator"):
+        raise SnapshotError(f"{where}: the saved random state is for {state.get('bit_generator')}, netdef's "
+                            f"generator is {type(generator.bit_generator).__name__}")
+    generator.bit_generator.state = state
+
+
+def _memory_data_state(layer) -> bytes:
+    return struct.pack("<q", int(layer.pos))
+
+
+def _restore_memory_data_state(layer, data: bytes) -> None:
+    (layer.pos,) = struct.unpack("<q", data)
+
+
+def _state_functions(layer):
+    """(save, restore) for a layer whose position must survive a snapshot, or None.
+
+    Layers say so themselves with ``data_state() -> bytes`` / ``restore_data_state(bytes)``. The
+    built-in MemoryData layer, which keeps its position in ``pos``, is handled here when it does not
+    (its arrays are the user's: set them again before restoring, as set_input_arrays rewinds).
+    """
+    save = getattr(layer, "data_state", None)
+    restore = getattr(layer, "restore_data_state", None)
+    if callable(save) and callable(restore):
+        return save, restore
+    if getattr(layer, "type", "") == "MemoryData" and hasattr(layer, "pos"):
+        return (lambda: _memory_data_state(layer)), (lambda data: _restore_memory_data_state(layer, data))
+    return None
+
+
+def _data_layers(solver):
+    """(cursor key, layer) for every stateful data layer: the train net's by layer name, test net
+    ``i``'s as ``test<i>/<layer name>``."""
+    nets = [("", solver.net)] + [(f"test{i}/", net) for i, net in enumerate(solver.test_nets)]
+    seen = set()
+    for prefix, net in nets:
+        for layer in net.layers:
+            if id(layer) in seen:
+                continue
+            seen.add(id(layer))
+            if _state_functions(layer) is not None:
+                yield prefix + layer.name, layer
+
+
+def netdef_state(solver) -> pb.NetdefSolverState:
+    state = pb.NetdefSolverState()
+    state.rng_state = _rng_state_bytes()
+    for key, layer in _data_layers(solver):
+        save, _ = _state_functions(layer)
+        cursor = state.data_cursor.add()
+        cursor.layer = key
+        cursor.state = bytes(save())
+    return state
+
+
+def apply_netdef_state(solver, state: pb.NetdefSolverState, where: str) -> None:
+    if state.HasField("rng_state"):
+        _restore_rng(state.rng_state, where)
+    layers = dict(_data_layers(solver))
+    for cursor in state.data_cursor:
+        layer = layers.get(cursor.layer)
+        if layer is None:
+            logger.warning("%s: no data layer %r in the nets; its saved position is ignored", where, cursor.layer)
+            continue
+        _, restore = _state_functions(layer)
+        restore(cursor.state)
+
+
+# ============================================================================================ writing
+def _umask() -> int:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _temp_beside(path: str) -> tuple[int, str]:
+    """A new temporary file in the target's folder (so the rename is atomic), with the permissions
+    a plainly created file would get (mkstemp's are 0600)."""
+    folder = os.path.dirname(path) or "."
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    except FileNotFoundError:
+        raise SnapshotError(f"cannot write snapshot {path}: folder {folder!r} does not exist "
+                            f"(check snapshot_prefix)") from None
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())
+    except OSError:
+        pass
+    return fd, tmp
+
+
+def _temp_bytes(path: str, data: bytes) -> str:
+    fd, tmp = _temp_beside(path)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        _unlink(tmp)
+        raise
+    return tmp
+
+
+def _temp_hdf5(path: str, write) -> str:
+    import h5py
+
+    fd, tmp = _temp_beside(path)
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w") as handle:
+            write(handle)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+    except BaseException:
+        _unlink(tmp)
+        raise
+    return tmp
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _sync_folder(path: str) -> None:
+    try:
+        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _owned(net) -> list[list[bool]]:
+    """Per layer, per blob: whether the layer owns the parameter (Caffe's param_owners_ == -1)."""
+    ids = getattr(net, "_learnable_id_of", None)
+    seen: set = set()
+    out = []
+    for li, layer in enumerate(net.layers):
+        row = []
+        for j, blob in enumerate(layer.blobs):
+            key = ids[li][j] if ids is not None and li < len(ids) and j < len(ids[li]) else id(blob)
+            row.append(key not in seen)
+            seen.add(key)
+        out.append(row)
+    return out
+
+
+def write_model_hdf5(handle, net, write_diff: bool) -> None:
+    """Caffe's Net::ToHDF5 into an open h5py file."""
+    owned = _owned(net)
+    data = handle.create_group("data")
+    diff = handle.create_group("diff") if write_diff else None
+    for li, layer in enumerate(net.layers):
+        layer_data = data.create_group(layer.name)
+        layer_diff = diff.create_group(layer.name) if diff is not None else None
+        for j, blob in enumerate(layer.blobs):
+            if owned[li][j]:
+                layer_data.create_dataset(str(j), data=backend.to_host(blob.data).astype(np.float32))
+            if layer_diff is not None:
+                layer_diff.create_dataset(str(j), data=backend.to_host(blob.diff).astype(np.float32))
+
+
+def _h5_int(handle, name: str, value: int) -> None:
+    handle.create_dataset(name, data=np.array([value], dtype=np.int32))
+
+
+def _h5_string(handle, name: str, value: str) -> None:
+    """A scalar null-terminated fixed-length string, as HDF5's H5LTmake_dataset_string writes it."""
+    import h5py
+
+    raw = value.encode("utf-8") + b"\0"
+    string_type = h5py.h5t.C_S1.copy()
+    string_type.set_size(len(raw))
+    string_type.set_strpad(h5py.h5t.STR_NULLTERM)
+    space = h5py.h5s.create(h5py.h5s.SCALAR)
+    dataset = h5py.h5d.create(handle.id, name.encode("utf-8"), string_type, space)
+    dataset.write(h5py.h5s.ALL, h5py.h5s.ALL, np.array(raw, dtype=f"S{len(raw)}"), mtype=string_type)
+
+
+def _h5_read_int(handle, name: str) -> int:
+    return int(np.asarray(handle[name][()]).reshape(-1)[0])
+
+
+def _h5_read_string(handle, name: str) -> str:
+    value = handle[name][()]
+    if isinstance(value, np.ndarray):
+        value = value.reshape(-1)[0]
+    if isinstance(value, bytes):
+        value = value.decode("utf-8")
+    return str(value).rstrip("\0")
+
+
+def write_snapshot(solver) -> tuple[str, str]:
+    """Write the model and the solver state for ``solver.iter``; returns (model path, state path)."""
+    param = solver.param
+    hdf5 = param.snapshot_format == pb.SolverParameter.HDF5
+    model_path = snapshot_filename(param, solver.iter, model_extension(param))
+    state_path = snapshot_filename(param, solver.iter, state_extension(param))
+    extra = netdef_state(solver)
+    temps = []
+    try:
+        if hdf5:
+            logger.info("Snapshotting to HDF5 file %s", model_path)
+            temps.append(_temp_hdf5(model_path, lambda h: write_model_hdf5(h, solver.net, param.snapshot_diff)))
+        else:
+            logger.info("Snapshotting to binary proto file %s", model_path)
+            proto = solver.net.to_proto(param.snapshot_diff)
+            temps.append(_temp_bytes(model_path, proto.SerializeToString()))
+        if hdf5:
+            logger.info("Snapshotting solver state to HDF5 file %s", state_path)
+
+            def write_state(handle):
+                _h5_int(handle, "iter", solver.iter)
+                _h5_string(handle, "learned_net", model_path)
+                _h5_int(handle, "current_step", solver.current_step)
+                group = handle.create_group("history")
+                for i, blob in enumerate(solver.history):
+                    group.create_dataset(str(i), data=backend.to_host(blob.data).astype(np.float32))
+                handle.create_dataset("netdef_state", data=np.void(extra.SerializeToString()))
+
+            temps.append(_temp_hdf5(state_path, write_state))
+        else:
+            logger.info("Snapshotting solver state to binary proto file %s", state_path)
+            state = pb.SolverState()
+            state.iter = solver.iter
+            state.learned_net = model_path
+            state.current_step = solver.current_step
+            for blob in solver.history:
+                state.history.append(blob_to_proto(blob))
+            state.netdef_state.CopyFrom(extra)
+            temps.append(_temp_bytes(state_path, state.SerializeToString()))
+        os.replace(temps[0], model_path)
+        os.replace(temps[1], state_path)
+    except BaseException:
+        for tmp in temps:
+            _unlink(tmp)
+        raise
+    _sync_folder(state_path)
+    return model_path, state_path
+
+
+# ============================================================================================ reading
+def copy_from_hdf5(net, path: str) -> None:
+    """Caffe's CopyTrainedLayersFromHDF5: by layer name; a missing dataset is allowed only for a
+    parameter the layer shares with an earlier one (Caffe's snapshots store shared ones once)."""
+    import h5py
+
+    owned = _owned(net)
+    index = {layer.name: li for li, layer in enumerate(net.layers)}
+    with h5py.File(path, "r") as handle:
+        if "data" not in handle:
+            raise SnapshotError(f"{path}: not a Caffe HDF5 weights file (no /data group)")
+        data = handle["data"]
+        for name in data:
+            li = index.get(name)
+            if li is None:
+                logger.info("Ignoring source layer %s", name)
+                continue
+            layer = net.layers[li]
+            group = data[name]
+            if len(group) > len(layer.blobs):
+                raise SnapshotError(f"{path}: incompatible number of blobs for layer {name!r}: {len(group)} in the "
+                                    f"file, {len(layer.blobs)} in the net")
+            for j, blob in enumerate(layer.blobs):
+                if str(j) not in group:
+                    if not owned[li][j]:
+                        continue
+                    raise SnapshotError(f"{path}: incompatible number of blobs for layer {name!r}: param {j} is "
+                                        f"missing")
+                values = group[str(j)][()]
+                if tuple(values.shape) != tuple(blob.shape):
+                    raise SnapshotError(f"{path}: cannot load param {j} of layer {name!r}: the file has shape "
+                                        f"{values.shape}, the net has {blob.shape}")
+                blob.data[...] = backend.to_device(values.astype(blob.dtype), like=blob.data)
+
+
+def _resolve_learned_net(learned_net: str, state_path: str) -> str:
+    """Caffe opens learned_net relative to the working directory; netdef then tries it relative to the
+    state file's folder, then the file of that name beside the state file (a moved snapshot pair)."""
+    if os.path.exists(learned_net):
+        return learned_net
+    folder = os.path.dirname(os.path.abspath(state_path))
+    candidates = [os.path.join(folder, learned_net), os.path.join(folder, os.path.basename(learned_net))]
+    for candidate in candidates:
+        if os.path.exists(candidate):
+            logger.info("learned_net %s is not in the working directory; using %s (beside the solver state)",
+                        learned_net, candidate)
+            return candidate
+    raise SnapshotError(f"{state_path}: learned_net {learned_net!r} not found (tried it relative to the working "
+                        f"directory {os.getcwd()!r} and {', '.join(repr(c) for c in candidates)})")
+
+
+def _load_weights(net, path: str) -> None:
+    with open(path, "rb") as handle:
+        is_hdf5 = handle.read(8) == HDF5_MAGIC
+    if is_hdf5:
+        copy_from_hdf5(net, path)
+    else:
+        net.copy_from(path)
+
+
+def _set_history(solver, index: int, values: np.ndarray, shape, where: str) -> None:
+    blob = solver.history[index]
+    if values.size != blob.count:
+        raise SnapshotError(f"{where}: history blob {index} has shape {tuple(shape)} ({values.size} values), the "
+                            f"solver's is {blob.shape} ({blob.count}); was the state written for another net "
+                            f"or solver type?")
+    blob.data[...] = backend.to_device(np.asarray(values).reshape(blob.shape).astype(blob.dtype), like=blob.data)
+
+
+def restore(solver, path) -> None:
+    """Caffe's Solver::Restore: ``.h5`` names an HDF5 state, anything else a binary SolverState."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise SnapshotError(f"{path}: no such solver state file")
+    with open(path, "rb") as handle:
+        is_hdf5 = handle.read(8) == HDF5_MAGIC
+    if path.endswith(".h5") or is_hdf5:
+        _restore_hdf5(solver, path)
+    else:
+        _restore_binary(solver, path)
+
+
+def _check_history_count(solver, count: int, path: str) -> None:
+    if count != len(solver.history):
+        raise SnapshotError(f"{path}: Incorrect length of history blobs: the state has {count}, the "
+                            f"{solver.param.type} solver has {len(solver.history)} (for "
+                            f"{len(solver.net.learnable_params)} learnable parameters)")
+
+
+def _restore_binary(solver, path: str) -> None:
+    state = proto_io.read_binary(path, pb.SolverState)
+    _check_history_count(solver, len(state.history), path)
+    solver.iter = state.iter
+    if state.HasField("learned_net"):
+        _load_weights(solver.net, _resolve_learned_net(state.learned_net, path))
+    solver.current_step = state.current_step
+    logger.info("SGDSolver: restoring history")
+    for i, proto in enumerate(state.history):
+        _set_history(solver, i, proto_values(proto), proto_shape(proto), path)
+    if state.HasField("netdef_state"):
+        apply_netdef_state(solver, state.netdef_state, path)
+
+
+def _restore_hdf5(solver, path: str) -> None:
+    import h5py
+
+    with h5py.File(path, "r") as handle:
+        history = handle["history"] if "history" in handle else {}
+        _check_history_count(solver, len(history), path)
+        solver.iter = _h5_read_int(handle, "iter")
+        if "learned_net" in handle:
+            _load_weights(solver.net, _resolve_learned_net(_h5_read_string(handle, "learned_net"), path))
+        solver.current_step = _h5_read_int(handle, "current_step") if "current_step" in handle else 0
+        for i in range(len(history)):
+            if str(i) not in history:
+                raise SnapshotError(f"{path}: history dataset {i} is missing")
+            values = history[str(i)][()]
+            _set_history(solver, i, values, values.shape, path)
+        if "netdef_state" in handle:
+            extra = pb.NetdefSolverState.FromString(np.asarray(handle["netdef_state"][()]).tobytes())
+            apply_netdef_state(solver, extra, path)

@@ -1,0 +1,733 @@
+"""The Solver: Caffe's training loop (``Solver::Step``/``Solve``) with its exact semantics.
+
+One iteration (Caffe's order)::
+
+    clear parameter diffs
+    test every test net          when test_interval divides iter (and iter > 0 or test_initialization)
+    on_start callbacks           (before the forward passes)
+    compute_gradients()          iter_size x (forward + backward), diffs accumulate; loss = mean
+    display                      "Iteration N (x iter/s, ys/D iters), loss = L" + the train outputs
+    on_gradients_ready callbacks
+    apply_update()               rate = policy(iter); "Iteration N, lr = r"; clip the global L2 norm of
+                                 the accumulated diffs; per parameter: diff *= 1/iter_size,
+                                 regularize, the update rule's value; data -= diff
+    iter += 1
+    after_update callbacks
+    snapshot                     when snapshot divides iter, or on request (SIGHUP)
+    stop                         on request (SIGINT): leave the loop; solve() then applies
+                                 snapshot_after_train as Caffe does
+
+Distributed training plugs in at two methods: ``compute_gradients()`` (the forward/backward passes of
+one iteration; gradient exchanges are started from the net's backward hooks,
+``net.register_backward_hook``) and ``apply_update()`` (the update). A distributed solver waits for
+its exchanges to finish before the update, either by overriding ``apply_update`` (wait, then
+``super().apply_update()``) or from an ``on_gradients_ready`` callback, which runs between the two
+exactly as Caffe's P2PSync/NCCL callbacks do.
+
+Paths in the solver file (``net``, ``train_net``, ``test_net``, ``weights``) are opened as Caffe opens
+them, relative to the working directory; a path not found there is then tried relative to the solver
+file's folder (an INFO log line says so). ``snapshot_prefix`` is used as given (relative to the working
+directory), as in Caffe; when a solver file leaves it out it is the solver file's path without its
+extension, and when it names a folder the solver file's name is appended (Caffe's
+UpgradeSnapshotPrefixProperty).
+
+netdef goes beyond Caffe in three places: a non-finite loss stops training with NonFiniteLossError
+(and a snapshot of non-finite weights is refused), snapshots also carry the random generator's state
+and the data layers' positions so that a resumed run continues bit for bit, and snapshot files are
+replaced atomically.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import os
+import signal
+import time
+
+import numpy as np
+
+from .. import backend
+from ..layers.base import TEST, TRAIN
+from ..net import Net
+from ..proto import io as proto_io
+from ..proto import netdef_pb2 as pb
+from ..upgrade import upgrade_solver
+from . import lr_policy
+from . import snapshot as _snapshot
+from .updates import SolverConfigError, update_rule_class
+
+logger = logging.getLogger("netdef")
+f32 = np.float32
+
+
+class NonFiniteError(FloatingPointError):
+    """Training produced a NaN or an infinity. ``iteration`` and ``layer`` (None when unknown) say where."""
+
+    def __init__(self, message: str, iteration: int, layer: str | None = None):
+        super().__init__(message)
+        self.iteration = iteration
+        self.layer = layer
+
+
+class NonFiniteLossError(NonFiniteError):
+    """The loss of an iteration is not finite; training stops before that iteration's update, so the
+    weights in memory and the snapshots on disk are the last good ones."""
+
+
+class NonFiniteParamsError(NonFiniteError):
+    """A snapshot was asked of parameters that are not finite; nothing was written."""
+
+
+class SolverAction(enum.Enum):
+    """What a signal asks of the solver (Caffe's SolverAction)."""
+
+    NONE = "none"
+    STOP = "stop"
+    SNAPSHOT = "snapshot"
+
+
+def _fmt(value) -> str:
+    """A number as C++'s ``ostream << float`` prints it (6 significant digits, %g)."""
+    return "%g" % float(value)
+
+
+# ============================================================================================ reading the solver
+def read_solver_param(source) -> tuple[pb.SolverParameter, str | None]:
+    """(upgraded SolverParameter, solver file path or None) from a path, prototxt text or a message."""
+    if isinstance(source, pb.SolverParameter):
+        param = pb.SolverParameter()
+        param.CopyFrom(source)
+        path = None
+    else:
+        text_or_path = os.fspath(source) if isinstance(source, os.PathLike) else source
+        if not isinstance(text_or_path, str):
+            raise TypeError(f"a solver is a prototxt path, prototxt text or a SolverParameter, not {type(source).__name__}")
+        param = proto_io.read_text(text_or_path, pb.SolverParameter)
+        path = None if proto_io.looks_like_text_message(text_or_path) else text_or_path
+    if param.HasField("solver_type") and param.HasField("type"):
+        raise SolverConfigError("Failed to upgrade solver: old solver_type field (enum) and new type field (string) "
+                                "cannot be both specified in solver proto text.")
+    upgrade_solver(param)
+    if path is not None:
+        _upgrade_snapshot_prefix(param, path)
+    return param, path
+
+
+def _upgrade_snapshot_prefix(param: pb.SolverParameter, solver_file: str) -> None:
+    """Caffe's UpgradeSnapshotPrefixProperty."""
+    stem = os.path.splitext(os.path.basename(solver_file))[0]
+    if not param.HasField("snapshot_prefix"):
+        param.snapshot_prefix = os.path.splitext(solver_file)[0]
+        logger.info("snapshot_prefix was not specified and is set to %s", param.snapshot_prefix)
+    elif os.path.isdir(param.snapshot_prefix):
+        param.snapshot_prefix = os.path.join(param.snapshot_prefix, stem)
+        logger.info("snapshot_prefix was a directory and is replaced to %s", param.snapshot_prefix)
+
+
+def _cupy_works(device_id: int) -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > device_id
+    except Exception:  # noqa: BLE001 - any failure means no usable GPU
+        return False
+
+
+# ============================================================================================ the solver
+class Solver:
+    """Trains ``net`` as Caffe's solvers do. pycaffe's surface::
+
+        solver = netdef.solver.get_solver("lenet_solver.prototxt")
+        solver.net.copy_from("pretrained.caffemodel")   # optional
+        solver.step(100)                                 # or solver.solve()
+        solver.net, solver.test_nets, solver.iter
+
+    ``solver`` is a solver prototxt path, prototxt text or a SolverParameter; ``solver_file`` (with a
+    SolverParameter) is where relative net paths may also be looked up. Per-type subclasses
+    (SGDSolver, AdamSolver...) use their rule whatever the file's ``type`` says, as pycaffe's do.
+    """
+
+    solver_type: str | None = None
+
+    def __init__(self, solver, *, solver_file: str | None = None):
+        param, path = read_solver_param(solver)
+        self.solver_file = path or solver_file
+        if self.solver_type is not None and param.type != self.solver_type:
+            if param.HasField("type"):
+                logger.info("%s: using the %s update rule (the file says type: %r)", type(self).__name__,
+                            self.solver_type, param.type)
+            param.type = self.solver_type
+        self.param = param
+        rule_class = update_rule_class(param.type)
+        self._validate(param, rule_class)
+        logger.info("Initializing solver from parameters: \n%s", param)
+
+        self.iter = 0
+        self.current_step = 0
+        self.lr = f32(0)
+        self.smoothed_loss = f32(0)
+        self._losses: list = []
+        self.requested_early_exit = False
+        self._stop_requested = False
+        self._snapshot_requested = False
+        self._last_snapshot_iter = None
+        self._callbacks: list[tuple] = []
+        self._closed = False
+        self._iterations_last = 0
+        self._timer = time.perf_counter()
+        self.test_scores: dict = {}
+
+        self._setup_device(param)
+        if param.random_seed >= 0:
+            backend.set_random_seed(param.random_seed)
+        self.net = self._build_train_net()
+        self.test_nets = self._build_test_nets()
+        for test_net in self.test_nets:
+            test_net.share_with(self.net)
+        self.update_rule = rule_class(param)
+        self.update_rule.setup(self.net.learnable_params)
+        logger.info("Solver scaffolding done.")
+
+    # ---------------------------------------------------------------------------------------- set-up
+    @staticmethod
+    def _validate(param: pb.SolverParameter, rule_class) -> None:
+        if param.average_loss < 1:
+            raise SolverConfigError(f"average_loss should be non-negative (>= 1), got {param.average_loss}")
+        if param.iter_size < 1:
+            raise SolverConfigError(f"iter_size must be >= 1, got {param.iter_size}")
+        if param.display < 0 or param.snapshot < 0 or param.test_interval < 0:
+            raise SolverConfigError("display, snapshot and test_interval must not be negative")
+        lr_policy.validate(param)
+        if param.weight_decay and param.regularization_type not in ("L1", "L2"):
+            raise SolverConfigError(f"Unknown regularization type: {param.regularization_type!r} (L1 or L2)")
+        if param.snapshot and not param.HasField("snapshot_prefix"):
+            raise SolverConfigError("In solver params, snapshot is specified but snapshot_prefix is not")
+        if param.snapshot:
+            folder = os.path.dirname(param.snapshot_prefix) or "."
+            if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+                raise SolverConfigError(f"Cannot write to snapshot prefix {param.snapshot_prefix!r}.  Make sure "
+                                        f"that the directory exists and is writable.")
+        rule_class.validate(param)
+
+    @staticmethod
+    def _setup_device(param: pb.SolverParameter) -> None:
+        """solver_mode/device_id, when the file sets solver_mode (pycaffe leaves the mode alone)."""
+        if not param.HasField("solver_mode"):
+            return
+        if param.solver_mode == pb.SolverParameter.GPU:
+            if _cupy_works(param.device_id):
+                backend.set_device("gpu", param.device_id)
+                logger.info("Using GPU %d", param.device_id)
+            else:
+                logger.warning("solver_mode is GPU but CuPy or CUDA device %d is not usable; training on the CPU",
+                               param.device_id)
+                backend.set_device("cpu")
+        else:
+            backend.set_device("cpu")
+
+    def _resolve(self, path: str, what: str) -> str:
+        if os.path.exists(path):
+            return path
+        if self.solver_file and not os.path.isabs(path):
+            beside = os.path.join(os.path.dirname(os.path.abspath(self.solver_file)), path)
+            if os.path.exists(beside):
+                logger.info("%s %s is not in the working directory; using %s (relative to the solver file's folder)",
+                            what, path, beside)
+                return beside
+        tried = f"the working directory {os.getcwd()!r}"
+        if self.solver_file:
+            tried += f" and the solver file's folder {os.path.dirname(os.path.abspath(self.solver_file))!r}"
+        raise FileNotFoundError(f"{what} {path!r} not found (tried {tried})")
+
+    def _make_net(self, source, file_param: pb.NetParameter | None, phase: int, extra_state: pb.NetState | None):
+        """A Net with Caffe's state precedence: phase default < the net's own state < the solver's state."""
+        own = file_param if file_param is not None else source
+        state = pb.NetState()
+        state.phase = phase
+        state.MergeFrom(own.state)
+        if extra_state is not None:
+            state.MergeFrom(extra_state)
+        if isinstance(source, str) and list(state.stage) == list(own.state.stage) and state.level == own.state.level:
+            # From the path, so that errors name the file and line.
+            net = Net(source, state.phase)
+        else:
+            base_dir = os.path.dirname(os.path.abspath(source)) if isinstance(source, str) else (
+                os.path.dirname(os.path.abspath(self.solver_file)) if self.solver_file else None)
+            param = pb.NetParameter()
+            param.CopyFrom(own)
+            param.state.CopyFrom(state)
+            net = Net(param, state.phase, base_dir=base_dir)
+        for weights in self.param.weights:
+            for name in (n.strip() for n in weights.split(",")):
+                logger.info("Finetuning from %s", name)
+                net.copy_from(self._resolve(name, "weights file"))
+        return net
+
+    def _build_train_net(self) -> Net:
+        p = self.param
+        fields = ["net", "net_param", "train_net", "train_net_param"]
+        given = [f for f in fields if p.HasField(f)]
+        if not given:
+            raise SolverConfigError("SolverParameter must specify a train net using one of these fields: "
+                                    + ", ".join(fields))
+        if len(given) > 1:
+            raise SolverConfigError("SolverParameter must not contain more than one of these fields specifying a "
+                                    f"train_net: {', '.join(fields)} (it has {', '.join(given)})")
+        field = given[0]
+        train_state = p.train_state if p.HasField("train_state") else None
+        if field in ("net_param", "train_net_param"):
+            logger.info("Creating training net specified in %s.", field)
+            return self._make_net(getattr(p, field), None, TRAIN, train_state)
+        path = self._resolve(getattr(p, field), f"{field} file")
+        logger.info("Creating training net from %s file: %s", field, path)
+        return self._make_net(path, proto_io.read_text(path, pb.NetParameter), TRAIN, train_state)
+
+    def _build_test_nets(self) -> list[Net]:
+        p = self.param
+        generic = int(p.HasField("net")) + int(p.HasField("net_param"))
+        if generic > 1:
+            raise SolverConfigError("Both net_param and net_file may not be specified.")
+        num_listed = len(p.test_net_param) + len(p.test_net)
+        if generic:
+            if len(p.test_iter) < num_listed:
+                raise SolverConfigError("test_iter must be specified for each test network.")
+        elif len(p.test_iter) != num_listed:
+            raise SolverConfigError(f"test_iter must be specified for each test network ({num_listed} test nets, "
+                                    f"{len(p.test_iter)} test_iter values).")
+        instances = len(p.test_iter) if generic else num_listed
+        if p.test_state and len(p.test_state) != instances:
+            raise SolverConfigError("test_state must be unspecified or specified once per test net.")
+        if instances and p.test_interval <= 0:
+            raise SolverConfigError(f"test nets need test_interval > 0, got {p.test_interval}")
+        sources = []
+        for net_param in p.test_net_param:
+            sources.append(("test_net_param", net_param, None))
+        for name in p.test_net:
+            path = self._resolve(name, "test_net file")
+            sources.append((f"test_net file: {path}", path, proto_io.read_text(path, pb.NetParameter)))
+        for _ in range(instances - num_listed):
+            if p.HasField("net_param"):
+                sources.append(("net_param", p.net_param, None))
+            else:
+                path = self._resolve(p.net, "net file")
+                sources.append((f"net file: {path}", path, proto_io.read_text(path, pb.NetParameter)))
+        nets = []
+        for i, (what, source, file_param) in enumerate(sources):
+            logger.info("Creating test net (#%d) specified by %s", i, what)
+            nets.append(self._make_net(source, file_param, TEST, p.test_state[i] if p.test_state else None))
+        return nets
+
+    # ---------------------------------------------------------------------------------------- properties
+    @property
+    def history(self):
+        """The update rule's history blobs, in the order of SolverState.history."""
+        return self.update_rule.history
+
+    @property
+    def type(self) -> str:
+        return self.param.type
+
+    # ---------------------------------------------------------------------------------------- callbacks
+    def add_callback(self, on_start=None, on_gradients_ready=None, after_update=None):
+        """Per-iteration callbacks (no arguments, as pycaffe's): ``on_start`` before the forward passes,
+        ``on_gradients_ready`` after backward and before the update, ``after_update`` once the update is
+        applied and ``iter`` incremented (before the snapshot check). One object with methods of those
+        names also works: ``solver.add_callback(obj)``."""
+        names = ("on_start", "on_gradients_ready", "after_update")
+        if on_gradients_ready is None and after_update is None and on_start is not None and any(
+                hasattr(on_start, n) for n in names):
+            obj = on_start
+            on_start, on_gradients_ready, after_update = (getattr(obj, n, None) for n in names)
+        self._callbacks.append((on_start, on_gradients_ready, after_update))
+
+    def _run_callbacks(self, which: int) -> None:
+        for callback in self._callbacks:
+            if callback[which] is not None:
+                callback[which]()
+
+    # ---------------------------------------------------------------------------------------- requests
+    def request_stop(self) -> None:
+        """Stop at the next iteration boundary (safe to call from a signal handler)."""
+        self._stop_requested = True
+
+    def request_snapshot(self) -> None:
+        """Snapshot at the next iteration boundary (safe to call from a signal handler)."""
+        self._snapshot_requested = True
+
+    def _take_requests(self) -> tuple[bool, bool]:
+        snap, stop = self._snapshot_requested, self._stop_requested
+        self._snapshot_requested = self._stop_requested = False
+        return snap, stop
+
+    # ---------------------------------------------------------------------------------------- training
+    def solve(self, resume_file=None) -> None:
+        """Caffe's Solve: train to max_iter (resuming from ``resume_file``), snapshot after training,
+        then a last display/test pass. The data layers are closed at the end."""
+        logger.info("Solving %s", self.net.name)
+        logger.info("Learning Rate Policy: %s", self.param.lr_policy)
+        self.requested_early_exit = False
+        try:
+            if resume_file:
+                logger.info("Restoring previous solver status from %s", resume_file)
+                self.restore(resume_file)
+            start_iter = self.iter
+            self.step(self.param.max_iter - self.iter)
+            p = self.param
+            if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0) \
+                    and self._last_snapshot_iter != self.iter:
+                self.snapshot()
+            if self.requested_early_exit:
+                logger.info("Optimization stopped early.")
+                return
+            if p.display and self.iter % p.display == 0:
+                loss = f32(self.net.forward_range())
+                self._update_smoothed_loss(loss, start_iter, p.average_loss)
+                logger.info("Iteration %d, loss = %s", self.iter, _fmt(self.smoothed_loss))
+            if p.test_interval and self.iter % p.test_interval == 0:
+                self.test_all()
+            logger.info("Optimization Done.")
+        finally:
+            self.close()
+
+    def step(self, iters: int) -> None:
+        """Run ``iters`` iterations (Caffe's Step)."""
+        p = self.param
+        start_iter = self.iter
+        stop_iter = self.iter + int(iters)
+        self._losses = []
+        self.smoothed_loss = f32(0)
+        self._timer = time.perf_counter()
+        self._iterations_last = self.iter
+        self.requested_early_exit = False
+        while self.iter < stop_iter:
+            self.net.clear_param_diffs()
+            if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
+                self.test_all()
+                if self.requested_early_exit:
+                    break
+            self._run_callbacks(0)
+            display = bool(p.display) and self.iter % p.display == 0
+            loss = self.compute_gradients()
+            self._update_smoothed_loss(loss, start_iter, p.average_loss)
+            if display:
+                self._display()
+            self._run_callbacks(1)
+            self.apply_update()
+            self.iter += 1
+            self._run_callbacks(2)
+            snap, stop = self._take_requests()
+            if (p.snapshot and self.iter % p.snapshot == 0) or snap:
+                self.snapshot()
+            if stop:
+                self.requested_early_exit = True
+                break
+
+    def compute_gradients(self) -> np.float32:
+        """The forward/backward passes of one iteration: ``iter_size`` passes whose parameter gradients
+        add up in the diffs; returns their mean loss. Raises NonFiniteLossError on a NaN/inf loss."""
+        loss = f32(0)
+        for _ in range(self.param.iter_size):
+            pass_loss = f32(self.net.forward_backward())
+            if not math.isfinite(pass_loss):
+                self._raise_non_finite(pass_loss)
+            loss += pass_loss
+        return loss / f32(self.param.iter_size)
+
+    def _raise_non_finite(self, loss) -> None:
+        net = self.net
+        culprit = None
+        for layer in net.layers:
+            for name in net.top_names[layer.name]:
+                blob = net.blobs[name]
+                data = blob.data
+                xp = backend.get_array_module(data)
+                if data.dtype.kind == "f" and not bool(xp.isfinite(data).all()):
+                    culprit = (layer, name)
+                    break
+            if culprit:
+                break
+        bad_params = [f"{layer.name}[{j}]" for layer in net.layers for j, b in enumerate(layer.blobs)
+                      if not bool(backend.get_array_module(b.data).isfinite(b.data).all())]
+        where = (f"; first non-finite output: top {culprit[1]!r} of layer {culprit[0].name!r} ({culprit[0].type})"
+                 if culprit else "")
+        params = f"; non-finite parameters: {', '.join(bad_params)}" if bad_params else ""
+        raise NonFiniteLossError(f"Iteration {self.iter}: loss is {float(loss)}{where}{params}. Training stopped "
+                                 f"before this iteration's update (the weights and snapshots are the last good ones)",
+                                 self.iter, culprit[0].name if culprit else None)
+
+    def _update_smoothed_loss(self, loss, start_iter: int, average_loss: int) -> None:
+        loss = f32(loss)
+        if len(self._losses) < average_loss:
+            self._losses.append(loss)
+            size = len(self._losses)
+            self.smoothed_loss = f32((self.smoothed_loss * f32(size - 1) + loss) / f32(size))
+        else:
+            idx = (self.iter - start_iter) % average_loss
+            self.smoothed_loss = f32(self.smoothed_loss + (loss - self._losses[idx]) / f32(average_loss))
+            self._losses[idx] = loss
+
+    def _display(self) -> None:
+        p = self.param
+        now = time.perf_counter()
+        lapse = now - self._timer
+        per_s = (self.iter - self._iterations_last) / (lapse if lapse else 1)
+        logger.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter, _fmt(per_s), _fmt(lapse),
+                    p.display, _fmt(self.smoothed_loss))
+        self._timer = now
+        self._iterations_last = self.iter
+        weights = self.net.blob_loss_weights
+        index = 0
+        for name in _output_order(self.net):
+            values = backend.to_host(self.net.blobs[name].data).astype(np.float32).ravel()
+            weight = f32(weights.get(name, 0.0))
+            for value in values:
+                suffix = f" (* {_fmt(weight)} = {_fmt(weight * value)} loss)" if weight else ""
+                logger.info("    Train net output #%d: %s = %s%s", index, name, _fmt(value), suffix)
+                index += 1
+
+    # ---------------------------------------------------------------------------------------- the update
+    def get_learning_rate(self) -> np.float32:
+        """The rate for the current iteration (advances current_step for step/multistep, as Caffe)."""
+        rate, self.current_step = lr_policy.learning_rate(self.param, self.iter, self.current_step)
+        return rate
+
+    def apply_update(self) -> None:
+        """Caffe's SGDSolver::ApplyUpdate: learning rate, gradient clipping, then per parameter
+        normalization, regularization and the update rule; finally ``data -= diff``."""
+        p = self.param
+        rate = self.get_learning_rate()
+        self.lr = rate
+        if p.display and self.iter % p.display == 0:
+            logger.info("Iteration %d, lr = %s", self.iter, _fmt(rate))
+        self.clip_gradients()
+        params = self.net.learnable_params
+        for param_id in range(len(params)):
+            self.normalize(param_id)
+            self.regularize(param_id)
+            self.compute_update_value(param_id, rate)
+        for blob in params:
+            data = blob.data
+            data -= blob.diff
+
+    def clip_gradients(self) -> None:
+        clip = f32(self.param.clip_gradients)
+        if clip < 0:
+            return
+        sumsq = f32(0)
+        for blob in self.net.learnable_params:
+            diff = blob.diff
+            # float() first: a CuPy scalar does not convert to NumPy implicitly.
+            sumsq += f32(float(backend.get_array_module(diff).vdot(diff.ravel(), diff.ravel())))
+        norm = f32(np.sqrt(sumsq))
+        if norm > clip:
+            scale = f32(clip / norm)
+            logger.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale factor %s",
+                        _fmt(norm), _fmt(clip), _fmt(scale))
+            for blob in self.net.learnable_params:
+                diff = blob.diff
+                diff *= scale
+
+    def normalize(self, param_id: int) -> None:
+        if self.param.iter_size == 1:
+            return
+        diff = self.net.learnable_params[param_id].diff
+        diff *= f32(1) / f32(self.param.iter_size)
+
+    def regularize(self, param_id: int) -> None:
+        blob = self.net.learnable_params[param_id]
+        local_decay = f32(self.param.weight_decay) * f32(self.net.params_weight_decay[param_id])
+        if not local_decay:
+            return
+        diff = blob.diff
+        if self.param.regularization_type == "L2":
+            diff += local_decay * blob.data
+        elif self.param.regularization_type == "L1":
+            diff += local_decay * backend.get_array_module(blob.data).sign(blob.data)
+        else:
+            raise SolverConfigError(f"Unknown regularization type: {self.param.regularization_type!r}")
+
+    def compute_update_value(self, param_id: int, rate) -> None:
+        local_rate = f32(rate) * f32(self.net.params_lr[param_id])
+        self.update_rule.compute_update_value(param_id, self.net.learnable_params[param_id], local_rate, self.iter)
+
+    # ---------------------------------------------------------------------------------------- testing
+    def test_all(self) -> None:
+        for test_net_id in range(len(self.test_nets)):
+            if self.requested_early_exit:
+                break
+            self.test(test_net_id)
+
+    def test(self, test_net_id: int = 0) -> None:
+        """Caffe's Test: ``test_iter`` forward passes; logs the mean of every output."""
+        p = self.param
+        logger.info("Iteration %d, Testing net (#%d)", self.iter, test_net_id)
+        test_net = self.test_nets[test_net_id]
+        test_net.share_with(self.net)
+        iterations = p.test_iter[test_net_id]
+        names = _output_order(test_net)
+        scores = None
+        loss = f32(0)
+        for _ in range(iterations):
+            snap, stop = self._take_requests()
+            if snap:
+                self.snapshot()
+            if stop:
+                self.requested_early_exit = True
+            if self.requested_early_exit:
+                break
+            iter_loss = f32(test_net.forward_range())
+            if p.test_compute_loss:
+                loss += iter_loss
+            values = np.concatenate([backend.to_host(test_net.blobs[n].data).astype(np.float32).ravel()
+                                     for n in names]) if names else np.zeros(0, np.float32)
+            scores = values.copy() if scores is None else scores + values
+        if self.requested_early_exit:
+            logger.info("Test interrupted.")
+            return
+        if p.test_compute_loss:
+            loss /= f32(iterations)
+            logger.info("Test loss: %s", _fmt(loss))
+        if scores is None:
+            return
+        weights = test_net.blob_loss_weights
+        owners = [n for n in names for _ in range(test_net.blobs[n].count)]
+        self.test_scores = {}
+        for i, (name, score) in enumerate(zip(owners, scores)):
+            mean = f32(score / f32(iterations))
+            weight = f32(weights.get(name, 0.0))
+            suffix = f" (* {_fmt(weight)} = {_fmt(weight * mean)} loss)" if weight else ""
+            logger.info("    Test net output #%d: %s = %s%s", i, name, _fmt(mean), suffix)
+            self.test_scores.setdefault(name, []).append(mean)
+
+    # ---------------------------------------------------------------------------------------- snapshots
+    def snapshot(self) -> tuple[str, str]:
+        """Write ``<prefix>_iter_<iter>`` model and state files; returns their paths. Refuses (with
+        NonFiniteParamsError, writing nothing) when a parameter is not finite."""
+        bad = [f"{layer.name}[{j}]" for layer in self.net.layers for j, b in enumerate(layer.blobs)
+               if not bool(backend.get_array_module(b.data).isfinite(b.data).all())]
+        if bad:
+            raise NonFiniteParamsError(f"Iteration {self.iter}: not snapshotting non-finite parameters "
+                                       f"({', '.join(bad)})", self.iter, bad[0].split("[")[0])
+        paths = _snapshot.write_snapshot(self)
+        self._last_snapshot_iter = self.iter
+        return paths
+
+    def restore(self, path) -> None:
+        """Restore a ``.solverstate`` / ``.solverstate.h5`` written by Caffe or netdef: iter,
+        current_step, history, the learned_net weights, and netdef's random/data state if present."""
+        _snapshot.restore(self, path)
+
+    # ---------------------------------------------------------------------------------------- the end
+    def close(self) -> None:
+        """Close the data layers that have a ``close()`` (prefetch threads, open databases)."""
+        if self._closed:
+            return
+        self._closed = True
+        seen = set()
+        for net in [self.net] + list(self.test_nets):
+            for layer in net.layers:
+                close = getattr(layer, "close", None)
+                if callable(close) and id(layer) not in seen:
+                    seen.add(id(layer))
+                    close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} type={self.param.type!r} net={self.net.name!r} iter={self.iter}>"
+
+
+def _output_order(net) -> list[str]:
+    """Caffe lists a net's outputs in std::set<string> order, i.e. sorted by name (bytes)."""
+    return sorted(net.outputs, key=lambda n: n.encode("utf-8"))
+
+
+# ============================================================================================ per-type classes
+class SGDSolver(Solver):
+    solver_type = "SGD"
+
+
+class NesterovSolver(Solver):
+    solver_type = "Nesterov"
+
+
+class AdaGradSolver(Solver):
+    solver_type = "AdaGrad"
+
+
+class RMSPropSolver(Solver):
+    solver_type = "RMSProp"
+
+
+class AdaDeltaSolver(Solver):
+    solver_type = "AdaDelta"
+
+
+class AdamSolver(Solver):
+    solver_type = "Adam"
+
+
+SOLVER_CLASSES = {cls.solver_type: cls for cls in
+                  (SGDSolver, NesterovSolver, AdaGradSolver, RMSPropSolver, AdaDeltaSolver, AdamSolver)}
+
+
+def get_solver(solver) -> Solver:
+    """pycaffe's ``caffe.get_solver``: the solver class for the file's ``type`` (or legacy
+    ``solver_type``); types registered with ``register_update_rule`` get the generic Solver."""
+    param, path = read_solver_param(solver)
+    cls = SOLVER_CLASSES.get(param.type, Solver)
+    update_rule_class(param.type)  # unknown type: a clear error before anything is built
+    return cls(param, solver_file=path)
+
+
+# ============================================================================================ signals
+class SignalHandlers:
+    """Installed handlers; ``restore()`` (or leaving the ``with`` block) puts the previous ones back."""
+
+    def __init__(self, previous: dict):
+        self.previous = previous
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        self.previous = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.restore()
+        return False
+
+
+def install_signal_handlers(solver: Solver, sigint_effect: str = "stop", sighup_effect: str = "snapshot"):
+    """Caffe's --sigint_effect / --sighup_effect: each of ``stop``, ``snapshot`` or ``none``.
+
+    The handlers only set a flag; the solver acts at the next iteration boundary (or between test
+    iterations). As in Caffe, ``none`` still catches the signal and ignores it. Returns a
+    SignalHandlers whose ``restore()`` reinstates the previous handlers. Main thread only (Python's rule).
+    """
+    effects = {"stop": solver.request_stop, "snapshot": solver.request_snapshot, "none": None}
+    for name, value in (("sigint_effect", sigint_effect), ("sighup_effect", sighup_effect)):
+        if value not in effects:
+            raise ValueError(f"{name} must be one of stop, snapshot, none; got {value!r}")
+
+    def make(effect):
+        action = effects[effect]
+
+        def handler(signum, frame):
+            if action is not None:
+                action()
+
+        return handler
+
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, make(sigint_effect))}
+    if hasattr(signal, "SIGHUP"):
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, make(sighup_effect))
+    return SignalHandlers(previous)

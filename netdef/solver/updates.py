@@ -1,0 +1,203 @@
+"""Update rules: how a regularized gradient becomes the step subtracted from a parameter.
+
+One class per rule, registered under Caffe's solver type name (``type: "Adam"``), each holding its
+history blobs in Caffe's order (the order of ``SolverState.history``): one blob per learnable
+parameter, and for AdaDelta and Adam a second set after all of the first (Adam: every first moment,
+then every second moment).
+
+``compute_update_value(param_id, blob, local_rate, iteration)`` turns ``blob.diff`` (the gradient
+after normalization and regularization) into the update value, in place, as Caffe's
+``ComputeUpdateValue``; the solver then does ``data -= diff``. The float32 operations follow Caffe's
+order (``axpby`` as ``alpha * x + beta * y``...). With ``g`` the gradient, ``r`` the local rate:
+
+    SGD       v = momentum * v + r * g;                      step v
+    Nesterov  v' = momentum * v + r * g;                     step (1 + momentum) * v' - momentum * v
+    AdaGrad   h += g^2;                                      step r * g / (sqrt(h) + delta)
+    RMSProp   h = rms_decay * h + (1 - rms_decay) * g^2;     step r * g / (sqrt(h) + delta)
+    AdaDelta  h = m * h + (1 - m) * g^2;  u = g * sqrt((hu + delta) / (h + delta));
+              hu = m * hu + (1 - m) * u^2;                   step r * u
+    Adam      m1 = b1 * m1 + (1 - b1) * g;  m2 = b2 * m2 + (1 - b2) * g^2;  t = iteration + 1
+                                                             step r * sqrt(1 - b2^t) / (1 - b1^t) * m1 / (sqrt(m2) + delta)
+
+A new rule: subclass ``UpdateRule``, decorate it with ``@register_update_rule("Name")``, and
+``type: "Name"`` in a solver file uses it.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..backend import get_array_module
+from ..blob import Blob
+from ..proto import netdef_pb2 as pb
+
+f32 = np.float32
+
+_RULES: dict[str, type] = {}
+
+
+class SolverConfigError(ValueError):
+    """A solver definition Caffe would reject (its CHECKs); the message says which field."""
+
+
+def register_update_rule(type_name: str):
+    """Class decorator: ``type: "<type_name>"`` in a SolverParameter uses the decorated rule."""
+
+    def decorate(cls):
+        _RULES[type_name] = cls
+        cls.type_name = type_name
+        return cls
+
+    return decorate
+
+
+def update_rule_class(type_name: str) -> type:
+    try:
+        return _RULES[type_name]
+    except KeyError:
+        raise SolverConfigError(f"Unknown solver type: {type_name!r} (known types: {', '.join(sorted(_RULES))})") from None
+
+
+def registered_update_rules() -> list[str]:
+    return sorted(_RULES)
+
+
+class UpdateRule:
+    """Base class. ``history_sets`` blobs per learnable parameter, allocated by ``setup``."""
+
+    type_name = ""
+    history_sets = 1
+
+    def __init__(self, param: pb.SolverParameter):
+        self.param = param
+        self.validate(param)
+        self.history: list[Blob] = []
+        self.num_params = 0
+
+    @classmethod
+    def validate(cls, param: pb.SolverParameter) -> None:
+        """Raise SolverConfigError for settings this rule cannot use (Caffe's constructor CHECKs)."""
+
+    def setup(self, params: list[Blob]) -> None:
+        """Zero history shaped like each parameter (Caffe's PreSolve)."""
+        self.num_params = len(params)
+        self.history = []
+        for _ in range(self.history_sets):
+            for p in params:
+                h = Blob(p.shape, dtype=p.dtype, name=f"history[{len(self.history)}]")
+                h.data[...] = 0
+                self.history.append(h)
+
+    def compute_update_value(self, param_id: int, blob: Blob, local_rate, iteration: int) -> None:
+        raise NotImplementedError
+
+    # The second history set of AdaDelta / Adam.
+    def _second(self, param_id: int) -> Blob:
+        return self.history[self.num_params + param_id]
+
+
+@register_update_rule("SGD")
+class SGDUpdate(UpdateRule):
+    """Stochastic gradient descent with momentum (the rate sits inside the momentum buffer)."""
+
+    def compute_update_value(self, param_id, blob, local_rate, iteration):
+        momentum = f32(self.param.momentum)
+        v = self.history[param_id].data
+        v[...] = local_rate * blob.diff + momentum * v
+        blob.diff[...] = v
+
+
+@register_update_rule("Nesterov")
+class NesterovUpdate(UpdateRule):
+    """Nesterov's accelerated gradient (Sutskever et al. 2013 form)."""
+
+    def compute_update_value(self, param_id, blob, local_rate, iteration):
+        momentum = f32(self.param.momentum)
+        v = self.history[param_id].data
+        previous = v.copy()
+        v[...] = local_rate * blob.diff + momentum * v
+        blob.diff[...] = (f32(1) + momentum) * v + (-momentum) * previous
+
+
+@register_update_rule("AdaGrad")
+class AdaGradUpdate(UpdateRule):
+    """AdaGrad (Duchi et al. 2011): the rate divided by the root of the summed squared gradients."""
+
+    @classmethod
+    def validate(cls, param):
+        if param.momentum != 0:
+            raise SolverConfigError(f"Momentum cannot be used with AdaGrad (momentum is {param.momentum:g}; "
+                                    f"remove it or set it to 0)")
+
+    def compute_update_value(self, param_id, blob, local_rate, iteration):
+        xp = get_array_module(blob.diff)
+        g = blob.diff
+        h = self.history[param_id].data
+        h[...] = g * g + h
+        blob.diff[...] = local_rate * (g / (xp.sqrt(h) + f32(self.param.delta)))
+
+
+@register_update_rule("RMSProp")
+class RMSPropUpdate(UpdateRule):
+    """RMSProp (Tieleman and Hinton 2012): a running mean of squared gradients scales the step."""
+
+    @classmethod
+    def validate(cls, param):
+        if param.momentum != 0:
+            raise SolverConfigError(f"Momentum cannot be used with RMSProp (momentum is {param.momentum:g}; "
+                                    f"remove it or set it to 0)")
+        if not 0 <= param.rms_decay < 1:
+            raise SolverConfigError(f"rms_decay should lie between 0 and 1 (0 <= rms_decay < 1), "
+                                    f"got {param.rms_decay:g}")
+
+    def compute_update_value(self, param_id, blob, local_rate, iteration):
+        xp = get_array_module(blob.diff)
+        decay = f32(self.param.rms_decay)
+        g = blob.diff
+        h = self.history[param_id].data
+        h[...] = (f32(1) - decay) * (g * g) + decay * h
+        blob.diff[...] = local_rate * (g / (xp.sqrt(h) + f32(self.param.delta)))
+
+
+@register_update_rule("AdaDelta")
+class AdaDeltaUpdate(UpdateRule):
+    """AdaDelta (Zeiler 2012). History: all squared-gradient averages, then all squared-update
+    averages (the update before the learning rate is applied)."""
+
+    history_sets = 2
+
+    def compute_update_value(self, param_id, blob, local_rate, iteration):
+        xp = get_array_module(blob.diff)
+        momentum = f32(self.param.momentum)
+        rest = f32(1) - momentum
+        delta = f32(self.param.delta)
+        g = blob.diff
+        h = self.history[param_id].data
+        hu = self._second(param_id).data
+        h[...] = rest * (g * g) + momentum * h
+        u = g * xp.sqrt((delta + hu) / (delta + h))
+        hu[...] = rest * (u * u) + momentum * hu
+        blob.diff[...] = local_rate * u
+
+
+@register_update_rule("Adam")
+class AdamUpdate(UpdateRule):
+    """Adam (Kingma and Ba 2014); delta is added after the square root and is not bias-corrected.
+    History: all first moments, then all second moments."""
+
+    history_sets = 2
+
+    def compute_update_value(self, param_id, blob, local_rate, iteration):
+        xp = get_array_module(blob.diff)
+        beta1 = f32(self.param.momentum)
+        beta2 = f32(self.param.momentum2)
+        t = iteration + 1
+        # Caffe: std::pow(float, int) is double, the quotient is stored as float.
+        correction = f32(math.sqrt(1.0 - float(beta2) ** t) / (1.0 - float(beta1) ** t))
+        g = blob.diff
+        m = self.history[param_id].data
+        v = self._second(param_id).data
+        m[...] = (f32(1) - beta1) * g + beta1 * m
+        v[...] = (f32(1) - beta2) * (g * g) + beta2 * v
+        blob.diff[...] = (local_rate * correction) * (m / (xp.sqrt(v) + f32(self.param.delta)))
