@@ -1,1 +1,1144 @@
-"""(to be written)"""
+"""Vision layers: Convolution, Deconvolution, Im2col, Pooling, LRN and SPP, with Caffe's semantics.
+
+Convolutions are matrix products over chunks of the batch on the column matrix of im2col.py (as many
+samples per product as keep it cache-sized). Pooling and LRN on the CPU are vectorized NumPy (one array
+operation per kernel offset, never a loop over pixels or samples); on a GPU the same functions run the
+CUDA kernels in kernels/*.cu, of which the NumPy functions here are the twins (``max_pool_forward`` ...
+``lrn_across_backward``).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import backend
+from ..blob import Blob
+from ..fillers import fill
+from ..proto import netdef_pb2 as pb
+from . import kernels
+from .base import TRAIN, Layer, register_layer
+from .im2col import (Geometry, Workspace, col2im, column_layout, im2col, offset_slices, padded,
+                     use_kernels, window_view)
+
+_Pool = pb.PoolingParameter
+_LRN = pb.LRNParameter
+# Convolutions process the batch in chunks whose column matrix takes about this many bytes: on the
+# CPU a matrix that stays in cache is faster to build and to multiply than one for the whole batch.
+COLUMN_BUDGET_CPU = 8 << 20
+COLUMN_BUDGET_GPU = 256 << 20
+
+
+def _ints(*values):
+    return tuple(np.int32(v) for v in values)
+
+
+def _lowest() -> float:
+    # Caffe starts every max at -FLT_MAX (for both float and double), so a window whose cells are all
+    # <= -FLT_MAX yields -FLT_MAX and no argmax.
+    return float(-np.finfo(np.float32).max)
+
+
+# ============================================================================ convolution family
+def _spatial_param(layer: Layer, cp, name: str, h_name: str | None, w_name: str | None,
+                   num_spatial: int, default: int | None) -> tuple:
+    """One per-axis setting of a ConvolutionParameter, read as Caffe's BaseConvolutionLayer does:
+    ``name_h``/``name_w`` (2-D only) or the repeated ``name`` with 1 or one-per-axis values."""
+    values = list(getattr(cp, name))
+    if h_name is not None and (cp.HasField(h_name) or cp.HasField(w_name)):
+        if num_spatial != 2:
+            raise layer.error(f"{h_name} & {w_name} can only be used for 2D convolution")
+        if values:
+            raise layer.error(f"either {name} or {h_name}/{w_name} should be specified; not both")
+        return (int(getattr(cp, h_name)), int(getattr(cp, w_name)))
+    allowed = (1, num_spatial) if default is None else (0, 1, num_spatial)
+    if len(values) not in allowed:
+        raise layer.error(f"{name} must be specified once, or once per spatial dimension "
+                          f"({name} specified {len(values)} times; {num_spatial} spatial dims)")
+    if not values:
+        return (default,) * num_spatial
+    return tuple(int(values[0 if len(values) == 1 else a]) for a in range(num_spatial))
+
+
+def conv_geometry(layer: Layer, cp, num_spatial: int) -> Geometry:
+    kernel = _spatial_param(layer, cp, "kernel_size", "kernel_h", "kernel_w", num_spatial, None)
+    stride = _spatial_param(layer, cp, "stride", "stride_h", "stride_w", num_spatial, 1)
+    pad = _spatial_param(layer, cp, "pad", "pad_h", "pad_w", num_spatial, 0)
+    dilation = _spatial_param(layer, cp, "dilation", None, None, num_spatial, 1)
+    if any(k <= 0 for k in kernel):
+        raise layer.error(f"filter dimensions must be nonzero, got {kernel}")
+    if any(s <= 0 for s in stride):
+        raise layer.error(f"stride dimensions must be nonzero, got {stride}")
+    if any(d <= 0 for d in dilation):
+        raise layer.error(f"dilation dimensions must be nonzero, got {dilation}")
+    return Geometry(kernel, stride, pad, dilation)
+
+
+class _ConvolutionBase(Layer):
+    """Shared set-up of Convolution and Deconvolution (Caffe's BaseConvolutionLayer): bottoms and
+    tops come in pairs that share the weights."""
+
+    min_bottom = 1
+    min_top = 1
+    reverse = False  # Deconvolution swaps the roles of input and output channels
+
+    def setup(self, bottom, top):
+        if len(bottom) != len(top):
+            raise self.error(f"takes as many tops as bottoms, got {len(bottom)} bottoms and {len(top)} tops")
+        cp = self.layer_param.convolution_param
+        self.channel_axis = bottom[0].canonical_axis(cp.axis)
+        self.num_spatial = bottom[0].num_axes - self.channel_axis - 1
+        if self.num_spatial < 1:
+            raise self.error(f"needs at least one spatial axis after the channel axis {self.channel_axis}; "
+                             f"bottom shape {bottom[0].shape}")
+        self.geom = conv_geometry(self, cp, self.num_spatial)
+        self.channels = bottom[0].shape[self.channel_axis]
+        self.num_output = int(cp.num_output)
+        self.group = int(cp.group)
+        if self.num_output <= 0:
+            raise self.error("num_output must be positive")
+        if self.group <= 0 or self.channels % self.group or self.num_output % self.group:
+            raise self.error(f"group {self.group} must divide both the input channels ({self.channels}) "
+                             f"and num_output ({self.num_output})")
+        if self.reverse:
+            weight_shape = (self.channels, self.num_output // self.group) + self.geom.kernel
+        else:
+            weight_shape = (self.num_output, self.channels // self.group) + self.geom.kernel
+        self.bias_term = bool(cp.bias_term)
+        shapes = [weight_shape] + ([(self.num_output,)] if self.bias_term else [])
+        if self.blobs:
+            # Weights already loaded: Caffe skips the fillers and only checks the shapes.
+            if len(self.blobs) != len(shapes):
+                raise self.error(f"incorrect number of weight blobs: {len(self.blobs)}, expected {len(shapes)}")
+            for j, (blob, shape) in enumerate(zip(self.blobs, shapes)):
+                if tuple(blob.shape) != shape:
+                    raise self.error(f"blob {j} has shape {blob.shape}; expected {shape}")
+        else:
+            dtype = bottom[0].dtype
+            self.blobs = [Blob(shape, dtype=dtype) for shape in shapes]
+            fill(self.blobs[0], cp.weight_filler)
+            if self.bias_term:
+                fill(self.blobs[1], cp.bias_filler)
+        self.ws = Workspace()
+        self._cols_fresh = {}
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        ca = self.channel_axis
+        if len(shape) != ca + 1 + self.num_spatial:
+            raise self.error(f"bottom num_axes may not change (now {shape})")
+        if shape[ca] != self.channels:
+            raise self.error(f"input has {shape[ca]} channels; the layer was set up for {self.channels}")
+        for b in bottom[1:]:
+            if b.shape != shape:
+                raise self.error(f"all bottoms must have the same shape; {b.shape} != {shape}")
+        self.num = math.prod(shape[:ca])
+        self.in_spatial = tuple(shape[ca + 1:])
+        self.out_spatial = (self.geom.deconv_out(self.in_spatial) if self.reverse
+                            else self.geom.conv_out(self.in_spatial))
+        if any(o <= 0 for o in self.out_spatial):
+            raise self.error(f"output size {self.out_spatial} is not positive for input {self.in_spatial}")
+        for t in top:
+            t.reshape(shape[:ca] + (self.num_output,) + self.out_spatial)
+
+    def _chunks(self, xp, channels, spatial, dtype):
+        """(start, stop, layout) for the sample ranges processed together: as many samples as keep
+        the column matrix near COLUMN_BUDGET bytes (cache-sized on the CPU), in near-equal chunks."""
+        key = (xp, channels, spatial, self.num, np.dtype(dtype))
+        if getattr(self, "_chunk_key", None) != key:
+            per_sample = channels * self.geom.kernel_count * math.prod(self.geom.conv_out(spatial))
+            budget = COLUMN_BUDGET_CPU if xp is np else COLUMN_BUDGET_GPU
+            size = max(1, min(self.num, budget // max(1, per_sample * np.dtype(dtype).itemsize)))
+            count = -(-self.num // size)
+            size = -(-self.num // count)
+            layouts = {}
+            chunks = []
+            for start in range(0, self.num, size):
+                stop = min(self.num, start + size)
+                if stop - start not in layouts:
+                    layouts[stop - start] = column_layout((stop - start, channels) + spatial, self.geom, xp)
+                chunks.append((start, stop, layouts[stop - start]))
+            self._chunk_key, self._chunk_list = key, chunks
+        return self._chunk_list
+
+    def _weights(self):
+        """The weights as (group, rows per group, columns), rows being the first weight axis."""
+        w = self.blobs[0].data
+        return w.reshape(self.group, w.shape[0] // self.group, -1)
+
+    def _gemm(self, xp, a, b, out, trans_a=False, trans_b=False):
+        """out = a @ b per group; a, b, out are (group, rows, cols) arrays (transposed per flag)."""
+        if trans_a:
+            a = a.transpose(0, 2, 1)
+        if trans_b:
+            b = b.transpose(0, 2, 1)
+        if self.group == 1:
+            return xp.dot(a[0], b[0], out=None if out is None else out[0])[None]
+        return xp.matmul(a, b, out=out)
+
+
+@register_layer("Convolution")
+class ConvolutionLayer(_ConvolutionBase):
+    """Convolution (cross-correlation) with learned filters, Caffe's ConvolutionLayer.
+
+    bottom[i]: (N x C x H x W), or any leading axes before ``axis`` and any number of spatial axes.
+    top[i]:    (N x num_output x H_out x W_out), H_out = (H + 2 pad_h - (dilation_h (kernel_h - 1) + 1))
+               / stride_h + 1 rounded down (likewise W).
+    blobs:     weight (num_output x C/group x kernel_h x kernel_w); bias (num_output) if bias_term.
+
+    y[n, o] = b[o] + sum_{c in group(o), i, j} W[o, c, i, j] x_pad[n, c, h*stride + i*dilation, ...],
+    computed as W (num_output x C*kh*kw per group) times the im2col matrix of a chunk of the batch.
+    """
+
+    def forward(self, bottom, top):
+        xp = backend.get_array_module(bottom[0].data)
+        o, g = self.num_output, self.group
+        w = self._weights()
+        chunks = self._chunks(xp, self.channels, self.in_spatial, bottom[0].dtype)
+        for i, (b, t) in enumerate(zip(bottom, top)):
+            x = b.data.reshape((self.num, self.channels) + self.in_spatial)
+            y_all = t.data.reshape((self.num, o) + self.out_spatial)
+            for start, stop, lay in chunks:
+                cols = im2col(x[start:stop], lay, self.ws, key=("cols", i, lay.x_shape[0]))
+                y = self.ws.get(("y", lay.x_shape[0]), (o, lay.ncols), x.dtype, xp)
+                self._gemm(xp, w, cols.reshape(g, -1, lay.ncols), y.reshape(g, -1, lay.ncols))
+                if self.bias_term:
+                    y += self.blobs[1].data[:, None]
+                y_all[start:stop] = lay.gather(y)
+            # The last chunk's columns are still in the workspace: backward starts with that chunk.
+            self._cols_fresh[i] = True
+
+    def backward(self, top, propagate_down, bottom):
+        xp = backend.get_array_module(top[0].diff)
+        o, g = self.num_output, self.group
+        w = self._weights()
+        want_w = self.param_propagate_down[0]
+        want_b = self.bias_term and self.param_propagate_down[1]
+        chunks = self._chunks(xp, self.channels, self.in_spatial, top[0].diff.dtype)
+        back_geom = self._backward_data_geometry() if any(propagate_down) else None
+        flipped = self._flipped_weights(xp) if back_geom is not None else None
+        for i, (b, t) in enumerate(zip(bottom, top)):
+            if not (want_w or want_b or propagate_down[i]):
+                continue
+            x = b.data.reshape((self.num, self.channels) + self.in_spatial)
+            dy_all = t.diff.reshape((self.num, o) + self.out_spatial)
+            dx_all = b.diff.reshape(x.shape) if propagate_down[i] else None
+            for k, (start, stop, lay) in enumerate(reversed(chunks)):
+                dy = lay.buffer(self.ws, ("dy", lay.x_shape[0]), o, dy_all.dtype, xp)
+                lay.scatter(dy, dy_all[start:stop])
+                if want_b:
+                    self.blobs[1].diff += dy.sum(axis=1)
+                dy_g = dy.reshape(g, o // g, -1)
+                if want_w:
+                    key = ("cols", i, lay.x_shape[0])
+                    if k == 0 and self._cols_fresh.get(i):
+                        cols = self.ws.get(key, (lay.rows, lay.ncols), dy.dtype, xp)
+                    else:
+                        cols = im2col(x[start:stop], lay, self.ws, key=key)
+                    # (cols dy^T)^T: BLAS runs this orientation markedly faster than dy cols^T.
+                    dw_t = self._gemm(xp, cols.reshape(g, -1, lay.ncols), dy_g, None, trans_b=True)
+                    self.blobs[0].diff += dw_t.transpose(0, 2, 1).reshape(self.blobs[0].shape)
+                if dx_all is not None and flipped is not None:
+                    # Stride 1: the input gradient is the top gradient, padded by extent - 1 - pad,
+                    # convolved with the flipped, transposed filters: im2col + one product, no col2im.
+                    lay_t = column_layout((stop - start, o) + self.out_spatial, back_geom, xp)
+                    cols_t = im2col(dy_all[start:stop], lay_t, self.ws, key=("dycols", lay_t.x_shape[0]))
+                    dxt = self.ws.get(("dxt", lay_t.x_shape[0]), (self.channels, lay_t.ncols), dy.dtype, xp)
+                    self._gemm(xp, flipped, cols_t.reshape(g, -1, lay_t.ncols), dxt.reshape(g, -1, lay_t.ncols))
+                    dx_all[start:stop] = lay_t.gather(dxt)
+                elif dx_all is not None:
+                    dcols = self.ws.get(("dcols", lay.x_shape[0]), (lay.rows, lay.ncols), dy.dtype, xp)
+                    self._gemm(xp, w, dy_g, dcols.reshape(g, -1, lay.ncols), trans_a=True)
+                    col2im(dcols, lay, dx_all[start:stop], self.ws)
+            self._cols_fresh[i] = False
+
+    def _backward_data_geometry(self):
+        """For stride-1 convolutions whose pad is at most extent - 1: the geometry of the convolution
+        that maps the top gradient to the bottom gradient (pad extent - 1 - pad); None where col2im
+        is used instead."""
+        geom = self.geom
+        if any(s != 1 for s in geom.stride) or any(p > e - 1 for p, e in zip(geom.pad, geom.extent)):
+            return None
+        # Worth it only when its column matrix (num_output rows per offset, over the input positions)
+        # is no larger than the one col2im would sum (C rows per offset, over the output positions).
+        if self.num_output * math.prod(self.in_spatial) > self.channels * math.prod(self.out_spatial):
+            return None
+        return Geometry(geom.kernel, geom.stride, tuple(e - 1 - p for p, e in zip(geom.pad, geom.extent)),
+                        geom.dilation)
+
+    def _flipped_weights(self, xp):
+        """The filters as (group, C/group, num_output/group * prod(K)), spatially reversed: the
+        weights of the backward-data convolution."""
+        g, o, c = self.group, self.num_output, self.channels
+        w = self.blobs[0].data.reshape((g, o // g, c // g) + self.geom.kernel)
+        w = w[(slice(None),) * 3 + (slice(None, None, -1),) * self.num_spatial]
+        return xp.ascontiguousarray(xp.swapaxes(w, 1, 2)).reshape(g, c // g, -1)
+
+
+@register_layer("Deconvolution")
+class DeconvolutionLayer(_ConvolutionBase):
+    """Deconvolution (transposed convolution), Caffe's DeconvolutionLayer: the forward pass is a
+    convolution's backward pass with respect to its input.
+
+    bottom[i]: (N x C x H x W).
+    top[i]:    (N x num_output x H_out x W_out), H_out = stride_h (H - 1) + dilation_h (kernel_h - 1) + 1
+               - 2 pad_h (likewise W).
+    blobs:     weight (C x num_output/group x kernel_h x kernel_w); bias (num_output) if bias_term.
+
+    y = b + col2im(W^T x) per group, where x is read as (C x N*H*W).
+    """
+
+    reverse = True
+
+    def forward(self, bottom, top):
+        xp = backend.get_array_module(bottom[0].data)
+        c, g = self.channels, self.group
+        w = self._weights()
+        # The columns live in the space of the output (this layer's output is a convolution's input).
+        chunks = self._chunks(xp, self.num_output, self.out_spatial, bottom[0].dtype)
+        for b, t in zip(bottom, top):
+            x = b.data.reshape((self.num, c) + self.in_spatial)
+            y_all = t.data.reshape((self.num, self.num_output) + self.out_spatial)
+            for start, stop, lay in chunks:
+                xt = lay.buffer(self.ws, ("xt", lay.x_shape[0]), c, x.dtype, xp)
+                lay.scatter(xt, x[start:stop])
+                cols = self.ws.get(("cols", lay.x_shape[0]), (lay.rows, lay.ncols), x.dtype, xp)
+                self._gemm(xp, w, xt.reshape(g, c // g, -1), cols.reshape(g, -1, lay.ncols), trans_a=True)
+                col2im(cols, lay, y_all[start:stop], self.ws)
+            if self.bias_term:
+                y_all += self.blobs[1].data.reshape((1, -1) + (1,) * self.num_spatial)
+
+    def backward(self, top, propagate_down, bottom):
+        xp = backend.get_array_module(top[0].diff)
+        c, g = self.channels, self.group
+        w = self._weights()
+        want_w = self.param_propagate_down[0]
+        want_b = self.bias_term and self.param_propagate_down[1]
+        chunks = self._chunks(xp, self.num_output, self.out_spatial, top[0].diff.dtype)
+        for b, t, down in zip(bottom, top, propagate_down):
+            if not (want_w or want_b or down):
+                continue
+            dy_all = t.diff.reshape((self.num, self.num_output) + self.out_spatial)
+            if want_b:
+                self.blobs[1].diff += dy_all.reshape(self.num, self.num_output, -1).sum(axis=(0, 2))
+            if not (want_w or down):
+                continue
+            x = b.data.reshape((self.num, c) + self.in_spatial)
+            dx_all = b.diff.reshape(x.shape) if down else None
+            for start, stop, lay in chunks:
+                dcols = im2col(dy_all[start:stop], lay, self.ws, key=("dcols", lay.x_shape[0]))
+                dcols_g = dcols.reshape(g, -1, lay.ncols)
+                if want_w:
+                    xt = lay.buffer(self.ws, ("xt", lay.x_shape[0]), c, x.dtype, xp)
+                    lay.scatter(xt, x[start:stop])
+                    dw_t = self._gemm(xp, dcols_g, xt.reshape(g, c // g, -1), None, trans_b=True)
+                    self.blobs[0].diff += dw_t.transpose(0, 2, 1).reshape(self.blobs[0].shape)
+                if dx_all is not None:
+                    dxt = self.ws.get(("dxt", lay.x_shape[0]), (c, lay.ncols), dcols.dtype, xp)
+                    self._gemm(xp, w, dcols_g, dxt.reshape(g, c // g, -1))
+                    dx_all[start:stop] = lay.gather(dxt)
+
+
+@register_layer("Im2col")
+class Im2colLayer(Layer):
+    """Caffe's Im2colLayer: the column matrix of each sample as an image.
+
+    bottom: (N x C x H x W) (or any leading axes before ``axis``, any number of spatial axes).
+    top:    (N x C*kernel_h*kernel_w x H_out x W_out), output sizes as Convolution's;
+            top[n, (c*kh + i)*kw + j, ho, wo] = x_pad[n, c, ho*stride_h + i*dilation_h, wo*stride_w + j*dilation_w].
+    Uses convolution_param's kernel/stride/pad/dilation (num_output is ignored).
+    """
+
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def setup(self, bottom, top):
+        cp = self.layer_param.convolution_param
+        self.channel_axis = bottom[0].canonical_axis(cp.axis)
+        self.num_spatial = bottom[0].num_axes - self.channel_axis - 1
+        if self.num_spatial < 1:
+            raise self.error(f"needs at least one spatial axis after the channel axis; bottom {bottom[0].shape}")
+        self.geom = conv_geometry(self, cp, self.num_spatial)
+        self.ws = Workspace()
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        ca = self.channel_axis
+        if len(shape) != ca + 1 + self.num_spatial:
+            raise self.error(f"bottom num_axes may not change (now {shape})")
+        self.num = math.prod(shape[:ca])
+        self.channels = shape[ca]
+        self.in_spatial = tuple(shape[ca + 1:])
+        self.out_spatial = self.geom.conv_out(self.in_spatial)
+        if any(o <= 0 for o in self.out_spatial):
+            raise self.error(f"output size {self.out_spatial} is not positive for input {self.in_spatial}")
+        top[0].reshape(shape[:ca] + (self.channels * self.geom.kernel_count,) + self.out_spatial)
+
+    def _layout(self, xp):
+        key = (xp, self.num, self.channels, self.in_spatial)
+        if getattr(self, "_layout_key", None) != key:
+            self._layout_key = key
+            self._layout_value = column_layout((self.num, self.channels) + self.in_spatial, self.geom, xp)
+        return self._layout_value
+
+    def forward(self, bottom, top):
+        lay = self._layout(backend.get_array_module(bottom[0].data))
+        cols = im2col(bottom[0].data.reshape(lay.x_shape), lay, self.ws)
+        top[0].data.reshape((self.num, lay.rows) + self.out_spatial)[...] = lay.gather(cols)
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        xp = backend.get_array_module(top[0].diff)
+        lay = self._layout(xp)
+        dcols = lay.buffer(self.ws, "dcols", lay.rows, top[0].diff.dtype, xp)
+        lay.scatter(dcols, top[0].diff.reshape((self.num, lay.rows) + self.out_spatial))
+        col2im(dcols, lay, bottom[0].diff.reshape(lay.x_shape), self.ws)
+
+
+# ============================================================================ pooling
+def pool_output_size(size: int, kernel: int, stride: int, pad: int, floor: bool = False) -> int:
+    """Caffe's pooled size before the padding correction: ceil (default) or floor of
+    (size + 2 pad - kernel) / stride, plus one."""
+    span = size + 2 * pad - kernel
+    return (span // stride if floor else -(-span // stride)) + 1
+
+
+def pooled_shape(height, width, kernel, stride, pad, floor=False) -> tuple:
+    """Output (H_out, W_out) as Caffe's PoolingLayer::Reshape computes it, padding correction included:
+    with any padding, a last window that would start inside the padding is dropped."""
+    out_h = pool_output_size(height, kernel[0], stride[0], pad[0], floor)
+    out_w = pool_output_size(width, kernel[1], stride[1], pad[1], floor)
+    if pad[0] or pad[1]:
+        if (out_h - 1) * stride[0] >= height + pad[0]:
+            out_h -= 1
+        if (out_w - 1) * stride[1] >= width + pad[1]:
+            out_w -= 1
+    return out_h, out_w
+
+
+# Above this many cells per window, pooling copies the windows once and reduces them, rather than
+# doing one array operation per window offset.
+_OFFSET_LOOP_MAX_CELLS = 25
+
+
+class Pool2D:
+    """One 2-D pooling configuration applied to (N, C, H, W) arrays (used by Pooling and SPP)."""
+
+    def __init__(self, method: int, kernel, stride, pad, in_hw, out_hw):
+        self.method = method
+        self.kernel, self.stride, self.pad = tuple(kernel), tuple(stride), tuple(pad)
+        self.in_hw, self.out = tuple(in_hw), tuple(out_hw)
+        self.geom = Geometry(self.kernel, self.stride, self.pad, (1, 1))
+        # Cells past the padded input that the last (ceil-rounded) windows reach.
+        self.extra = tuple(max(0, (o - 1) * s + k - (i + 2 * p))
+                           for o, s, k, i, p in zip(self.out, self.stride, self.kernel, self.in_hw, self.pad))
+        self.ws = Workspace()
+        self.state = None
+
+    # ---- helpers
+    def _needs_buffer(self) -> bool:
+        return any(self.pad) or any(self.extra)
+
+    def _buffer(self, x, value):
+        return padded(x, self.pad, self.ws, key="in", value=value, extra=self.extra)
+
+    def _zero_acc(self, like, shape):
+        """A zeroed accumulator covering the padded input (N, C, H + 2p + extra, ...)."""
+        xp = backend.get_array_module(like)
+        full = shape[:2] + tuple(s + 2 * p + e for s, p, e in zip(shape[2:], self.pad, self.extra))
+        return self.ws.get("acc", full, like.dtype, xp, clear=True)
+
+    def _crop(self, acc, shape):
+        return acc[(slice(None), slice(None)) + tuple(slice(p, p + s) for p, s in zip(self.pad, shape[2:]))]
+
+    def _many_cells(self) -> bool:
+        return self.kernel[0] * self.kernel[1] > _OFFSET_LOOP_MAX_CELLS
+
+    def _disjoint(self) -> bool:
+        return self.stride[0] >= self.kernel[0] and self.stride[1] >= self.kernel[1]
+
+    def divisor(self, xp, dtype):
+        """AVE divisor per output cell: the window clipped to the padded input [-pad, size + pad)."""
+        sizes = []
+        for o, s, p, k, size in zip(self.out, self.stride, self.pad, self.kernel, self.in_hw):
+            start = np.arange(o) * s - p
+            sizes.append(np.minimum(start + k, size + p) - start)
+        return xp.asarray(np.outer(sizes[0], sizes[1]).astype(dtype))
+
+    def flat_mask(self, code):
+        """The offset code of each output's argmax as the flat index h*W + w in the input plane
+        (-1 where no cell won)."""
+        xp = backend.get_array_module(code)
+        kw = self.kernel[1]
+        rows = xp.arange(self.out[0]).reshape(-1, 1) * self.stride[0] - self.pad[0]
+        cols = xp.arange(self.out[1]).reshape(1, -1) * self.stride[1] - self.pad[1]
+        code = code.astype(np.int32)
+        flat = (rows + code // kw) * self.in_hw[1] + cols + code % kw
+        return xp.where(code < 0, -1, flat).astype(np.int32)
+
+    # ---- forward / backward
+    def forward(self, x, train: bool = True):
+        """Pooled (N, C, H_out, W_out) array; keeps what backward needs."""
+        if self.method == _Pool.MAX:
+            y, mask = max_pool_forward(x, self)
+            self.state = ("max", mask)
+            return y
+        if self.method == _Pool.AVE:
+            self.state = ("ave",)
+            return ave_pool_forward(x, self)
+        return self._stochastic_forward(x, train)
+
+    def backward(self, dy, x_shape, out):
+        """Writes the bottom gradient (shape ``x_shape``) into ``out``."""
+        kind = self.state[0]
+        if kind == "max":
+            return max_pool_backward(dy, self.state[1], x_shape, self, out)
+        if kind == "ave":
+            return ave_pool_backward(dy, x_shape, self, out)
+        return self._stochastic_backward(dy, x_shape, out)
+
+    # ---- STOCHASTIC (Caffe has it on the GPU only; the same arithmetic here for both modules)
+    def _windows(self, x):
+        # Caffe's stochastic pooling has no padding; ceil-rounded windows that run past the input are
+        # filled with zeros, which never change a cumulative sum.
+        xbuf = padded(x, (0, 0), self.ws, key="sto", value=0.0, extra=self.extra)
+        xp = backend.get_array_module(x)
+        win = window_view(xbuf, self.geom, self.out, "windows")
+        return xp.ascontiguousarray(win).reshape(win.shape[:4] + (-1,))
+
+    def _stochastic_forward(self, x, train):
+        xp = backend.get_array_module(x)
+        win = self._windows(x)
+        if train:
+            # Sample a cell with probability proportional to its value: the first cell whose running
+            # sum reaches u * total, u ~ U[0, 1) (Caffe: StoPoolForwardTrain).
+            csum = xp.cumsum(win, axis=-1)
+            u = backend.to_device(backend.rng().random(win.shape[:4]), like=x).astype(x.dtype)
+            thres = u * csum[..., -1]
+            pick = xp.argmax(csum >= thres[..., None], axis=-1)
+            self.state = ("sto_train", pick, win.shape)
+            return xp.take_along_axis(win, pick[..., None], axis=-1)[..., 0]
+        # TEST: the value-weighted average sum(x^2) / sum(x) (0 where the sum is not positive).
+        total = win.sum(axis=-1)
+        squares = (win * win).sum(axis=-1)
+        positive = total > 0
+        safe = xp.where(positive, total, 1)
+        self.state = ("sto_test", win, total, squares, positive, safe)
+        return xp.where(positive, squares / safe, 0).astype(x.dtype)
+
+    def _stochastic_backward(self, dy, x_shape, out):
+        xp = backend.get_array_module(dy)
+        if self.state[0] == "sto_train":
+            _, pick, wshape = self.state
+            onehot = xp.arange(wshape[-1]) == pick[..., None]
+            contrib = onehot * dy[..., None]
+        else:
+            # Gradient of sum(x^2)/sum(x): (2 x_k S - Q) / S^2 (Caffe reuses the TRAIN indices here,
+            # which have no meaning at TEST; this is the true derivative of the TEST output).
+            _, win, total, squares, positive, safe = self.state
+            contrib = (2 * win * total[..., None] - squares[..., None]) / (safe * safe)[..., None]
+            contrib = xp.where(positive[..., None], contrib * dy[..., None], 0)
+        contrib = contrib.reshape(contrib.shape[:4] + self.kernel).astype(dy.dtype)
+        geom = Geometry(self.kernel, self.stride, (0, 0), (1, 1))
+        full = tuple(x_shape[:2]) + tuple(s + e for s, e in zip(x_shape[2:], self.extra))
+        acc = self.ws.get("acc", full, dy.dtype, xp, clear=True)
+        for (i, j), idx in offset_slices(geom, self.out):
+            acc[idx] += contrib[..., i, j]
+        out[...] = acc[:, :, :x_shape[2], :x_shape[3]]
+        return out
+
+
+def _pool_args(p: Pool2D, x_shape):
+    n, c, h, w = x_shape
+    return _ints(c, h, w, p.out[0], p.out[1], p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.pad[0], p.pad[1])
+
+
+class _Phases:
+    """The CPU layout of 2-D pooling with small windows.
+
+    The padded input is split by stride phase: plane (a, b) holds the padded cells (a + sh*t, b + sw*u)
+    as a contiguous (N*C, hq, wq) array. The cells that window offset (i, j) reads for all outputs are
+    then ONE contiguous run per plane, of oh*wq cells starting at (i//sh)*wq + j//sw, in a "full-width"
+    output layout (N*C, oh, wq) whose columns past ow are not outputs. So every per-offset operation
+    is a unit-stride (vectorized) pass, instead of a strided one that numpy runs several times slower.
+    """
+
+    def __init__(self, p: Pool2D):
+        (kh, kw), (sh, sw), (ph, pw), (oh, ow) = p.kernel, p.stride, p.pad, p.out
+        h, w = p.in_hw
+        self.na, self.nb = min(sh, kh), min(sw, kw)
+        self.hq = oh + (kh - 1) // sh + 1  # one spare row: the last run overhangs by j//sw cells
+        self.wq = ow + (kw - 1) // sw
+        self.run = oh * self.wq
+        self.out = (oh, ow)
+        # Offset k = i*kw + j reads plane (i % sh, j % sw) from cell (i//sh)*wq + j//sw on.
+        self.offsets = [(i % sh, j % sw, (i // sh) * self.wq + j // sw) for i in range(kh) for j in range(kw)]
+
+        def spans(size, pad, stride, phases, cap):
+            out = []
+            for a in range(phases):
+                t0 = max(0, -(-(pad - a) // stride))
+                t1 = min(cap, (size - 1 + pad - a) // stride + 1)
+                out.append((t0, max(t0, t1), a + stride * t0 - pad))
+            return out
+
+        self.row_spans = spans(h, ph, sh, self.na, self.hq)
+        self.col_spans = spans(w, pw, sw, self.nb, self.wq)
+        covered_rows = sum(t1 - t0 for t0, t1, _ in self.row_spans)
+        covered_cols = sum(u1 - u0 for u0, u1, _ in self.col_spans)
+        # Input cells read by no window (strides larger than kernels, or floor rounding) get no
+        # gradient: merge() then clears the whole gradient first.
+        self.complete = covered_rows == h and covered_cols == w
+        self.stride = (sh, sw)
+
+    def _regions(self):
+        sh, sw = self.stride
+        for a, (t0, t1, r0) in enumerate(self.row_spans):
+            if t1 <= t0:
+                continue
+            for b, (u0, u1, c0) in enumerate(self.col_spans):
+                if u1 <= u0:
+                    continue
+                src = (slice(None), slice(r0, r0 + sh * (t1 - t0 - 1) + 1, sh),
+                       slice(c0, c0 + sw * (u1 - u0 - 1) + 1, sw))
+                yield a, b, (slice(t0, t1), slice(u0, u1)), src
+
+    def blocks(self, planes: int, itemsize: int):
+        """Ranges of planes (N*C) processed together, sized so that their phase planes stay in
+        cache (the passes are memory-bound otherwise)."""
+        per_plane = self.na * self.nb * self.hq * self.wq * itemsize
+        size = max(1, min(planes, _POOL_BLOCK_BYTES // per_plane))
+        return [(start, min(planes, start + size)) for start in range(0, planes, size)]
+
+    def split(self, x, fill, ws: Workspace):
+        """(na, nb, P, hq*wq) phase planes of ``x`` (P, H, W) padded with ``fill``. Cells outside the
+        input are filled when the workspace array is created and never written after."""
+        q = ws.get(("phases", fill, x.shape[0]), (self.na, self.nb, x.shape[0], self.hq * self.wq), x.dtype, np,
+                   fill=fill)
+        planes = q.reshape(self.na, self.nb, x.shape[0], self.hq, self.wq)
+        for a, b, dst, src in self._regions():
+            planes[(a, b, slice(None)) + dst] = x[src]
+        return q
+
+    def windows(self, q):
+        """For each window offset in row-major order: the (P, oh*wq) cells it reads."""
+        return [q[a, b, :, start:start + self.run] for a, b, start in self.offsets]
+
+    def merge(self, dq, out):
+        """Write the phase planes' gradients (na, nb, P, hq*wq) back to ``out`` (P, H, W)."""
+        if not self.complete:
+            out[...] = 0
+        planes = dq.reshape(self.na, self.nb, out.shape[0], self.hq, self.wq)
+        for a, b, dst, src in self._regions():
+            out[src] = planes[(a, b, slice(None)) + dst]
+        return out
+
+    def full(self, ws, key, values):
+        """``values`` (P, oh, ow) in the full-width layout (P, oh*wq), zeros past column ow."""
+        buf = ws.get((key, values.shape[0]), (values.shape[0], self.run), values.dtype, np, fill=0)
+        buf.reshape(values.shape[0], self.out[0], self.wq)[:, :, :self.out[1]] = values
+        return buf
+
+    def valid(self, full):
+        """The (P, oh, ow) outputs of a full-width (P, oh*wq) array (a view)."""
+        return full.reshape(full.shape[0], self.out[0], self.wq)[..., :self.out[1]]
+
+
+# Plane blocks of the CPU pooling passes take about this many bytes of phase planes.
+_POOL_BLOCK_BYTES = 1 << 20
+
+
+def _phases(p: Pool2D) -> _Phases:
+    if getattr(p, "_phase_layout", None) is None:
+        p._phase_layout = _Phases(p)
+    return p._phase_layout
+
+
+def max_pool_forward(x, p: Pool2D):
+    """MAX pooling of (N, C, H, W): (top, mask). Twin of the CUDA kernel ``max_pool_forward``.
+
+    The mask is ("flat", h*W + w) from the kernel, or the winning window offset i*kw + j (-1: none)
+    on the CPU; ``max_mask_flat`` gives Caffe's flat index from any of them."""
+    xp = backend.get_array_module(x)
+    shape = x.shape[:2] + p.out
+    if use_kernels(xp):
+        x = xp.ascontiguousarray(x)
+        top = xp.empty(shape, x.dtype)
+        mask = xp.empty(shape, np.int32)
+        kernels.launch("max_pool_forward", top.size, (x,) + _pool_args(p, x.shape) + (top, mask))
+        return top, ("flat", mask)
+    lowest = _lowest()
+    ncells = p.kernel[0] * p.kernel[1]
+    if p._many_cells():
+        win = window_view(p._buffer(x, lowest), p.geom, p.out, "windows")
+        win = np.ascontiguousarray(win).reshape(shape + (ncells,))
+        code = np.argmax(win, axis=-1)
+        best = np.take_along_axis(win, code[..., None], axis=-1)[..., 0]
+        none = ~(best > lowest)
+        if none.any():
+            # As Caffe: nothing beats -FLT_MAX (all cells padding, -inf or NaN).
+            best[none] = lowest
+            code[none] = -1
+        return best, ("code", code.astype(np.int32))
+    ph = _phases(p)
+    planes = shape[0] * shape[1]
+    x3 = x.reshape(planes, *x.shape[2:])
+    top = np.empty(shape, x.dtype)
+    top3 = top.reshape(planes, *p.out)
+    code_dtype = np.int8 if ncells < 127 else np.int32
+    code = np.empty((planes, ph.run), dtype=code_dtype)
+    for start, stop in ph.blocks(planes, x.itemsize):
+        cells = ph.windows(ph.split(x3[start:stop], lowest, p.ws))
+        # Branch-free passes (masked copies that depend on the data are several times slower):
+        # the maximum, from -FLT_MAX as Caffe and ignoring NaN as Caffe's strict comparison does ...
+        best = p.ws.get(("best", stop - start), (stop - start, ph.run), x.dtype, np)
+        best.fill(lowest)
+        for v in cells:
+            np.fmax(best, v, out=best)
+        # ... then the first offset holding it: max over k of (cell_k == best) * (K - k) = K - first k.
+        rank = code[start:stop]
+        rank.fill(0)
+        hit = p.ws.get(("hit", stop - start), best.shape, bool, np)
+        tmp = p.ws.get(("rank", stop - start), best.shape, code_dtype, np)
+        for k, v in enumerate(cells):
+            np.equal(v, best, out=hit)
+            np.multiply(hit, code_dtype(ncells - k), out=tmp)
+            np.maximum(rank, tmp, out=rank)
+        np.subtract(code_dtype(ncells), rank, out=rank)
+        none = best <= lowest
+        if none.any():
+            # As Caffe: nothing beats -FLT_MAX (a window of padding, -inf or NaN only).
+            rank[none] = -1
+        top3[start:stop] = ph.valid(best)
+    return top, ("phase", code.reshape(shape[0], shape[1], ph.run))
+
+
+def max_mask_flat(mask, p: Pool2D):
+    """Caffe's mask top: the flat input index h*W + w of each output's maximum (int32, -1: none)."""
+    kind, m = mask
+    if kind == "flat":
+        return m
+    if kind == "phase":
+        ph = _phases(p)
+        m = m.reshape(m.shape[0], m.shape[1], p.out[0], ph.wq)[..., :p.out[1]]
+    return p.flat_mask(m)
+
+
+def max_pool_backward(dy, mask, x_shape, p: Pool2D, out):
+    """Routes each top diff to its window's maximum, summing where windows overlap; writes ``out``.
+    Twin of the CUDA kernel ``max_pool_backward``."""
+    xp = backend.get_array_module(dy)
+    kind, m = mask
+    if use_kernels(xp):
+        if kind != "flat":
+            m = xp.ascontiguousarray(max_mask_flat(mask, p).reshape(dy.shape))
+        dy = xp.ascontiguousarray(dy)
+        target = out if out.flags.c_contiguous else xp.empty(x_shape, dy.dtype)
+        kernels.launch("max_pool_backward", math.prod(x_shape), (dy, m) + _pool_args(p, x_shape) + (target,))
+        if target is not out:
+            out[...] = target
+        return out
+    if kind == "phase":
+        ph = _phases(p)
+        planes = x_shape[0] * x_shape[1]
+        dy3 = dy.reshape(planes, *p.out)
+        out3 = out.reshape(planes, *x_shape[2:])
+        m = m.reshape(planes, ph.run)
+        for start, stop in ph.blocks(planes, dy.itemsize):
+            dy_full = ph.full(p.ws, "dy", dy3[start:stop])
+            dq = p.ws.get(("dq", stop - start), (ph.na, ph.nb, stop - start, ph.hq * ph.wq), dy.dtype, np,
+                          clear=True)
+            hit = p.ws.get(("hit", stop - start), dy_full.shape, bool, np)
+            tmp = p.ws.get(("tmp", stop - start), dy_full.shape, dy.dtype, np)
+            for k, (a, b, first) in enumerate(ph.offsets):
+                np.equal(m[start:stop], k, out=hit)
+                np.multiply(dy_full, hit, out=tmp)
+                dq[a, b, :, first:first + ph.run] += tmp
+            ph.merge(dq, out3[start:stop])
+        return out
+    acc = p._zero_acc(dy, x_shape) if p._needs_buffer() else out
+    if acc is out:
+        acc[...] = 0
+    if p._disjoint():
+        # Every input cell is in at most one window: write the windows at once.
+        ncells = p.kernel[0] * p.kernel[1]
+        contrib = (np.arange(ncells, dtype=m.dtype) == m[..., None]) * dy[..., None]
+        st = acc.strides
+        view = np.lib.stride_tricks.as_strided(
+            acc, shape=dy.shape + p.kernel,
+            strides=st[:2] + (st[2] * p.stride[0], st[3] * p.stride[1], st[2], st[3]))
+        view[...] = contrib.reshape(dy.shape + p.kernel)
+    else:
+        tmp = np.empty(dy.shape, dtype=dy.dtype)
+        hit = np.empty(dy.shape, dtype=bool)
+        for k, (_, idx) in enumerate(offset_slices(p.geom, p.out)):
+            np.equal(m, k, out=hit)
+            np.multiply(dy, hit, out=tmp)
+            acc[idx] += tmp
+    if acc is not out:
+        out[...] = p._crop(acc, x_shape)
+    return out
+
+
+def ave_pool_forward(x, p: Pool2D):
+    """AVE pooling: the sum over the window's real cells divided by the window clipped to the padded
+    input. Twin of the CUDA kernel ``ave_pool_forward``."""
+    xp = backend.get_array_module(x)
+    shape = x.shape[:2] + p.out
+    if use_kernels(xp):
+        x = xp.ascontiguousarray(x)
+        top = xp.empty(shape, x.dtype)
+        kernels.launch("ave_pool_forward", top.size, (x,) + _pool_args(p, x.shape) + (top,))
+        return top
+    if p._many_cells():
+        total = window_view(p._buffer(x, 0.0), p.geom, p.out, "windows").sum(axis=(-2, -1))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.divide(total, p.divisor(np, x.dtype), out=total)
+    ph = _phases(p)
+    planes = shape[0] * shape[1]
+    x3 = x.reshape(planes, *x.shape[2:])
+    top = np.empty(shape, x.dtype)
+    top3 = top.reshape(planes, *p.out)
+    for start, stop in ph.blocks(planes, x.itemsize):
+        cells = ph.windows(ph.split(x3[start:stop], 0.0, p.ws))
+        total = p.ws.get(("total", stop - start), (stop - start, ph.run), x.dtype, np)
+        np.copyto(total, cells[0])
+        for v in cells[1:]:
+            total += v
+        top3[start:stop] = ph.valid(total)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        top /= p.divisor(np, x.dtype)
+    return top
+
+
+def ave_pool_backward(dy, x_shape, p: Pool2D, out):
+    """Spreads each top diff / divisor over its window's real cells; writes ``out``.
+    Twin of the CUDA kernel ``ave_pool_backward``."""
+    xp = backend.get_array_module(dy)
+    if use_kernels(xp):
+        dy = xp.ascontiguousarray(dy)
+        target = out if out.flags.c_contiguous else xp.empty(x_shape, dy.dtype)
+        kernels.launch("ave_pool_backward", math.prod(x_shape), (dy,) + _pool_args(p, x_shape) + (target,))
+        if target is not out:
+            out[...] = target
+        return out
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = dy / p.divisor(np, dy.dtype)
+    if not p._many_cells():
+        ph = _phases(p)
+        planes = x_shape[0] * x_shape[1]
+        share3 = share.reshape(planes, *p.out)
+        out3 = out.reshape(planes, *x_shape[2:])
+        for start, stop in ph.blocks(planes, dy.itemsize):
+            share_full = ph.full(p.ws, "share", share3[start:stop])
+            dq = p.ws.get(("dq", stop - start), (ph.na, ph.nb, stop - start, ph.hq * ph.wq), dy.dtype, np,
+                          clear=True)
+            for a, b, first in ph.offsets:
+                dq[a, b, :, first:first + ph.run] += share_full
+            ph.merge(dq, out3[start:stop])
+        return out
+    acc = p._zero_acc(dy, x_shape) if p._needs_buffer() else out
+    if acc is out:
+        acc[...] = 0
+    if p._disjoint():
+        st = acc.strides
+        view = np.lib.stride_tricks.as_strided(
+            acc, shape=dy.shape + p.kernel,
+            strides=st[:2] + (st[2] * p.stride[0], st[3] * p.stride[1], st[2], st[3]))
+        view[...] = share[..., None, None]
+    else:
+        for _, idx in offset_slices(p.geom, p.out):
+            acc[idx] += share
+    if acc is not out:
+        out[...] = p._crop(acc, x_shape)
+    return out
+
+
+@register_layer("Pooling")
+class PoolingLayer(Layer):
+    """Caffe's PoolingLayer (MAX, AVE, STOCHASTIC) over the two spatial axes.
+
+    bottom: (N x C x H x W).
+    top[0]: (N x C x H_out x W_out), H_out = ceil((H + 2 pad_h - kernel_h) / stride_h) + 1 (floor with
+            round_mode FLOOR), minus one when there is padding and the last window would start at or
+            after H + pad_h (likewise W). global_pooling: the kernel is the whole H x W.
+    top[1]: (MAX only, optional) the mask: flat index h*W + w of each window's maximum, as float.
+
+    MAX: y = max over the window's input cells (the first maximum in row-major order wins).
+    AVE: y = sum over the window's input cells / (window clipped to [-pad, H + pad)).
+    STOCHASTIC: TRAIN samples a cell with probability x / sum(x) over the window (non-negative inputs);
+                TEST outputs sum(x^2) / sum(x). No padding.
+    """
+
+    exact_num_bottom = 1
+    min_top = 1
+    max_top = 2
+
+    def setup(self, bottom, top):
+        pp = self.layer_param.pooling_param
+        self.method = pp.pool
+        if len(top) > 1 and self.method != _Pool.MAX:
+            raise self.error("only MAX pooling has a second top (the argmax mask)")
+        self.global_pooling = pp.global_pooling
+        has_k = pp.HasField("kernel_size")
+        has_hw = pp.HasField("kernel_h") and pp.HasField("kernel_w")
+        if self.global_pooling:
+            if has_k or pp.HasField("kernel_h") or pp.HasField("kernel_w"):
+                raise self.error("with global_pooling: true the filter size cannot be specified")
+        else:
+            if not has_k and not has_hw:
+                raise self.error("for non-square filters both kernel_h and kernel_w are required")
+            if has_k and has_hw:
+                raise self.error("filter size is kernel_size OR kernel_h and kernel_w; not both")
+        if not ((not pp.HasField("pad") and pp.HasField("pad_h") and pp.HasField("pad_w"))
+                or (not pp.HasField("pad_h") and not pp.HasField("pad_w"))):
+            raise self.error("pad is pad OR pad_h and pad_w are required")
+        if not ((not pp.HasField("stride") and pp.HasField("stride_h") and pp.HasField("stride_w"))
+                or (not pp.HasField("stride_h") and not pp.HasField("stride_w"))):
+            raise self.error("stride is stride OR stride_h and stride_w are required")
+        if has_k:
+            self.kernel = (pp.kernel_size, pp.kernel_size)
+        elif has_hw:
+            self.kernel = (pp.kernel_h, pp.kernel_w)
+        self.pad = (pp.pad_h, pp.pad_w) if pp.HasField("pad_h") else (pp.pad, pp.pad)
+        self.stride = (pp.stride_h, pp.stride_w) if pp.HasField("stride_h") else (pp.stride, pp.stride)
+        if not self.global_pooling and min(self.kernel) <= 0:
+            raise self.error(f"filter dimensions must be nonzero, got {self.kernel}")
+        if min(self.stride) <= 0:
+            raise self.error(f"stride must be nonzero, got {self.stride}")
+        if self.global_pooling and (any(self.pad) or self.stride != (1, 1)):
+            raise self.error("with global_pooling: true only pad = 0 and stride = 1 are allowed")
+        if any(self.pad):
+            if self.method not in (_Pool.MAX, _Pool.AVE):
+                raise self.error("padding is implemented only for average and max pooling")
+            if not self.global_pooling and (self.pad[0] >= self.kernel[0] or self.pad[1] >= self.kernel[1]):
+                raise self.error(f"pad {self.pad} must be smaller than the kernel {self.kernel}")
+        self.floor = pp.round_mode == _Pool.FLOOR
+        self.pool = None
+
+    def reshape(self, bottom, top):
+        if bottom[0].num_axes != 4:
+            raise self.error(f"input must have 4 axes (num, channels, height, width); got {bottom[0].shape}")
+        n, c, h, w = bottom[0].shape
+        kernel = (h, w) if self.global_pooling else self.kernel
+        out = pooled_shape(h, w, kernel, self.stride, self.pad, self.floor)
+        if min(out) <= 0:
+            raise self.error(f"pooled size {out} is not positive for input {h}x{w}, kernel {kernel}")
+        if self.pool is None or (self.pool.kernel, self.pool.in_hw, self.pool.out) != (tuple(kernel), (h, w), out):
+            self.pool = Pool2D(self.method, kernel, self.stride, self.pad, (h, w), out)
+        for t in top:
+            t.reshape(n, c, *out)
+
+    def forward(self, bottom, top):
+        top[0].data = self.pool.forward(bottom[0].data, train=self.phase == TRAIN)
+        if len(top) > 1:
+            top[1].data = max_mask_flat(self.pool.state[1], self.pool).astype(top[1].dtype)
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            self.pool.backward(top[0].diff, bottom[0].shape, bottom[0].diff)
+
+
+@register_layer("SPP")
+class SPPLayer(Layer):
+    """Caffe's SPPLayer (spatial pyramid pooling).
+
+    bottom: (N x C x H x W).
+    top:    (N x sum_l C * bins_l^2) for pyramid_height > 1: level l (bins = 2^l) pools with
+            kernel = stride = ceil(H / bins), pad = (kernel * bins - H + 1) / 2 (integer division),
+            Pooling's output rounding; each level is flattened and the levels are concatenated.
+            pyramid_height 1: the single level's pooled (N x C x 1 x 1) blob.
+    """
+
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def setup(self, bottom, top):
+        sp = self.layer_param.spp_param
+        if not sp.HasField("pyramid_height") or sp.pyramid_height < 1:
+            raise self.error("spp_param.pyramid_height must be at least 1")
+        self.height = int(sp.pyramid_height)
+        self.method = int(sp.pool)  # SPP's PoolMethod numbers are Pooling's
+        self.levels = []
+        self.in_shape = None
+
+    def reshape(self, bottom, top):
+        if bottom[0].num_axes != 4:
+            raise self.error(f"input must have 4 axes (num, channels, height, width); got {bottom[0].shape}")
+        n, c, h, w = bottom[0].shape
+        if self.in_shape != (h, w):
+            self.levels = []
+            for level in range(self.height):
+                bins = 2 ** level
+                kernel = (-(-h // bins), -(-w // bins))
+                pad = ((kernel[0] * bins - h + 1) // 2, (kernel[1] * bins - w + 1) // 2)
+                if pad[0] >= kernel[0] or pad[1] >= kernel[1]:
+                    raise self.error(f"level {level}: pad {pad} >= kernel {kernel} for a {h}x{w} input "
+                                     f"(too many bins for the input size)")
+                if any(pad) and self.method not in (_Pool.MAX, _Pool.AVE):
+                    raise self.error(f"level {level}: padding is implemented only for average and max pooling")
+                out = pooled_shape(h, w, kernel, kernel, pad)
+                self.levels.append(Pool2D(self.method, kernel, kernel, pad, (h, w), out))
+            self.in_shape = (h, w)
+        if self.height == 1:
+            top[0].reshape(n, c, *self.levels[0].out)
+        else:
+            top[0].reshape(n, sum(c * p.out[0] * p.out[1] for p in self.levels))
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        train = self.phase == TRAIN
+        if self.height == 1:
+            top[0].data = self.levels[0].forward(x, train)
+            return
+        xp = backend.get_array_module(x)
+        n = x.shape[0]
+        top[0].data = xp.concatenate([p.forward(x, train).reshape(n, -1) for p in self.levels], axis=1)
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        xp = backend.get_array_module(top[0].diff)
+        shape = bottom[0].shape
+        n, c = shape[:2]
+        if self.height == 1:
+            self.levels[0].backward(top[0].diff, shape, bottom[0].diff)
+            return
+        dy = top[0].diff
+        total = bottom[0].diff
+        part = xp.empty(shape, dtype=dy.dtype)
+        start = 0
+        for k, p in enumerate(self.levels):
+            size = c * p.out[0] * p.out[1]
+            level_dy = xp.ascontiguousarray(dy[:, start:start + size]).reshape((n, c) + p.out)
+            p.backward(level_dy, shape, total if k == 0 else part)
+            if k:
+                total += part
+            start += size
+
+
+# ============================================================================ LRN
+def _channel_window_sum(a, size):
+    """sum over channels [c - (size-1)/2, c + (size-1)/2] of a (N, C, ...), zero outside."""
+    xp = backend.get_array_module(a)
+    pre = (size - 1) // 2
+    c = a.shape[1]
+    padded_a = xp.zeros((a.shape[0], c + size - 1) + a.shape[2:], dtype=a.dtype)
+    padded_a[:, pre:pre + c] = a
+    total = padded_a[:, 0:c].copy()
+    for o in range(1, size):
+        total += padded_a[:, o:o + c]
+    return total
+
+
+def _box_sum(a, size):
+    """sum over the size x size window centred on each cell of a (N, C, H, W), zero outside."""
+    xp = backend.get_array_module(a)
+    pad = (size - 1) // 2
+    n, c, h, w = a.shape
+    ap = xp.zeros((n, c, h + 2 * pad, w + 2 * pad), dtype=a.dtype)
+    ap[:, :, pad:pad + h, pad:pad + w] = a
+    rows = ap[:, :, 0:h].copy()
+    for o in range(1, size):
+        rows += ap[:, :, o:o + h]
+    total = rows[:, :, :, 0:w].copy()
+    for o in range(1, size):
+        total += rows[:, :, :, o:o + w]
+    return total
+
+
+def lrn_across_forward(x, size, alpha, beta, k):
+    """(y, scale, scale^-beta) of LRN ACROSS_CHANNELS. Twin of the CUDA kernels ``lrn_fill_scale``
+    and ``lrn_compute_output``."""
+    xp = backend.get_array_module(x)
+    dtype = x.dtype.type
+    if use_kernels(xp):
+        x = xp.ascontiguousarray(x)
+        n, c, h, w = x.shape
+        scale = xp.empty_like(x)
+        kernels.launch("lrn_fill_scale", n * h * w,
+                       (x,) + _ints(c, h, w, size) + (dtype(alpha / size), dtype(k), scale))
+        y = xp.empty_like(x)
+        kernels.launch("lrn_compute_output", x.size, (x, scale, dtype(-beta), y))
+        return y, scale, None
+    scale = _channel_window_sum(x * x, size)
+    scale *= dtype(alpha / size)
+    scale += dtype(k)
+    power = scale ** dtype(-beta)
+    return x * power, scale, power
+
+
+def lrn_across_backward(x, y, scale, power, dy, size, alpha, beta):
+    """Bottom gradient of LRN ACROSS_CHANNELS. Twin of the CUDA kernel ``lrn_compute_diff``."""
+    xp = backend.get_array_module(x)
+    dtype = x.dtype.type
+    if use_kernels(xp):
+        n, c, h, w = x.shape
+        dx = xp.empty_like(x)
+        kernels.launch("lrn_compute_diff", n * h * w,
+                       (x, y, scale, xp.ascontiguousarray(dy)) + _ints(c, h, w, size)
+                       + (dtype(-beta), dtype(2.0 * alpha * beta / size), dx))
+        return dx
+    if power is None:
+        power = scale ** dtype(-beta)
+    ratio = _channel_window_sum(dy * y / scale, size)
+    ratio *= x
+    ratio *= dtype(2.0 * alpha * beta / size)
+    return dy * power - ratio
+
+
+@register_layer("LRN")
+class LRNLayer(Layer):
+    """Caffe's local response normalization.
+
+    bottom: (N x C x H x W); top: (N x C x H x W).
+    ACROSS_CHANNELS: y = x * (k + alpha/n * sum of x^2 over the n channels centred on c)^-beta.
+    WITHIN_CHANNEL:  y = x * (1 + alpha/n^2 * sum of x^2 over the n x n window centred on (h, w))^-beta
+                     (k is ignored, as in Caffe). Outside the input counts as zero; n = local_size (odd).
+    """
+
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def setup(self, bottom, top):
+        lp = self.layer_param.lrn_param
+        self.size = int(lp.local_size)
+        if self.size % 2 != 1:
+            raise self.error("LRN only supports odd values for local_size")
+        self.alpha, self.beta, self.k = float(lp.alpha), float(lp.beta), float(lp.k)
+        self.region = lp.norm_region
+        self.state = None
+
+    def reshape(self, bottom, top):
+        if bottom[0].num_axes != 4:
+            raise self.error(f"input must have 4 axes (num, channels, height, width); got {bottom[0].shape}")
+        top[0].reshape(bottom[0].shape)
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        if self.region == _LRN.ACROSS_CHANNELS:
+            y, scale, power = lrn_across_forward(x, self.size, self.alpha, self.beta, self.k)
+        else:
+            dtype = x.dtype.type
+            scale = _box_sum(x * x, self.size)
+            scale *= dtype(self.alpha / (self.size * self.size))
+            scale += dtype(1)
+            power = scale ** dtype(-self.beta)
+            y = x * power
+        self.state = (scale, power)
+        top[0].data = y
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        x, y, dy = bottom[0].data, top[0].data, top[0].diff
+        scale, power = self.state
+        if self.region == _LRN.ACROSS_CHANNELS:
+            bottom[0].diff = lrn_across_backward(x, y, scale, power, dy, self.size, self.alpha, self.beta)
+            return
+        dtype = x.dtype.type
+        ratio = _box_sum(dy * y / scale, self.size)
+        ratio *= x
+        ratio *= dtype(2.0 * self.alpha * self.beta / (self.size * self.size))
+        bottom[0].diff = dy * power - ratio

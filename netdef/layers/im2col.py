@@ -1,0 +1,320 @@
+"""im2col / col2im over many samples at once, so that a convolution is one large matrix product.
+
+Layout. For an input ``x`` of shape (N, C, *S) (S: the spatial sizes) and a kernel of shape K, the
+column matrix has C * prod(K) rows, stored C-ordered as (C, *K, N, *O) (O: the output sizes). Its rows
+are ordered as Caffe's (channel-major, then kernel offsets in row-major order), so that
+``W.reshape(num_output, -1) @ cols`` is Caffe's per-sample GEMM done for all N samples at once;
+groups are contiguous row blocks because C leads. ``ColumnLayout`` describes one such matrix, including
+the "full-width" variant the CPU uses for stride-1 2-D convolutions (rows over the padded width, see
+FULL_WIDTH_MAX_RATIO), and converts between the matrix and (N, R, *O) arrays.
+
+CPU: a strided window view of the zero-padded input is copied in one pass (im2col); col2im adds one
+slice per kernel offset (a loop over prod(K) offsets, never over pixels or samples).
+GPU (CuPy arrays, 2-D spatial): the CUDA kernels ``im2col`` and ``col2im`` in kernels/im2col.cu, whose
+NumPy twins are the CPU functions here. N-d spatial on the GPU uses the same strided-view code with CuPy.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import backend
+from . import kernels
+
+
+def use_kernels(xp) -> bool:
+    """Whether to run the CUDA kernels: only for CuPy arrays (tests point this at the host build)."""
+    return xp is not np
+
+
+def trunc_div(a: int, b: int) -> int:
+    # C++ integer division truncates toward zero; Caffe's shape formulas rely on it.
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Kernel, stride, pad and dilation per spatial axis (tuples of equal length)."""
+
+    kernel: tuple
+    stride: tuple
+    pad: tuple
+    dilation: tuple
+
+    @property
+    def ndim(self) -> int:
+        return len(self.kernel)
+
+    @property
+    def extent(self) -> tuple:
+        return tuple(d * (k - 1) + 1 for k, d in zip(self.kernel, self.dilation))
+
+    @property
+    def kernel_count(self) -> int:
+        return math.prod(self.kernel)
+
+    def conv_out(self, spatial) -> tuple:
+        """Convolution output sizes: (in + 2p - extent) / s + 1, rounded as C++ does."""
+        return tuple(trunc_div(i + 2 * p - e, s) + 1
+                     for i, p, e, s in zip(spatial, self.pad, self.extent, self.stride))
+
+    def deconv_out(self, spatial) -> tuple:
+        """Deconvolution output sizes: s * (in - 1) + extent - 2p."""
+        return tuple(s * (i - 1) + e - 2 * p for i, p, e, s in zip(spatial, self.pad, self.extent, self.stride))
+
+
+class Workspace:
+    """Arrays a layer keeps between calls so that large temporaries are allocated once.
+
+    ``get`` returns the array stored under ``key`` when its shape, dtype and module still fit,
+    otherwise a new one (filled with ``fill`` when given). A reused array keeps its contents unless
+    ``clear`` (then it is zeroed, as a new one is)."""
+
+    def __init__(self):
+        self._arrays: dict = {}
+
+    def get(self, key, shape, dtype, xp, clear=False, fill=None):
+        shape = tuple(int(d) for d in shape)
+        a = self._arrays.get(key)
+        if a is None or a.shape != shape or a.dtype != np.dtype(dtype) or backend.get_array_module(a) is not xp:
+            a = xp.empty(shape, dtype=dtype)
+            if fill is not None or clear:
+                a.fill(0 if fill is None else fill)
+            self._arrays[key] = a
+        elif clear:
+            a.fill(0)
+        return a
+
+    def clear(self) -> None:
+        self._arrays.clear()
+
+
+def _as_strided(xp, a, shape, strides):
+    if xp is np:
+        return np.lib.stride_tricks.as_strided(a, shape=shape, strides=strides, writeable=False)
+    return xp.lib.stride_tricks.as_strided(a, shape=shape, strides=strides)
+
+
+def padded(x, pad, ws: Workspace | None = None, key="pad", value=0.0, extra=None):
+    """``x`` (N, C, *S) inside a border of ``pad`` cells per side filled with ``value`` (plus ``extra``
+    more cells at the end of each axis, for windows that run past the padding); ``x`` itself when
+    there is nothing to add. The border of a reused workspace array is never written, so it is
+    filled once."""
+    extra = extra or (0,) * len(pad)
+    if not any(pad) and not any(extra):
+        return x
+    xp = backend.get_array_module(x)
+    shape = x.shape[:2] + tuple(s + 2 * p + e for s, p, e in zip(x.shape[2:], pad, extra))
+    if ws is None:
+        buf = xp.full(shape, value, dtype=x.dtype)
+    else:
+        buf = ws.get((key, value), shape, x.dtype, xp, fill=value)
+    inner = (slice(None), slice(None)) + tuple(slice(p, p + s) for p, s in zip(pad, x.shape[2:]))
+    buf[inner] = x
+    return buf
+
+
+def window_view(xpad, geom: Geometry, out_sizes, order="cols"):
+    """Read-only strided view of the windows of the padded input ``xpad`` (N, C, *P).
+
+    order "cols": (C, *K, N, *O) (the column layout); "windows": (N, C, *O, *K)."""
+    xp = backend.get_array_module(xpad)
+    st = xpad.strides
+    nd = geom.ndim
+    k_strides = tuple(st[2 + a] * geom.dilation[a] for a in range(nd))
+    o_strides = tuple(st[2 + a] * geom.stride[a] for a in range(nd))
+    if order == "cols":
+        shape = (xpad.shape[1],) + tuple(geom.kernel) + (xpad.shape[0],) + tuple(out_sizes)
+        strides = (st[1],) + k_strides + (st[0],) + o_strides
+    else:
+        shape = xpad.shape[:2] + tuple(out_sizes) + tuple(geom.kernel)
+        strides = st[:2] + o_strides + k_strides
+    return _as_strided(xp, xpad, shape, strides)
+
+
+def offset_slices(geom: Geometry, out_sizes):
+    """For each kernel offset (row-major): the offset tuple and the index that selects, in the
+    padded input (N, C, *P), the cells that offset reads for every output position."""
+    for offs in itertools.product(*(range(k) for k in geom.kernel)):
+        idx = (slice(None), slice(None)) + tuple(
+            slice(o * d, o * d + s * (n - 1) + 1, s)
+            for o, d, s, n in zip(offs, geom.dilation, geom.stride, out_sizes))
+        yield offs, idx
+
+
+def _ints(*values):
+    return tuple(np.int32(v) for v in values)
+
+
+# ---------------------------------------------------------------------------------------- layout
+# Stride-1 2-D convolutions on the CPU store each column row over the padded width Wp instead of
+# the output width Wo ("full width"): then every (channel, kernel offset, sample) block of the column
+# matrix is ONE contiguous run of Ho*Wp cells of the padded input, so im2col and col2im move long
+# runs instead of Ho runs of Wo cells (numpy's cost is per run for short rows). The price is
+# (Wp - Wo) / Wo more columns in the matrix products, hence the ratio limit.
+FULL_WIDTH_MAX_RATIO = 1.5
+
+
+@dataclass(frozen=True)
+class ColumnLayout:
+    """How the column matrix of inputs of shape ``x_shape`` = (N, C, *S) is stored.
+
+    The matrix is (rows, ncols) = (C * prod(K), N * prod(O[:-1]) * width), C-ordered as
+    (C, *K, N, *O[:-1], width). ``width`` is O[-1], or the padded input width in the full-width
+    layout, whose extra columns are not output positions: the products read them as zero where it
+    matters (a full-width operand written with ``scatter`` keeps zeros there) and ``gather`` drops them.
+    """
+
+    x_shape: tuple
+    geom: Geometry
+    out: tuple
+    width: int
+
+    @property
+    def full_width(self) -> bool:
+        return self.width != self.out[-1]
+
+    @property
+    def rows(self) -> int:
+        return self.x_shape[1] * self.geom.kernel_count
+
+    @property
+    def ncols(self) -> int:
+        return self.x_shape[0] * math.prod(self.out[:-1]) * self.width
+
+    def gather(self, mat):
+        """(R, ncols) matrix -> (N, R, *O) view of its output-position columns."""
+        r = mat.shape[0]
+        full = mat.reshape((r, self.x_shape[0]) + self.out[:-1] + (self.width,))
+        if self.full_width:
+            full = full[..., :self.out[-1]]
+        return full.swapaxes(0, 1)
+
+    def scatter(self, mat, values):
+        """Write ``values`` (N, R, *O) into the output-position columns of ``mat`` (R, ncols); the
+        other columns keep what they hold (zeros, for a buffer created with fill=0)."""
+        self.gather(mat)[...] = values.reshape(self.gather(mat).shape)
+
+    def buffer(self, ws: "Workspace | None", key, rows, dtype, xp):
+        """A (rows, ncols) matrix whose non-output columns are zero."""
+        shape = (rows, self.ncols)
+        if ws is None:
+            return xp.zeros(shape, dtype)
+        return ws.get(key, shape, dtype, xp, fill=0)
+
+
+def column_layout(x_shape, geom: Geometry, xp=np) -> ColumnLayout:
+    """The layout im2col uses for inputs of shape ``x_shape`` (N, C, *S) on module ``xp``."""
+    out = geom.conv_out(tuple(x_shape[2:]))
+    width = out[-1]
+    if geom.ndim == 2 and not use_kernels(xp) and geom.stride == (1, 1):
+        padded_width = x_shape[3] + 2 * geom.pad[1]
+        if padded_width <= FULL_WIDTH_MAX_RATIO * out[-1]:
+            width = padded_width
+    return ColumnLayout(tuple(x_shape), geom, out, width)
+
+
+def _flat_padded(shape, dtype, xp, geom, ws, key):
+    """A zero-initialised flat buffer for the padded input of ``shape`` (N*C*Hp*Wp cells plus the
+    slack that full-width runs reach past the last plane), and its (N, C, Hp, Wp) view."""
+    n, c, h, w = shape
+    hp, wp = h + 2 * geom.pad[0], w + 2 * geom.pad[1]
+    slack = (geom.kernel[1] - 1) * geom.dilation[1]
+    if ws is None:
+        flat = xp.zeros(n * c * hp * wp + slack, dtype)
+    else:
+        flat = ws.get(key, (n * c * hp * wp + slack,), dtype, xp, fill=0)
+    return flat, flat[:n * c * hp * wp].reshape(n, c, hp, wp)
+
+
+def _full_width_strides(layout: ColumnLayout, itemsize: int):
+    n, c, h, w = layout.x_shape
+    hp, wp = h + 2 * layout.geom.pad[0], w + 2 * layout.geom.pad[1]
+    plane = hp * wp
+    return plane, wp, tuple(v * itemsize for v in (plane, layout.geom.dilation[0] * wp,
+                                                     layout.geom.dilation[1], c * plane, 1))
+
+
+# ---------------------------------------------------------------------------------------- im2col
+def im2col(x, layout: ColumnLayout, ws: Workspace | None = None, key="cols"):
+    """The column matrix (layout.rows, layout.ncols) of ``x`` (N, C, *S); see ColumnLayout."""
+    xp = backend.get_array_module(x)
+    geom = layout.geom
+    cols = ws.get(key, (layout.rows, layout.ncols), x.dtype, xp) if ws is not None else \
+        xp.empty((layout.rows, layout.ncols), x.dtype)
+    if use_kernels(xp) and geom.ndim == 2:
+        _im2col_cuda(xp.ascontiguousarray(x), geom, layout.out, cols)
+        return cols
+    if layout.full_width:
+        n, c = x.shape[:2]
+        flat, img = _flat_padded(x.shape, x.dtype, xp, geom, ws, (key, "flat"))
+        img[(slice(None), slice(None)) + tuple(slice(p, p + s) for p, s in zip(geom.pad, x.shape[2:]))] = x
+        plane, wp, st = _full_width_strides(layout, x.itemsize)
+        shape = (c,) + geom.kernel + (n, layout.out[0] * wp)
+        view = np.lib.stride_tricks.as_strided(flat, shape=shape, strides=st, writeable=False)
+        cols.reshape(shape)[...] = view
+        return cols
+    view = window_view(padded(x, geom.pad, ws, key=(key, "pad")), geom, layout.out, "cols")
+    cols.reshape(view.shape)[...] = view
+    return cols
+
+
+def _im2col_cuda(x, geom, out_sizes, cols):
+    n, c, h, w = x.shape
+    kernels.launch("im2col", cols.size, (x,) + _ints(n, c, h, w, *geom.kernel, *geom.pad, *geom.stride,
+                                                     *geom.dilation, *out_sizes) + (cols,))
+
+
+def col2im(cols, layout: ColumnLayout, out, ws: Workspace | None = None, key="col2im"):
+    """The adjoint of im2col: writes into ``out`` (shape layout.x_shape) the sum, for every input
+    cell, of the column entries that im2col copies from it. In the full-width layout the
+    non-output columns of ``cols`` must be zero (they are, for products with a scattered operand)."""
+    xp = backend.get_array_module(cols)
+    geom = layout.geom
+    x_shape = layout.x_shape
+    n, c = x_shape[:2]
+    spatial = tuple(x_shape[2:])
+    inner = (slice(None), slice(None)) + tuple(slice(p, p + s) for p, s in zip(geom.pad, spatial))
+    if use_kernels(xp) and geom.ndim == 2:
+        _col2im_cuda(xp.ascontiguousarray(cols), x_shape, geom, layout.out, out)
+        return out
+    if layout.full_width:
+        flat, img = _flat_padded(x_shape, cols.dtype, xp, geom, ws, (key, "flat"))
+        flat[...] = 0
+        plane, wp, st = _full_width_strides(layout, cols.itemsize)
+        run = layout.out[0] * wp
+        blocks = cols.reshape((c,) + geom.kernel + (n, run))
+        for i in range(geom.kernel[0]):
+            for j in range(geom.kernel[1]):
+                start = i * geom.dilation[0] * wp + j * geom.dilation[1]
+                target = np.lib.stride_tricks.as_strided(flat[start:], shape=(c, n, run),
+                                                         strides=(st[0], st[3], st[4]))
+                target += blocks[:, i, j]
+        out[...] = img[inner]
+        return out
+    cols = cols.reshape((c,) + tuple(geom.kernel) + (n,) + tuple(layout.out))
+    if any(geom.pad):
+        pshape = (n, c) + tuple(s + 2 * p for s, p in zip(spatial, geom.pad))
+        acc = ws.get(key, pshape, cols.dtype, xp, clear=True) if ws is not None else xp.zeros(pshape, cols.dtype)
+    else:
+        acc = out
+        acc[...] = 0
+    for offs, idx in offset_slices(geom, layout.out):
+        # cols[c, *offs] is (C, N, *O); the input is (N, C, *S).
+        acc[idx] += xp.swapaxes(cols[(slice(None),) + offs], 0, 1)
+    if acc is not out:
+        out[...] = acc[inner]
+    return out
+
+
+def _col2im_cuda(cols, x_shape, geom, out_sizes, out):
+    n, c, h, w = x_shape
+    target = out if out.flags.c_contiguous else backend.get_array_module(out).empty(x_shape, cols.dtype)
+    kernels.launch("col2im", n * c * h * w, (cols,) + _ints(n, c, h, w, *geom.kernel, *geom.pad, *geom.stride,
+                                                            *geom.dilation, *out_sizes) + (target,))
+    if target is not out:
+        out[...] = target

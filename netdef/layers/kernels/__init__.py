@@ -1,0 +1,73 @@
+"""CUDA kernels of the vision layers, compiled from the ``.cu`` sources beside this file with CuPy.
+
+Each source holds plain ``extern "C" __global__`` functions written for a floating type ``real``
+(``-Dreal=float`` or ``-Dreal=double``). Every kernel takes its work-item count first and runs a
+grid-stride loop. Each kernel has a NumPy twin, the CPU implementation (named in the source's header),
+and the layers call a kernel only when their arrays are CuPy arrays; nothing here imports CuPy until a
+kernel is loaded.
+"""
+from __future__ import annotations
+
+import functools
+import pathlib
+import re
+
+import numpy as np
+
+DIRECTORY = pathlib.Path(__file__).resolve().parent
+THREADS_PER_BLOCK = 512
+MAX_BLOCKS = 65535
+_REAL = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+
+
+def sources() -> list[pathlib.Path]:
+    """The .cu files, sorted by name."""
+    return sorted(DIRECTORY.glob("*.cu"))
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_names() -> dict[str, pathlib.Path]:
+    """Kernel name -> the source that defines it."""
+    found = {}
+    for path in sources():
+        for name in re.findall(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(', path.read_text()):
+            found[name] = path
+    return found
+
+
+def real_type(dtype) -> str:
+    try:
+        return _REAL[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(f"CUDA kernels run on float32 or float64 arrays, not {np.dtype(dtype)}") from None
+
+
+@functools.lru_cache(maxsize=None)
+def load_kernel(name: str, dtype=np.float32):
+    """The CuPy RawKernel ``name`` compiled for ``dtype`` (float32 or float64); GPU only."""
+    import cupy
+
+    try:
+        path = kernel_names()[name]
+    except KeyError:
+        raise KeyError(f"no CUDA kernel {name!r} in {DIRECTORY} (known: {', '.join(sorted(kernel_names()))})") from None
+    return cupy.RawKernel(path.read_text(), name, options=("--std=c++14", f"-Dreal={real_type(dtype)}"))
+
+
+def _real_dtype(args):
+    for a in args:
+        dtype = getattr(a, "dtype", None)
+        if dtype is not None and getattr(a, "ndim", 0) > 0 and np.dtype(dtype) in _REAL:
+            return np.dtype(dtype)
+    raise TypeError("a kernel launch needs at least one float32/float64 array argument")
+
+
+def launch(name: str, nthreads: int, args: tuple) -> None:
+    """Run kernel ``name`` over ``nthreads`` work items. ``args`` follow the count, in the source's
+    order: C-contiguous arrays, ``numpy.int32`` for ``int`` and a scalar of the arrays' float type
+    for ``real`` (the first float array decides which build runs)."""
+    if nthreads <= 0:
+        return
+    kernel = load_kernel(name, _real_dtype(args))
+    blocks = min((nthreads + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK, MAX_BLOCKS)
+    kernel((blocks,), (THREADS_PER_BLOCK,), (np.int32(nthreads),) + tuple(args))
