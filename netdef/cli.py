@@ -185,19 +185,19 @@ def cmd_compute_image_mean(args) -> int:
 
 
 def cmd_prepare_digits(args) -> int:
-    from netdef.data.convert import convert_mnist, digits_to_idx
-
     import pathlib
+
+    from netdef.data.convert import convert_mnist, digits_to_idx
 
     folder = pathlib.Path(args.folder)
     folder.mkdir(parents=True, exist_ok=True)
-    files = digits_to_idx(folder)
-    for split in ("train", "test"):
+    train_images, train_labels, test_images, test_labels = digits_to_idx(folder)
+    for split, images, labels in (("train", train_images, train_labels), ("test", test_images, test_labels)):
         db = folder / f"digits_{split}_lmdb"
         if db.exists():
             log.info("%s exists; keeping it", db)
             continue
-        count = convert_mnist(files[f"{split}_images"], files[f"{split}_labels"], str(db), backend="lmdb")
+        count = convert_mnist(images, labels, str(db), backend="lmdb")
         log.info("Wrote %s (%s images)", db, count)
     return 0
 

@@ -1,0 +1,412 @@
+"""A small key-value DB layer over LMDB (``lmdb``) and LevelDB (``plyvel``, optional), as Caffe's
+``db::DB`` / ``Cursor`` / ``Transaction``.
+
+Keys and values are bytes; iteration is in key order (bytewise). Readers open LMDB read-only with
+locking off, so read-only folders (fixtures, shared datasets) work and nothing is written into them.
+Writers buffer puts in a Transaction and write them on ``commit()``; an LMDB whose map is full is
+grown (doubled) and the commit retried, as Caffe's LMDBTransaction does.
+
+    db = open_db("examples/mnist/mnist_train_lmdb")           # read
+    with db.cursor() as cur:
+        cur.seek_first()
+        while cur.valid:
+            use(cur.key, cur.value)
+            cur.next()
+    out = open_db("new_lmdb", mode="w")                       # create (must not exist)
+    txn = out.transaction(); txn.put(b"00000000", value); txn.commit(); out.close()
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import weakref
+
+from .errors import DataError
+
+
+class DBError(DataError):
+    """A DB that cannot be opened, read or written; the message names its path."""
+
+
+def backend_name(backend) -> str:
+    """``"lmdb"`` or ``"leveldb"`` from a name (any case) or a DataParameter.DB value."""
+    if isinstance(backend, int) and not isinstance(backend, bool):
+        from ..proto import netdef_pb2 as pb
+
+        names = {pb.DataParameter.LMDB: "lmdb", pb.DataParameter.LEVELDB: "leveldb"}
+        if backend not in names:
+            raise DBError(f"unknown DB backend {backend}")
+        return names[backend]
+    name = str(backend).lower()
+    if name not in ("lmdb", "leveldb"):
+        raise DBError(f"unknown DB backend {backend!r} (use lmdb or leveldb)")
+    return name
+
+
+def open_db(path, backend="lmdb", mode: str = "r"):
+    """Open a DB. ``mode``: ``"r"`` read, ``"w"`` create a new one (the path must not exist, as
+    Caffe's NEW mode), ``"a"`` open for writing, creating it if needed."""
+    name = backend_name(backend)
+    if mode not in ("r", "w", "a"):
+        raise ValueError(f"open_db: mode must be 'r', 'w' or 'a', not {mode!r}")
+    path = os.fspath(path)
+    if mode == "w" and os.path.exists(path):
+        raise DBError(f"{path} already exists: remove it first or choose another output path")
+    if name == "lmdb":
+        return LMDB(path, mode)
+    return LevelDB(path, mode)
+
+
+class Cursor:
+    """Iterates a DB in key order. ``valid`` is False past the last record."""
+
+    key: bytes
+    value: bytes
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        pass
+
+
+class Transaction:
+    """Buffers puts; ``commit()`` writes them all."""
+
+    def __init__(self, db):
+        self._db = db
+        self._items: list[tuple[bytes, bytes]] = []
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._items.append((bytes(key), bytes(value)))
+
+    def commit(self) -> None:
+        if self._items:
+            self._db._write(self._items)
+        self._items = []
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class _Shared:
+    """One open handle per folder and process: LMDB forbids opening an environment twice in a
+    process (py-lmdb refuses it) and LevelDB locks its folder, so every DB object on a folder shares
+    one handle. ``users`` counts the live DB objects. A handle is only closed by the thread that
+    opens or closes a DB object, never from a garbage-collection finalizer, so no other thread can
+    lose it while reading."""
+
+    def __init__(self, handle, readonly: bool):
+        self.handle = handle
+        self.readonly = readonly
+        self.users = 0
+
+
+_OPEN: dict = {}
+_OPEN_LOCK = threading.RLock()
+
+
+def _release(shared: _Shared) -> None:
+    shared.users -= 1
+
+
+@atexit.register
+def _close_all() -> None:
+    # Close the handles while the interpreter is whole (LevelDB's background thread and lmdb's
+    # maps are better ended before module teardown).
+    with _OPEN_LOCK:
+        for shared in list(_OPEN.values()):
+            try:
+                shared.handle.close()
+            except Exception:  # noqa: BLE001 - best effort at exit
+                pass
+        _OPEN.clear()
+
+
+class _DB:
+    path: str
+    writable: bool
+    kind = ""
+    _shared = None
+
+    def _acquire(self, readonly: bool, opener):
+        """The shared handle for ``self.path`` (``opener()`` makes one when none is open)."""
+        key = (self.kind, os.path.realpath(self.path))
+        with _OPEN_LOCK:
+            shared = _OPEN.get(key)
+            if shared is not None and shared.users <= 0:
+                # Nobody uses it: reopen, so that a DB rewritten since is seen afresh.
+                shared.handle.close()
+                del _OPEN[key]
+                shared = None
+            if shared is not None and shared.readonly != readonly:
+                raise DBError(f"{self.path}: this DB is already open in this process "
+                              f"{'read-only' if shared.readonly else 'for writing'}; close it first")
+            if shared is None:
+                shared = _Shared(opener(), readonly)
+                _OPEN[key] = shared
+            shared.users += 1
+        self._key = key
+        self._shared = shared
+        self._finalizer = weakref.finalize(self, _release, shared)
+        return shared.handle
+
+    def close(self) -> None:
+        """Release the handle (closed when no other DB object of this process uses it)."""
+        shared = self._shared
+        if shared is None:
+            return
+        with _OPEN_LOCK:
+            self._finalizer()  # the one release, now
+            if shared.users <= 0 and _OPEN.get(self._key) is shared:
+                shared.handle.close()
+                del _OPEN[self._key]
+        self._shared = None
+        self._closed()
+
+    def _closed(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def transaction(self) -> Transaction:
+        if not self.writable:
+            raise DBError(f"{self.path}: opened read-only; open_db(..., mode='w' or 'a') to write")
+        return Transaction(self)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        """Write one record now (a one-put transaction)."""
+        txn = self.transaction()
+        txn.put(key, value)
+        txn.commit()
+
+    def items(self):
+        """(key, value) pairs in key order."""
+        with self.cursor() as cur:
+            cur.seek_first()
+            while cur.valid:
+                yield cur.key, cur.value
+                cur.next()
+
+    def keys(self):
+        for key, _ in self.items():
+            yield key
+
+
+# ---------------------------------------------------------------------------------------------- LMDB
+def _lmdb():
+    try:
+        import lmdb
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise DBError("LMDB support needs the lmdb package: pip install lmdb") from exc
+    return lmdb
+
+
+class _LmdbCursor(Cursor):
+    def __init__(self, db: LMDB):
+        if db._env is None:
+            raise DBError(f"{db.path}: the DB is closed")
+        self._db = db  # keeps the environment in use while the cursor lives
+        self._txn = db._env.begin(write=False, buffers=False)
+        self._cur = self._txn.cursor()
+        self.valid = False
+        self.key = b""
+        self.value = b""
+
+    def _load(self, ok: bool) -> bool:
+        self.valid = bool(ok)
+        if self.valid:
+            self.key, self.value = self._cur.key(), self._cur.value()
+        else:
+            self.key, self.value = b"", b""
+        return self.valid
+
+    def seek_first(self) -> bool:
+        return self._load(self._cur.first())
+
+    def seek(self, key: bytes) -> bool:
+        """Position at exactly ``key``; False (and not valid) when it is absent."""
+        return self._load(self._cur.set_key(bytes(key)))
+
+    def seek_range(self, key: bytes) -> bool:
+        """Position at the first key >= ``key``."""
+        return self._load(self._cur.set_range(bytes(key)))
+
+    def next(self) -> bool:
+        return self._load(self._cur.next())
+
+    def close(self) -> None:
+        if self._txn is not None:
+            self._txn.abort()
+            self._txn = None
+        self._db = None
+
+
+class LMDB(_DB):
+    """An LMDB environment folder (or a single data file)."""
+
+    kind = "lmdb"
+
+    INITIAL_MAP_SIZE = 1 << 24
+
+    def __init__(self, path: str, mode: str = "r"):
+        lmdb = _lmdb()
+        self.path = path
+        self.writable = mode != "r"
+        self._env = None
+        subdir = not os.path.isfile(path)
+        if mode == "r" and not os.path.exists(path):
+            raise DBError(f"{path}: no such LMDB (the folder does not exist)")
+
+        def opener():
+            try:
+                if mode == "r":
+                    return lmdb.open(path, subdir=subdir, readonly=True, lock=False)
+                return lmdb.open(path, subdir=subdir, map_size=self.INITIAL_MAP_SIZE, create=True)
+            except lmdb.Error as exc:
+                raise DBError(f"{path}: cannot open LMDB ({exc})") from None
+
+        self._env = self._acquire(mode == "r", opener)
+
+    def __len__(self) -> int:
+        return int(self._env.stat()["entries"])
+
+    def get(self, key: bytes) -> bytes | None:
+        with self._env.begin(write=False, buffers=False) as txn:
+            return txn.get(bytes(key))
+
+    def cursor(self) -> _LmdbCursor:
+        lmdb = _lmdb()
+        try:
+            return _LmdbCursor(self)
+        except lmdb.Error as exc:
+            raise DBError(f"{self.path}: cannot read LMDB ({exc})") from None
+
+    def _write(self, items) -> None:
+        lmdb = _lmdb()
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    for key, value in items:
+                        txn.put(key, value)
+                return
+            except lmdb.MapFullError:
+                # Caffe's LMDBTransaction::DoubleMapSize: grow and redo the whole transaction.
+                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+            except lmdb.Error as exc:
+                raise DBError(f"{self.path}: LMDB write failed ({exc})") from None
+
+    def _closed(self) -> None:
+        self._env = None
+
+
+# ---------------------------------------------------------------------------------------------- LevelDB
+def _plyvel():
+    try:
+        import plyvel
+    except ImportError:
+        raise DBError("LevelDB support needs the plyvel package (pip install plyvel); or convert the data "
+                      "to LMDB (backend: LMDB)") from None
+    return plyvel
+
+
+class _LevelCursor(Cursor):
+    def __init__(self, db: LevelDB):
+        if db._db is None:
+            raise DBError(f"{db.path}: the DB is closed")
+        self._owner = db  # keeps the handle in use while the cursor lives
+        self._it = db._db.raw_iterator()
+        self.valid = False
+        self.key = b""
+        self.value = b""
+
+    def _load(self) -> bool:
+        self.valid = bool(self._it.valid())
+        if self.valid:
+            self.key, self.value = self._it.key(), self._it.value()
+        else:
+            self.key, self.value = b"", b""
+        return self.valid
+
+    def seek_first(self) -> bool:
+        self._it.seek_to_first()
+        return self._load()
+
+    def seek(self, key: bytes) -> bool:
+        self._it.seek(bytes(key))
+        if self._load() and self.key != bytes(key):
+            self.valid, self.key, self.value = False, b"", b""
+        return self.valid
+
+    def seek_range(self, key: bytes) -> bool:
+        self._it.seek(bytes(key))
+        return self._load()
+
+    def next(self) -> bool:
+        self._it.next()
+        return self._load()
+
+    def close(self) -> None:
+        if self._it is not None:
+            self._it.close()
+            self._it = None
+        self._owner = None
+
+
+class LevelDB(_DB):
+    """A LevelDB folder, through plyvel (Caffe's options: 256 MB write buffer, 64 KB blocks)."""
+
+    kind = "leveldb"
+
+    def __init__(self, path: str, mode: str = "r"):
+        plyvel = _plyvel()
+        self.path = path
+        self.writable = mode != "r"
+        self._db = None
+        if mode == "r" and not os.path.exists(path):
+            raise DBError(f"{path}: no such LevelDB (the folder does not exist)")
+
+        def opener():
+            try:
+                if mode == "r":
+                    return plyvel.DB(path, create_if_missing=False, max_open_files=100)
+                return plyvel.DB(path, create_if_missing=True, error_if_exists=(mode == "w"),
+                                 write_buffer_size=268435456, block_size=65536, max_open_files=100)
+            except plyvel.Error as exc:
+                raise DBError(f"{path}: cannot open LevelDB ({exc})") from None
+
+        self._db = self._acquire(mode == "r", opener)
+        self._count = None
+
+    def __len__(self) -> int:
+        # LevelDB keeps no count; one pass over the keys, remembered while nothing is written.
+        if self._count is None:
+            self._count = sum(1 for _ in self._db.iterator(include_value=False))
+        return self._count
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._db.get(bytes(key))
+
+    def cursor(self) -> _LevelCursor:
+        return _LevelCursor(self)
+
+    def _write(self, items) -> None:
+        plyvel = _plyvel()
+        try:
+            with self._db.write_batch() as batch:
+                for key, value in items:
+                    batch.put(key, value)
+        except plyvel.Error as exc:
+            raise DBError(f"{self.path}: LevelDB write failed ({exc})") from None
+        self._count = None
+
+    def _closed(self) -> None:
+        self._db = None

@@ -1,0 +1,238 @@
+"""Image decoding, encoding and resizing with Caffe's (that is, OpenCV's) conventions, on Pillow.
+
+Arrays here are uint8 in CHW order; colour images have their channels in OpenCV's BGR order (BGRA
+with alpha), as Caffe stores and feeds them. Three decoding modes mirror OpenCV's flags:
+
+- ``color=True``  (``cv::IMREAD_COLOR``): always 3 channels, alpha dropped, grey replicated.
+- ``color=False`` (``cv::IMREAD_GRAYSCALE``): always 1 channel.
+- ``color=None``  (``cv::IMREAD_UNCHANGED``, Caffe's "native" decode of encoded Datums): the file's own
+  channels (1, 3 or 4).
+
+``resize`` reproduces ``cv::resize(..., INTER_LINEAR)`` on 8-bit images, fixed-point arithmetic
+included, so images resized by ``new_height``/``new_width`` match Caffe's.
+"""
+from __future__ import annotations
+
+import io
+import os
+import re
+
+import numpy as np
+
+from .errors import DataError
+
+
+class ImageError(DataError):
+    """An image that cannot be read, decoded or encoded; the message names it."""
+
+
+def _pil():
+    try:
+        from PIL import Image, ImageOps
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("reading images needs Pillow: pip install Pillow") from exc
+    return Image, ImageOps
+
+
+# ---------------------------------------------------------------------------------------------- colour
+# libpng's rgb_to_gray weights as OpenCV asks for them (0.299, 0.587; libpng truncates them to 1/32768).
+_PNG_GRAY = (9797, 19234, 32768 - 9797 - 19234)
+# cv::cvtColor(BGR2GRAY) fixed-point weights (1/16384), used by OpenCV's other decoders.
+_CV_GRAY = (4899, 9617, 1868)
+
+
+def _rgb_to_gray(rgb: np.ndarray, png: bool) -> np.ndarray:
+    r, g, b = (rgb[..., i].astype(np.int32) for i in range(3))
+    if png:
+        rc, gc, bc = _PNG_GRAY
+        return ((rc * r + gc * g + bc * b) >> 15).astype(np.uint8)
+    rc, gc, bc = _CV_GRAY
+    return ((rc * r + gc * g + bc * b + (1 << 13)) >> 14).astype(np.uint8)
+
+
+def _to_uint8(arr: np.ndarray) -> np.ndarray:
+    if arr.dtype == np.uint8:
+        return arr
+    if arr.dtype == bool:
+        return arr.astype(np.uint8) * 255
+    if arr.dtype in (np.uint16, np.int32) or arr.dtype.kind in "ui":
+        # 16-bit files: OpenCV's 8-bit reads keep the high byte (png_set_strip_16).
+        return (np.clip(arr, 0, 65535).astype(np.uint32) >> 8).astype(np.uint8)
+    return np.clip(np.rint(arr), 0, 255).astype(np.uint8)
+
+
+def _hwc(img, mode: str) -> np.ndarray:
+    arr = np.asarray(img.convert(mode) if img.mode != mode else img)
+    return arr if arr.ndim == 3 else arr[:, :, None]
+
+
+def _pil_to_chw(img, color: bool | None, fmt: str) -> np.ndarray:
+    """A loaded Pillow image as CHW uint8 in OpenCV's channel order for the given mode."""
+    mode = img.mode
+    has_alpha = mode in ("RGBA", "LA", "PA") or (mode in ("RGB", "P", "L") and "transparency" in img.info)
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+        gray = _to_uint8(np.asarray(img))
+        hwc = gray[:, :, None]
+        if color:
+            hwc = np.repeat(hwc, 3, axis=2)
+        return np.ascontiguousarray(hwc.transpose(2, 0, 1))
+    if color is False:
+        if mode in ("L", "1"):
+            hwc = _hwc(img, "L")
+        else:
+            rgb = np.asarray(img.convert("RGB"))
+            hwc = _rgb_to_gray(rgb, png=(fmt == "PNG"))[:, :, None]
+        return np.ascontiguousarray(hwc.transpose(2, 0, 1))
+    if color is None and mode in ("L", "1"):
+        # Grey stays one channel, even with a tRNS chunk (OpenCV's CV_8UC1 case).
+        return np.ascontiguousarray(_hwc(img, "L").transpose(2, 0, 1))
+    if color is None and has_alpha:
+        # OpenCV's IMREAD_UNCHANGED keeps alpha as a 4th channel (grey+alpha becomes BGRA too).
+        rgba = _hwc(img, "RGBA")
+        return np.ascontiguousarray(rgba[:, :, [2, 1, 0, 3]].transpose(2, 0, 1))
+    rgb = _hwc(img, "RGB")
+    return np.ascontiguousarray(rgb[:, :, ::-1].transpose(2, 0, 1))
+
+
+def decode_image(data: bytes, color: bool | None = None, name: str = "image") -> np.ndarray:
+    """Decode encoded image bytes (PNG, JPEG, ... anything Pillow reads) to CHW uint8, BGR.
+
+    ``color``: True (3 channels), False (1 channel) or None (the file's own channels), as OpenCV's
+    IMREAD_COLOR / IMREAD_GRAYSCALE / IMREAD_UNCHANGED. ``name`` goes into error messages.
+    """
+    Image, ImageOps = _pil()
+    try:
+        img = Image.open(io.BytesIO(bytes(data)))
+        if color is False and img.format == "JPEG" and img.mode in ("RGB", "YCbCr"):
+            # libjpeg's grey output is the Y plane, which is what OpenCV's IMREAD_GRAYSCALE reads.
+            img.draft("L", img.size)
+        img.load()
+        fmt = (img.format or "").upper()
+        if color is not None:
+            # OpenCV applies the EXIF orientation except with IMREAD_UNCHANGED.
+            img = ImageOps.exif_transpose(img)
+        return _pil_to_chw(img, color, fmt)
+    except ImageError:
+        raise
+    except Exception as exc:  # Pillow raises many types (OSError, SyntaxError, ValueError...)
+        raise ImageError(f"{name}: cannot decode image ({type(exc).__name__}: {exc})") from None
+
+
+def read_image(path, height: int = 0, width: int = 0, is_color: bool = True) -> np.ndarray:
+    """Caffe's ReadImageToCVMat: read an image file as CHW uint8 (BGR when ``is_color``, else 1
+    grey channel), resized to height x width with bilinear interpolation when both are > 0."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except OSError as exc:
+        raise ImageError(f"could not open or find file {path} ({exc.strerror or exc})") from None
+    img = decode_image(raw, color=bool(is_color), name=path)
+    if height > 0 and width > 0:
+        img = resize(img, height, width)
+    return img
+
+
+# ---------------------------------------------------------------------------------------------- resize
+_COEF_BITS = 11
+_COEF_SCALE = 1 << _COEF_BITS
+
+
+def _linear_taps(src: int, dst: int, clamp: bool):
+    # OpenCV: scale = 1 / (dst / src); f = (float)((d + 0.5) * scale - 0.5); s = floor(f); f -= s.
+    scale = 1.0 / (dst / src)
+    f = ((np.arange(dst, dtype=np.float64) + 0.5) * scale - 0.5).astype(np.float32)
+    s = np.floor(f).astype(np.int64)
+    f = (f - s.astype(np.float32)).astype(np.float32)
+    if clamp:
+        # Columns outside the image take the border pixel with weight 1 (rows are clamped later).
+        low = s < 0
+        f[low], s[low] = 0, 0
+        high = s >= src - 1
+        f[high], s[high] = 0, src - 1
+    w0 = np.rint((np.float32(1) - f) * np.float32(_COEF_SCALE)).astype(np.int32)
+    w1 = np.rint(f * np.float32(_COEF_SCALE)).astype(np.int32)
+    return s, w0, w1
+
+
+def resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``cv::resize(img, Size(width, height), 0, 0, INTER_LINEAR)`` for CHW uint8 images."""
+    image = np.asarray(image)
+    if image.ndim != 3:
+        raise ValueError(f"resize expects a CHW image, got shape {image.shape}")
+    c, h, w = image.shape
+    if (h, w) == (height, width):
+        return image.copy()
+    if image.dtype != np.uint8:
+        raise ValueError(f"resize expects uint8 pixels, got {image.dtype}")
+    xs, ax0, ax1 = _linear_taps(w, width, clamp=True)
+    ys, by0, by1 = _linear_taps(h, height, clamp=False)
+    src = image.astype(np.int32)
+    # Horizontal pass in 11-bit fixed point, then the vertical pass with OpenCV's rounding.
+    rows = src[:, :, xs] * ax0 + src[:, :, np.minimum(xs + 1, w - 1)] * ax1
+    r0 = rows[:, np.clip(ys, 0, h - 1), :] >> 4
+    r1 = rows[:, np.clip(ys + 1, 0, h - 1), :] >> 4
+    out = (((by0[:, None] * r0) >> 16) + ((by1[:, None] * r1) >> 16) + 2) >> 2
+    return np.clip(out, 0, 255).astype(np.uint8)
+
+
+# ---------------------------------------------------------------------------------------------- encode
+def _pil_format(ext: str) -> str:
+    Image, _ = _pil()
+    Image.init()
+    ext = ext.lower().lstrip(".")
+    fmt = Image.registered_extensions().get("." + ext)
+    if fmt is None:
+        raise ImageError(f"cannot encode images as {ext!r}: Pillow knows no such format")
+    return fmt
+
+
+def encode_image(image: np.ndarray, ext: str) -> bytes:
+    """``cv::imencode("." + ext, img)``: CHW uint8 (BGR/BGRA colour or 1 grey channel) to file bytes.
+    JPEG uses OpenCV's default quality 95."""
+    Image, _ = _pil()
+    image = np.asarray(image)
+    if image.ndim != 3 or image.shape[0] not in (1, 3, 4) or image.dtype != np.uint8:
+        raise ImageError(f"cannot encode an array of shape {image.shape} and type {image.dtype} as an image "
+                         f"(CHW uint8 with 1, 3 or 4 channels needed)")
+    hwc = image.transpose(1, 2, 0)
+    if image.shape[0] == 1:
+        img = Image.fromarray(np.ascontiguousarray(hwc[:, :, 0]), "L")
+    elif image.shape[0] == 3:
+        img = Image.fromarray(np.ascontiguousarray(hwc[:, :, ::-1]), "RGB")
+    else:
+        img = Image.fromarray(np.ascontiguousarray(hwc[:, :, [2, 1, 0, 3]]), "RGBA")
+    fmt = _pil_format(ext)
+    options = {}
+    if fmt == "JPEG":
+        options["quality"] = 95
+        if img.mode == "RGBA":
+            img = img.convert("RGB")
+    elif fmt == "PNG":
+        options["compress_level"] = 1
+    buf = io.BytesIO()
+    try:
+        img.save(buf, format=fmt, **options)
+    except Exception as exc:
+        raise ImageError(f"cannot encode image as {ext!r}: {exc}") from None
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------- lists
+def _atoi(text: str) -> int:
+    # C's atoi: optional whitespace and sign, then digits; anything else reads as 0.
+    m = re.match(r"\s*([+-]?\d+)", text)
+    return int(m.group(1)) if m else 0
+
+
+def read_image_list(path) -> list[tuple[str, int]]:
+    """A Caffe image list file: "path label" per line, split at the LAST space (names may hold
+    spaces); the label is read as C's atoi does. Blank lines are skipped."""
+    out = []
+    with open(os.fspath(path), encoding="utf-8") as handle:
+        for line in handle.read().splitlines():
+            if not line.strip():
+                continue
+            cut = line.rfind(" ")
+            out.append((line[:cut] if cut >= 0 else line, _atoi(line[cut + 1:])))
+    return out
