@@ -1,21 +1,35 @@
 """Parameters to and from Caffe's files: ``.caffemodel`` (binary NetParameter, V2 or legacy V1) and
-Caffe's HDF5 weights (``.caffemodel.h5``: ``/data/<layer>/<i>`` datasets).
+Caffe's HDF5 weights (``.caffemodel.h5``).
 
 Loading matches layers by name as Caffe's CopyTrainedLayersFrom does: source layers absent from the
 net are ignored, a layer's blob count and every blob's shape must agree (legacy 4-D num/channels/height/
 width dims compare against the blob's trailing axes, as Caffe's ShapeEquals does).
+
+The HDF5 layout is Caffe's Net::ToHDF5: a group ``/data/<layer>`` for every layer (empty for layers
+without parameters) holding datasets ``0``, ``1``... (float32) only for the parameters the layer owns;
+a parameter shared by ``param { name }`` is stored once, under the first layer that uses it. With
+``write_diff`` a group ``/diff/<layer>`` holds the gradients of every parameter, shared or not.
+Loading follows CopyTrainedLayersFromHDF5: shapes must match exactly, and a dataset may be missing only
+for a parameter the layer shares with an earlier one.
+
+Writes are atomic (see ``netdef.files``). The solver's snapshots use these functions; this module never
+depends on the solver.
 """
 from __future__ import annotations
 
+import logging
 import pathlib
 
 import numpy as np
 
 from . import backend
+from . import files
 from .blob import Blob
 from .proto import io as proto_io
 from .proto import netdef_pb2 as pb
 from .upgrade import upgrade_net
+
+logger = logging.getLogger("netdef")
 
 
 class WeightsError(ValueError):
@@ -86,15 +100,18 @@ def copy_from(net, path) -> None:
     if not path.exists():
         raise WeightsError(f"{path}: no such weights file")
     if _is_hdf5(path):
-        _copy_from_hdf5(net, path)
+        copy_from_hdf5(net, path)
         return
     source = proto_io.read_binary(path, pb.NetParameter)
     upgrade_net(source, str(path))
     layers = net.layer_dict
     for src in source.layer:
         target = layers.get(src.name)
-        if target is None or not src.blobs:
-            continue  # Caffe: "Ignoring source layer"
+        if target is None:
+            logger.info("Ignoring source layer %s", src.name)
+            continue
+        if not src.blobs:
+            continue
         if len(src.blobs) != len(target.blobs):
             raise WeightsError(f"{path}: layer {src.name!r} has {len(src.blobs)} blobs in the file but "
                                f"{len(target.blobs)} in the net ({target.type})")
@@ -108,32 +125,6 @@ def copy_from(net, path) -> None:
             if values.size != blob.count:
                 raise WeightsError(f"{path}: layer {src.name!r} param {j}: {values.size} values for {blob.shape}")
             _fill_from(blob, values)
-
-
-def _copy_from_hdf5(net, path: pathlib.Path) -> None:
-    try:
-        import h5py
-    except ImportError as exc:  # pragma: no cover - h5py is a test dependency
-        raise WeightsError(f"{path}: reading HDF5 weights needs h5py (pip install h5py)") from exc
-    layers = net.layer_dict
-    with h5py.File(path, "r") as handle:
-        if "data" not in handle:
-            raise WeightsError(f"{path}: not a Caffe HDF5 weights file (no /data group)")
-        data = handle["data"]
-        for name in data:
-            target = layers.get(name)
-            if target is None:
-                continue
-            group = data[name]
-            if len(group) != len(target.blobs):
-                raise WeightsError(f"{path}: layer {name!r} has {len(group)} blobs in the file but "
-                                   f"{len(target.blobs)} in the net")
-            for j, blob in enumerate(target.blobs):
-                values = group[str(j)][...]
-                if tuple(values.shape) != blob.shape and values.size != blob.count:
-                    raise WeightsError(f"{path}: cannot copy param {j} of layer {name!r}: the file has shape "
-                                       f"{values.shape}, the net has {blob.shape}")
-                _fill_from(blob, values)
 
 
 def share_with(net, other) -> None:
@@ -181,29 +172,81 @@ def save(net, path, write_diff: bool = False) -> None:
     proto_io.write_binary(path, to_proto(net, write_diff))
 
 
-def save_hdf5(net, path, write_diff: bool = False) -> None:
-    """Caffe's Net::ToHDF5 layout: /data/<layer>/<i> (and /diff/... with write_diff), atomically."""
-    import os
-    import tempfile
-
-    import h5py
-
-    path = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+# ============================================================================================ HDF5
+def _import_h5py(path):
     try:
-        with h5py.File(tmp, "w") as handle:
-            groups = [("data", "data")] + ([("diff", "diff")] if write_diff else [])
-            for group_name, attr in groups:
-                group = handle.create_group(group_name)
-                for layer in net.layers:
-                    if not layer.blobs:
+        import h5py
+    except ImportError:  # pragma: no cover - h5py is a test dependency
+        raise WeightsError(f"{path}: HDF5 weights need h5py (pip install h5py)") from None
+    return h5py
+
+
+def _owned_params(net) -> list[list[bool]]:
+    """Per layer, per blob: whether the layer owns the parameter (Caffe's param_owners_ == -1), i.e.
+    no earlier layer uses the same parameter."""
+    ids = getattr(net, "_learnable_id_of", None)
+    seen: set = set()
+    owned = []
+    for li, layer in enumerate(net.layers):
+        row = []
+        for j, blob in enumerate(layer.blobs):
+            # A net built elsewhere (no sharing table): blobs are shared by identity.
+            key = ids[li][j] if ids is not None and li < len(ids) and j < len(ids[li]) else id(blob)
+            row.append(key not in seen)
+            seen.add(key)
+        owned.append(row)
+    return owned
+
+
+def write_model_hdf5(handle, net, write_diff: bool = False) -> None:
+    """Caffe's Net::ToHDF5 into an open, empty h5py file (the layout is in the module docstring)."""
+    owned = _owned_params(net)
+    data = handle.create_group("data")
+    diff = handle.create_group("diff") if write_diff else None
+    for li, layer in enumerate(net.layers):
+        layer_data = data.create_group(layer.name)
+        layer_diff = diff.create_group(layer.name) if diff is not None else None
+        for j, blob in enumerate(layer.blobs):
+            if owned[li][j]:
+                layer_data.create_dataset(str(j), data=backend.to_host(blob.data).astype(np.float32))
+            if layer_diff is not None:
+                layer_diff.create_dataset(str(j), data=backend.to_host(blob.diff).astype(np.float32))
+
+
+def save_hdf5(net, path, write_diff: bool = False) -> None:
+    """Write ``net``'s parameters as Caffe's ``.caffemodel.h5``, atomically."""
+    _import_h5py(path)
+    files.write_hdf5_atomically(path, lambda handle: write_model_hdf5(handle, net, write_diff))
+
+
+def copy_from_hdf5(net, path) -> None:
+    """Caffe's CopyTrainedLayersFromHDF5: copy ``/data/<layer>/<i>`` into ``net`` by layer name."""
+    h5py = _import_h5py(path)
+    owned = _owned_params(net)
+    index = {layer.name: li for li, layer in enumerate(net.layers)}
+    with h5py.File(path, "r") as handle:
+        if "data" not in handle:
+            raise WeightsError(f"{path}: not a Caffe HDF5 weights file (no /data group)")
+        data = handle["data"]
+        for name in data:
+            li = index.get(name)
+            if li is None:
+                logger.info("Ignoring source layer %s", name)
+                continue
+            layer = net.layers[li]
+            group = data[name]
+            if len(group) > len(layer.blobs):
+                raise WeightsError(f"{path}: incompatible number of blobs for layer {name!r}: {len(group)} in the "
+                                   f"file, {len(layer.blobs)} in the net")
+            for j, blob in enumerate(layer.blobs):
+                if str(j) not in group:
+                    # Caffe stores a shared parameter once, under its owner, which loads it.
+                    if not owned[li][j]:
                         continue
-                    lg = group.create_group(layer.name)
-                    for j, blob in enumerate(layer.blobs):
-                        lg.create_dataset(str(j), data=backend.to_host(getattr(blob, attr)).astype(np.float32))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+                    raise WeightsError(f"{path}: incompatible number of blobs for layer {name!r}: param {j} is "
+                                       f"missing")
+                values = group[str(j)][()]
+                if tuple(values.shape) != tuple(blob.shape):
+                    raise WeightsError(f"{path}: cannot copy param {j} of layer {name!r}: shape mismatch; the "
+                                       f"file has {tuple(values.shape)}, the net has {blob.shape}")
+                _fill_from(blob, values)

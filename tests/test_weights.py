@@ -74,15 +74,25 @@ def test_hdf5_weights_written_by_caffe_load(tmp_path):
     binary = netdef.Net(str(folder / "solver_net.prototxt"), netdef.TRAIN,
                         weights=str(folder / "snap_sgd_binaryproto_iter_3.caffemodel"))
     np.testing.assert_array_equal(binary.params["ip"][0].data, net.params["ip"][0].data)
-    # and our HDF5 writer round-trips in Caffe's layout
+    # and our HDF5 writer round-trips in Caffe's layout: the same groups and datasets as Caffe's file
     out = tmp_path / "ours.caffemodel.h5"
     net.save_hdf5(str(out))
     import h5py
-    with h5py.File(out, "r") as handle:
-        assert set(handle["data"]) == {"ip"}
-        np.testing.assert_array_equal(handle["data/ip/0"][...], expected[prefix + "/w"])
+    with h5py.File(out, "r") as ours, h5py.File(folder / "snap_sgd_hdf5_iter_3.caffemodel.h5", "r") as caffes:
+        assert _hdf5_layout(ours) == _hdf5_layout(caffes)
+        assert set(ours["data"]) == {"input", "ip", "loss"}  # a group for every layer, as Caffe
+        np.testing.assert_array_equal(ours["data/ip/0"][...], expected[prefix + "/w"])
     again = netdef.Net(str(folder / "solver_net.prototxt"), netdef.TRAIN, weights=str(out))
     np.testing.assert_array_equal(again.params["ip"][1].data, expected[prefix + "/b"])
+
+
+def _hdf5_layout(handle):
+    """{name: (shape, dtype) for a dataset, None for a group} of every object in an HDF5 file."""
+    import h5py
+    layout = {}
+    handle.visititems(lambda name, obj: layout.__setitem__(
+        name, (obj.shape, obj.dtype) if isinstance(obj, h5py.Dataset) else None))
+    return layout
 
 
 def test_shape_mismatch_names_file_layer_and_shapes(tmp_path):
@@ -114,3 +124,93 @@ def test_layers_absent_from_the_net_are_ignored(tmp_path):
     full.save(str(path))
     small = netdef.Net(big.split('layer { name: "fc2"')[0], netdef.TEST, weights=str(path))
     np.testing.assert_array_equal(small.params["fc"][0].data, full.params["fc"][0].data)
+
+
+# -------------------------------------------------------------------------------------------- HDF5, shared params
+SHARED = """
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "first" type: "InnerProduct" bottom: "x" top: "a"
+  param { name: "shared_w" } param { name: "first_b" }
+  inner_product_param { num_output: 4 weight_filler { type: "gaussian" } bias_filler { type: "gaussian" } } }
+layer { name: "relu" type: "ReLU" bottom: "a" top: "a" }
+layer { name: "second" type: "InnerProduct" bottom: "x" top: "b"
+  param { name: "shared_w" }
+  inner_product_param { num_output: 4 weight_filler { type: "gaussian" } bias_filler { type: "gaussian" } } }
+"""
+
+
+def _shared_net(seed):
+    netdef.set_random_seed(seed)
+    return netdef.Net(SHARED, netdef.TEST)
+
+
+def test_hdf5_stores_a_shared_param_once_under_its_owner(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    net = _shared_net(1)
+    assert net.params["second"][0] is net.params["first"][0]  # the premise: one blob, two layers
+    for j, blob in enumerate(net.learnable_params):
+        blob.diff[...] = j + 1  # distinct gradients, so /diff can be checked
+    path = tmp_path / "shared.caffemodel.h5"
+    net.save_hdf5(str(path), write_diff=True)
+    with h5py.File(path, "r") as handle:
+        # A group for every layer, the inserted Split too, as Caffe.
+        assert sorted(handle["data"]) == ["first", "relu", "second", "x", "x_x_0_split"]
+        assert sorted(handle["data/first"]) == ["0", "1"]
+        assert sorted(handle["data/second"]) == ["1"]  # its weight belongs to "first"
+        assert len(handle["data/x"]) == 0 and len(handle["data/relu"]) == 0
+        assert handle["data/first/0"].dtype == np.float32 and handle["data/first/0"].shape == (4, 3)
+        np.testing.assert_array_equal(handle["data/first/0"][()], net.params["first"][0].data)
+        np.testing.assert_array_equal(handle["data/second/1"][()], net.params["second"][1].data)
+        # Caffe writes the gradient of every parameter, shared or not.
+        assert sorted(handle["diff/second"]) == ["0", "1"]
+        np.testing.assert_array_equal(handle["diff/second/0"][()], net.params["first"][0].diff)
+
+    loaded = _shared_net(2)
+    assert not np.array_equal(loaded.params["first"][0].data, net.params["first"][0].data)
+    loaded.copy_from(str(path))
+    for name in ("first", "second"):
+        for a, b in zip(loaded.params[name], net.params[name]):
+            np.testing.assert_array_equal(a.data, b.data)
+    assert loaded.params["second"][0] is loaded.params["first"][0]  # still shared after loading
+    assert not list(tmp_path.glob(".*tmp")), "no temporary file may remain"
+
+
+def test_hdf5_missing_owned_param_and_shape_mismatch_are_weights_errors(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    net = _shared_net(1)
+    path = tmp_path / "shared.caffemodel.h5"
+    net.save_hdf5(str(path))
+    with h5py.File(path, "r+") as handle:
+        del handle["data/first/1"]  # "first" owns its bias: it must be there
+    with pytest.raises(WeightsError, match=r"shared\.caffemodel\.h5: .*layer 'first': param 1 is missing"):
+        _shared_net(2).copy_from(str(path))
+
+    net.save_hdf5(str(path))
+    with h5py.File(path, "r+") as handle:
+        weights = handle["data/first/0"][()]
+        del handle["data/first/0"]
+        handle["data/first/0"] = weights.T.copy()  # same count, other shape: Caffe refuses it
+    with pytest.raises(WeightsError, match=r"cannot copy param 0 of layer 'first'.*\(3, 4\).*\(4, 3\)"):
+        _shared_net(2).copy_from(str(path))
+
+    net.save_hdf5(str(path))
+    with h5py.File(path, "r+") as handle:
+        handle["data/first/2"] = np.zeros(4, np.float32)
+    with pytest.raises(WeightsError, match=r"incompatible number of blobs for layer 'first': 3 in the file, 2"):
+        _shared_net(2).copy_from(str(path))
+
+    with h5py.File(path, "w") as handle:
+        handle["weights"] = np.zeros(3)
+    with pytest.raises(WeightsError, match="no /data group"):
+        _shared_net(2).copy_from(str(path))
+
+
+def test_hdf5_layers_absent_from_the_net_are_ignored(tmp_path):
+    pytest.importorskip("h5py")
+    net = _shared_net(1)
+    path = tmp_path / "shared.caffemodel.h5"
+    net.save_hdf5(str(path))
+    smaller = netdef.Net(SHARED.split('layer { name: "second"')[0], netdef.TEST)
+    smaller.copy_from(str(path))
+    for a, b in zip(smaller.params["first"], net.params["first"]):
+        np.testing.assert_array_equal(a.data, b.data)

@@ -5,6 +5,8 @@ learnable blob, whose gradient is the gradient of its top.
 """
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from ..blob import Blob
@@ -114,6 +116,8 @@ class MemoryDataLayer(Layer):
     top[1]: (batch_size) labels.
     Each forward hands out the next ``batch_size`` items and wraps around to the start after the
     last one. No transformation is applied to the arrays (Caffe applies none either).
+    ``data_state()`` / ``restore_data_state()`` save and restore the position of the next batch
+    (not the arrays, which are the user's: set them first, since setting them rewinds).
     """
 
     exact_num_bottom = 0
@@ -183,6 +187,29 @@ class MemoryDataLayer(Layer):
         top[0].data = np.array(self._data[rows], dtype=top[0].dtype)
         top[1].data = np.array(self._labels[rows], dtype=top[1].dtype)
         self.pos = end % self.n
+
+    # An int64 item index, little-endian: the whole state, as the arrays belong to the user.
+    _STATE_FORMAT = "<q"
+
+    def data_state(self) -> bytes:
+        """Where the next batch starts, as bytes for ``restore_data_state``."""
+        return struct.pack(self._STATE_FORMAT, int(self.pos))
+
+    def restore_data_state(self, state: bytes) -> None:
+        """Make the next batch start where it did when ``data_state()`` was taken. Call it after
+        ``set_input_arrays``, which rewinds to item 0."""
+        state = bytes(state)
+        if len(state) != struct.calcsize(self._STATE_FORMAT):
+            raise self.error(f"restore_data_state: not a MemoryData state ({len(state)} bytes)")
+        (pos,) = struct.unpack(self._STATE_FORMAT, state)
+        if self._data is None:
+            if pos == 0:
+                return  # nothing to restore: arrays set later start at item 0 anyway
+            raise self.error(f"restore_data_state: the state says item {pos}, but no arrays are set; call "
+                             f"set_input_arrays first (it rewinds to item 0)")
+        if not 0 <= pos < self.n:
+            raise self.error(f"restore_data_state: the state says item {pos}, but the arrays hold {self.n} items")
+        self.pos = pos
 
 
 # ---------------------------------------------------------------------------------------------- Parameter

@@ -1,18 +1,17 @@
 """Reading and writing Caffe's protobuf files, text and binary, with errors that name the file.
 
-Text errors carry the file, line and column (``lenet.prototxt:12:5: ...``). Writes are atomic: the
-message goes to a temporary file in the same folder that is then renamed over the target, so a run
-killed mid-write never leaves a torn file behind.
+Text errors carry the file, line and column (``lenet.prototxt:12:5: ...``). Writes are atomic (see
+``netdef.files``): a run killed mid-write never leaves a torn file behind.
 """
 from __future__ import annotations
 
 import os
 import pathlib
-import tempfile
 
 from google.protobuf import message as _message
 from google.protobuf import text_format
 
+from ..files import write_bytes_atomically
 from . import netdef_pb2 as pb
 
 
@@ -85,32 +84,14 @@ def read_text_or_binary(path, message_type):
         return read_text(path, message_type)
 
 
-def _atomic_write(path, data: bytes) -> None:
-    path = pathlib.Path(path)
-    folder = path.parent if str(path.parent) else pathlib.Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def write_binary(path, message) -> None:
     """Write ``message`` in binary, atomically."""
-    _atomic_write(path, message.SerializeToString())
+    write_bytes_atomically(path, message.SerializeToString())
 
 
 def write_text(path, message) -> None:
     """Write ``message`` as prototxt, atomically."""
-    _atomic_write(path, text_format.MessageToString(message).encode("utf-8"))
+    write_bytes_atomically(path, text_format.MessageToString(message).encode("utf-8"))
 
 
 def read_net_param(source) -> tuple[pb.NetParameter, str, str]:

@@ -7,8 +7,9 @@ Contents are Caffe's, field for field, so Caffe restores netdef's snapshots and 
 - ``<prefix>_iter_<N>.solverstate``: SolverState {iter, learned_net (the model path exactly as written,
   i.e. the prefix as given, relative to the working directory when relative), history (the update
   rule's blobs in Caffe's order), current_step}.
-- HDF5: the model is ``/data/<layer>/<i>`` (a group for every layer, datasets only for parameters a
-  layer owns; ``/diff/<layer>/<i>`` for all with ``snapshot_diff``), the state holds datasets
+- HDF5: the model is Caffe's ``Net::ToHDF5`` layout, written and read by ``netdef.weights`` (a group
+  ``/data/<layer>`` for every layer, datasets ``<i>`` only for parameters a layer owns;
+  ``/diff/<layer>/<i>`` for all with ``snapshot_diff``), the state holds datasets
   ``iter`` (int32, shape (1,)), ``learned_net`` (a null-terminated fixed-length string),
   ``current_step`` (int32, shape (1,)) and a group ``history`` with datasets ``0``, ``1``...
 
@@ -17,7 +18,7 @@ netdef adds what exact resumption needs, which Caffe ignores when reading: ``Sol
 with the random generator's state and each data layer's ``data_state()``.
 
 Both files are first written completely to temporary files beside their targets, then renamed over
-them, model first and state second: a failed or interrupted snapshot leaves the earlier files as they
+them, model first and state second (``netdef.files``): a failed or interrupted snapshot leaves the earlier files as they
 were and no temporary file behind, and a state file never names a model that is not there yet.
 """
 from __future__ import annotations
@@ -25,15 +26,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import struct
-import tempfile
 
 import numpy as np
 
 from .. import backend
+from .. import files
 from ..proto import io as proto_io
 from ..proto import netdef_pb2 as pb
-from ..weights import blob_to_proto, proto_shape, proto_values
+from ..weights import WeightsError, blob_to_proto, copy_from, proto_shape, proto_values, write_model_hdf5
 
 logger = logging.getLogger("netdef")
 
@@ -81,27 +81,15 @@ def _restore_rng(data: bytes, where: str) -> None:
     generator.bit_generator.state = state
 
 
-def _memory_data_state(layer) -> bytes:
-    return struct.pack("<q", int(layer.pos))
-
-
-def _restore_memory_data_state(layer, data: bytes) -> None:
-    (layer.pos,) = struct.unpack("<q", data)
-
-
 def _state_functions(layer):
     """(save, restore) for a layer whose position must survive a snapshot, or None.
 
-    Layers say so themselves with ``data_state() -> bytes`` / ``restore_data_state(bytes)``. The
-    built-in MemoryData layer, which keeps its position in ``pos``, is handled here when it does not
-    (its arrays are the user's: set them again before restoring, as set_input_arrays rewinds).
+    Layers say so themselves with ``data_state() -> bytes`` / ``restore_data_state(bytes)``.
     """
     save = getattr(layer, "data_state", None)
     restore = getattr(layer, "restore_data_state", None)
     if callable(save) and callable(restore):
         return save, restore
-    if getattr(layer, "type", "") == "MemoryData" and hasattr(layer, "pos"):
-        return (lambda: _memory_data_state(layer)), (lambda data: _restore_memory_data_state(layer, data))
     return None
 
 
@@ -144,114 +132,6 @@ def apply_netdef_state(solver, state: pb.NetdefSolverState, where: str) -> None:
 
 
 # ============================================================================================ writing
-def _umask() -> int:
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _temp_beside(path: str) -> tuple[int, str]:
-    """A new temporary file in the target's folder (so the rename is atomic), with the permissions
-    a plainly created file would get (mkstemp's are 0600)."""
-    folder = os.path.dirname(path) or "."
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    except FileNotFoundError:
-        raise SnapshotError(f"cannot write snapshot {path}: folder {folder!r} does not exist "
-                            f"(check snapshot_prefix)") from None
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())
-    except OSError:
-        pass
-    return fd, tmp
-
-
-def _temp_bytes(path: str, data: bytes) -> str:
-    fd, tmp = _temp_beside(path)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-    except BaseException:
-        _unlink(tmp)
-        raise
-    return tmp
-
-
-def _temp_hdf5(path: str, write) -> str:
-    import h5py
-
-    fd, tmp = _temp_beside(path)
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as handle:
-            write(handle)
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-    except BaseException:
-        _unlink(tmp)
-        raise
-    return tmp
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _sync_folder(path: str) -> None:
-    try:
-        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _owned(net) -> list[list[bool]]:
-    """Per layer, per blob: whether the layer owns the parameter (Caffe's param_owners_ == -1)."""
-    ids = getattr(net, "_learnable_id_of", None)
-    seen: set = set()
-    out = []
-    for li, layer in enumerate(net.layers):
-        row = []
-        for j, blob in enumerate(layer.blobs):
-            key = ids[li][j] if ids is not None and li < len(ids) and j < len(ids[li]) else id(blob)
-            row.append(key not in seen)
-            seen.add(key)
-        out.append(row)
-    return out
-
-
-def write_model_hdf5(handle, net, write_diff: bool) -> None:
-    """Caffe's Net::ToHDF5 into an open h5py file."""
-    owned = _owned(net)
-    data = handle.create_group("data")
-    diff = handle.create_group("diff") if write_diff else None
-    for li, layer in enumerate(net.layers):
-        layer_data = data.create_group(layer.name)
-        layer_diff = diff.create_group(layer.name) if diff is not None else None
-        for j, blob in enumerate(layer.blobs):
-            if owned[li][j]:
-                layer_data.create_dataset(str(j), data=backend.to_host(blob.data).astype(np.float32))
-            if layer_diff is not None:
-                layer_diff.create_dataset(str(j), data=backend.to_host(blob.diff).astype(np.float32))
-
-
 def _h5_int(handle, name: str, value: int) -> None:
     handle.create_dataset(name, data=np.array([value], dtype=np.int32))
 
@@ -288,84 +168,58 @@ def write_snapshot(solver) -> tuple[str, str]:
     hdf5 = param.snapshot_format == pb.SolverParameter.HDF5
     model_path = snapshot_filename(param, solver.iter, model_extension(param))
     state_path = snapshot_filename(param, solver.iter, state_extension(param))
+    folder = os.path.dirname(model_path) or "."
+    if not os.path.isdir(folder):
+        raise SnapshotError(f"cannot write snapshot {model_path}: folder {folder!r} does not exist "
+                            f"(check snapshot_prefix)")
     extra = netdef_state(solver)
+    # Both temporary files are complete before either rename (see the module docstring).
     temps = []
     try:
         if hdf5:
             logger.info("Snapshotting to HDF5 file %s", model_path)
-            temps.append(_temp_hdf5(model_path, lambda h: write_model_hdf5(h, solver.net, param.snapshot_diff)))
+            temps.append(files.hdf5_to_temp(model_path,
+                                            lambda h: write_model_hdf5(h, solver.net, param.snapshot_diff)))
+            logger.info("Snapshotting solver state to HDF5 file %s", state_path)
+            temps.append(files.hdf5_to_temp(state_path, lambda h: _write_state_hdf5(h, solver, model_path, extra)))
         else:
             logger.info("Snapshotting to binary proto file %s", model_path)
             proto = solver.net.to_proto(param.snapshot_diff)
-            temps.append(_temp_bytes(model_path, proto.SerializeToString()))
-        if hdf5:
-            logger.info("Snapshotting solver state to HDF5 file %s", state_path)
-
-            def write_state(handle):
-                _h5_int(handle, "iter", solver.iter)
-                _h5_string(handle, "learned_net", model_path)
-                _h5_int(handle, "current_step", solver.current_step)
-                group = handle.create_group("history")
-                for i, blob in enumerate(solver.history):
-                    group.create_dataset(str(i), data=backend.to_host(blob.data).astype(np.float32))
-                handle.create_dataset("netdef_state", data=np.void(extra.SerializeToString()))
-
-            temps.append(_temp_hdf5(state_path, write_state))
-        else:
+            temps.append(files.bytes_to_temp(model_path, proto.SerializeToString()))
             logger.info("Snapshotting solver state to binary proto file %s", state_path)
-            state = pb.SolverState()
-            state.iter = solver.iter
-            state.learned_net = model_path
-            state.current_step = solver.current_step
-            for blob in solver.history:
-                state.history.append(blob_to_proto(blob))
-            state.netdef_state.CopyFrom(extra)
-            temps.append(_temp_bytes(state_path, state.SerializeToString()))
-        os.replace(temps[0], model_path)
-        os.replace(temps[1], state_path)
+            state = _state_proto(solver, model_path, extra)
+            temps.append(files.bytes_to_temp(state_path, state.SerializeToString()))
+        files.replace(temps[0], model_path)
+        files.replace(temps[1], state_path)
     except BaseException:
         for tmp in temps:
-            _unlink(tmp)
+            files.remove_quietly(tmp)
         raise
-    _sync_folder(state_path)
     return model_path, state_path
 
 
+def _state_proto(solver, model_path: str, extra: pb.NetdefSolverState) -> pb.SolverState:
+    state = pb.SolverState()
+    state.iter = solver.iter
+    state.learned_net = model_path
+    state.current_step = solver.current_step
+    for blob in solver.history:
+        state.history.append(blob_to_proto(blob))
+    state.netdef_state.CopyFrom(extra)
+    return state
+
+
+def _write_state_hdf5(handle, solver, model_path: str, extra: pb.NetdefSolverState) -> None:
+    _h5_int(handle, "iter", solver.iter)
+    _h5_string(handle, "learned_net", model_path)
+    _h5_int(handle, "current_step", solver.current_step)
+    group = handle.create_group("history")
+    for i, blob in enumerate(solver.history):
+        group.create_dataset(str(i), data=backend.to_host(blob.data).astype(np.float32))
+    handle.create_dataset("netdef_state", data=np.void(extra.SerializeToString()))
+
+
 # ============================================================================================ reading
-def copy_from_hdf5(net, path: str) -> None:
-    """Caffe's CopyTrainedLayersFromHDF5: by layer name; a missing dataset is allowed only for a
-    parameter the layer shares with an earlier one (Caffe's snapshots store shared ones once)."""
-    import h5py
-
-    owned = _owned(net)
-    index = {layer.name: li for li, layer in enumerate(net.layers)}
-    with h5py.File(path, "r") as handle:
-        if "data" not in handle:
-            raise SnapshotError(f"{path}: not a Caffe HDF5 weights file (no /data group)")
-        data = handle["data"]
-        for name in data:
-            li = index.get(name)
-            if li is None:
-                logger.info("Ignoring source layer %s", name)
-                continue
-            layer = net.layers[li]
-            group = data[name]
-            if len(group) > len(layer.blobs):
-                raise SnapshotError(f"{path}: incompatible number of blobs for layer {name!r}: {len(group)} in the "
-                                    f"file, {len(layer.blobs)} in the net")
-            for j, blob in enumerate(layer.blobs):
-                if str(j) not in group:
-                    if not owned[li][j]:
-                        continue
-                    raise SnapshotError(f"{path}: incompatible number of blobs for layer {name!r}: param {j} is "
-                                        f"missing")
-                values = group[str(j)][()]
-                if tuple(values.shape) != tuple(blob.shape):
-                    raise SnapshotError(f"{path}: cannot load param {j} of layer {name!r}: the file has shape "
-                                        f"{values.shape}, the net has {blob.shape}")
-                blob.data[...] = backend.to_device(values.astype(blob.dtype), like=blob.data)
-
-
 def _resolve_learned_net(learned_net: str, state_path: str) -> str:
     """Caffe opens learned_net relative to the working directory; netdef then tries it relative to the
     state file's folder, then the file of that name beside the state file (a moved snapshot pair)."""
@@ -382,13 +236,12 @@ def _resolve_learned_net(learned_net: str, state_path: str) -> str:
                         f"directory {os.getcwd()!r} and {', '.join(repr(c) for c in candidates)})")
 
 
-def _load_weights(net, path: str) -> None:
-    with open(path, "rb") as handle:
-        is_hdf5 = handle.read(8) == HDF5_MAGIC
-    if is_hdf5:
-        copy_from_hdf5(net, path)
-    else:
-        net.copy_from(path)
+def _load_weights(net, path: str, state_path: str) -> None:
+    """The learned_net's weights (either format, told apart by content as Caffe's reader does)."""
+    try:
+        copy_from(net, path)
+    except WeightsError as exc:
+        raise SnapshotError(f"{state_path}: cannot restore the learned_net weights: {exc}") from exc
 
 
 def _set_history(solver, index: int, values: np.ndarray, shape, where: str) -> None:
@@ -425,7 +278,7 @@ def _restore_binary(solver, path: str) -> None:
     _check_history_count(solver, len(state.history), path)
     solver.iter = state.iter
     if state.HasField("learned_net"):
-        _load_weights(solver.net, _resolve_learned_net(state.learned_net, path))
+        _load_weights(solver.net, _resolve_learned_net(state.learned_net, path), path)
     solver.current_step = state.current_step
     logger.info("SGDSolver: restoring history")
     for i, proto in enumerate(state.history):
@@ -442,7 +295,7 @@ def _restore_hdf5(solver, path: str) -> None:
         _check_history_count(solver, len(history), path)
         solver.iter = _h5_read_int(handle, "iter")
         if "learned_net" in handle:
-            _load_weights(solver.net, _resolve_learned_net(_h5_read_string(handle, "learned_net"), path))
+            _load_weights(solver.net, _resolve_learned_net(_h5_read_string(handle, "learned_net"), path), path)
         solver.current_step = _h5_read_int(handle, "current_step") if "current_step" in handle else 0
         for i in range(len(history)):
             if str(i) not in history:

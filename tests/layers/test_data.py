@@ -190,6 +190,51 @@ def test_memory_data_needs_arrays_and_params():
         setup(MEMORY, 1)
 
 
+def _batches(layer, top, count):
+    out = []
+    for _ in range(count):
+        layer.forward([], top)
+        out.append(np.array(top[1].data))
+    return out
+
+
+def test_memory_data_state_restores_the_next_batch():
+    data = np.arange(6 * 6, dtype=np.float32).reshape(6, 1, 2, 3)
+    labels = np.arange(6, dtype=np.float32)
+    layer, top = setup(MEMORY, 2)
+    layer.set_input_arrays(data, labels)
+    _batches(layer, top, 2)
+    state = layer.data_state()
+    assert isinstance(state, bytes)
+    expected = _batches(layer, top, 3)  # wraps around after the third batch
+
+    fresh, fresh_top = setup(MEMORY, 2)
+    fresh.set_input_arrays(data, labels)  # the arrays first: setting them rewinds
+    fresh.restore_data_state(state)
+    got = _batches(fresh, fresh_top, 3)
+    for a, b in zip(got, expected):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(got[0], [4, 5])  # not the first batch
+
+
+def test_memory_data_restore_checks_the_state():
+    layer, top = setup(MEMORY, 2)
+    layer.restore_data_state(layer.data_state())  # position 0 without arrays: nothing to restore
+    data = np.zeros((4, 1, 2, 3), dtype=np.float32)
+    layer.set_input_arrays(data, np.arange(4))
+    layer.forward([], top)
+    at_item_2 = layer.data_state()
+    unset, _ = setup(MEMORY, 2)
+    with pytest.raises(LayerError, match="call set_input_arrays first"):
+        unset.restore_data_state(at_item_2)
+    short, _ = setup(MEMORY, 2)
+    short.set_input_arrays(data[:2], np.arange(2))
+    with pytest.raises(LayerError, match="item 2, but the arrays hold 2 items"):
+        short.restore_data_state(at_item_2)
+    with pytest.raises(LayerError, match="not a MemoryData state"):
+        layer.restore_data_state(b"junk")
+
+
 # ------------------------------------------------------------------------------------------- Parameter
 def test_parameter_oracle_available():
     helpers.shared_path("fixtures", "caffe-ref", "layers", "parameter_layer.npz")

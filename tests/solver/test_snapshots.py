@@ -12,7 +12,7 @@ import pytest
 from netdef.proto import netdef_pb2 as pb
 from netdef.solver import NonFiniteParamsError, get_solver
 from netdef.solver import snapshot as snapshot_module
-from netdef.weights import proto_values
+from netdef.weights import WeightsError, proto_values
 
 from .common import RANDOM_NET, load_case, oracle_solver, params_of
 
@@ -132,6 +132,51 @@ def test_failed_snapshot_leaves_previous_files_intact(fmt, tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     solver.snapshot()
     assert pathlib.Path(model).read_bytes() != before[model]
+
+
+@pytest.mark.parametrize("fmt", ["BINARYPROTO", "HDF5"])
+def test_both_temp_files_are_complete_before_the_model_then_the_state_is_renamed(fmt, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    solver, _ = _run(load_case("sgd"), tmp_path, SGD_MULTISTEP + f"snapshot_format: {fmt}\n", 1)
+    renames = []
+    real_replace = snapshot_module.files.replace
+
+    def recording_replace(tmp, path):
+        contents = {name: (pathlib.Path("snaps") / name).read_bytes() for name in os.listdir("snaps")}
+        renames.append((os.path.basename(path), contents))
+        real_replace(tmp, path)
+
+    monkeypatch.setattr(snapshot_module.files, "replace", recording_replace)
+    model, state = solver.snapshot()
+    model_name, state_name = os.path.basename(model), os.path.basename(state)
+    assert [name for name, _ in renames] == [model_name, state_name]
+    # At the first rename both temporary files hold what the final files hold: complete.
+    at_first = renames[0][1]
+    assert len(at_first) == 2 and all(name.endswith(".tmp") for name in at_first)
+    final = {pathlib.Path(p).read_bytes() for p in (model, state)}
+    assert set(at_first.values()) == final
+    # The model is in place before the state that names it.
+    assert model_name in renames[1][1]
+    assert sorted(os.listdir("snaps")) == sorted([model_name, state_name])
+
+
+def test_snapshot_into_a_missing_folder_says_so(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    solver, _ = _run(load_case("sgd"), tmp_path, SGD_MULTISTEP.replace('"snaps/run"', '"nowhere/run"'), 1)
+    with pytest.raises(snapshot_module.SnapshotError, match="folder 'nowhere' does not exist.*snapshot_prefix"):
+        solver.snapshot()
+
+
+def test_restoring_weights_that_do_not_fit_names_the_state(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    solver, _ = _run(load_case("sgd"), tmp_path, SGD_MULTISTEP + "snapshot_format: HDF5\n", 1)
+    model, state = solver.snapshot()
+    with h5py.File(model, "r+") as handle:
+        del handle["data/ip/0"]  # "ip" owns its weights: Caffe refuses the file
+    other, _ = oracle_solver(load_case("sgd"), tmp_path, SGD_MULTISTEP + "snapshot_format: HDF5\n")
+    with pytest.raises(snapshot_module.SnapshotError, match=r"solverstate\.h5: .*learned_net.*param 0 is missing") as info:
+        other.restore(state)
+    assert isinstance(info.value.__cause__, WeightsError)
 
 
 def test_no_snapshot_of_non_finite_weights(tmp_path, monkeypatch):

@@ -1,0 +1,140 @@
+"""Writing files atomically: a reader sees the old file or the new one, never a torn one.
+
+Every writer here puts the new contents into a temporary file beside the target (same folder, so the
+final rename stays on one filesystem and is atomic), flushes it to disk, renames it over the target
+and flushes the folder, so that the rename itself survives a crash. A failure at any point removes
+the temporary file and leaves the target as it was.
+
+The temporary file gets the permissions a plain ``open(path, "w")`` would give: those of the file it
+replaces, or for a new file 0666 less the umask (``tempfile.mkstemp`` would give 0600, which other
+users and tools reading the weights would then trip over).
+
+One file: ``write_bytes_atomically`` / ``write_hdf5_atomically``. Several files that must change
+together in an order (a snapshot's model, then its state): write every one with ``bytes_to_temp`` /
+``hdf5_to_temp`` first, then ``replace`` them in order, and ``remove_quietly`` the temporary files if
+anything fails.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+
+__all__ = ["bytes_to_temp", "hdf5_to_temp", "remove_quietly", "replace", "temp_beside",
+           "write_bytes_atomically", "write_hdf5_atomically"]
+
+_NAME_ATTEMPTS = 100
+
+
+def temp_beside(path) -> str:
+    """Create an empty temporary file in ``path``'s folder and return its name.
+
+    Raises FileNotFoundError when the folder does not exist.
+    """
+    path = os.fspath(path)
+    folder, name = os.path.split(path)
+    existing_mode = _mode_of(path)
+    for _ in range(_NAME_ATTEMPTS):
+        tmp = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.tmp")
+        try:
+            # O_EXCL: never adopt a file someone else created. Mode 0o666: the kernel applies the umask,
+            # exactly as for a plain open(); reading the umask ourselves would not be thread-safe.
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        if existing_mode is not None:
+            try:
+                os.chmod(tmp, existing_mode)
+            except OSError:
+                pass  # e.g. a filesystem without modes: the umask's permissions are still sound
+        return tmp
+    raise FileExistsError(f"cannot create a temporary file beside {path}: {_NAME_ATTEMPTS} names taken")
+
+
+def bytes_to_temp(path, data: bytes) -> str:
+    """A temporary file beside ``path`` holding ``data``, flushed to disk; returns its name."""
+    tmp = temp_beside(path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+    return tmp
+
+
+def hdf5_to_temp(path, write_fn) -> str:
+    """A temporary HDF5 file beside ``path`` filled by ``write_fn(h5py.File)``, flushed to disk;
+    returns its name. Needs h5py (ImportError otherwise)."""
+    import h5py
+
+    tmp = temp_beside(path)
+    try:
+        # "w" truncates the file temp_beside created, keeping its permissions.
+        with h5py.File(tmp, "w") as handle:
+            write_fn(handle)
+        # h5py does not fsync on close.
+        _fsync_path(tmp)
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+    return tmp
+
+
+def replace(tmp, path) -> None:
+    """Rename the complete temporary file ``tmp`` over ``path``, then flush the folder, so that a
+    rename done before a later one is also on disk before it (a snapshot's model before its state)."""
+    os.replace(tmp, path)
+    try:
+        _fsync_path(os.path.dirname(os.fspath(path)) or ".")
+    except OSError:
+        pass  # some systems cannot open or flush a folder; the rename itself has happened
+
+
+def remove_quietly(path) -> None:
+    """Delete ``path`` if it exists (cleanup that must not hide the error being handled)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def write_bytes_atomically(path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically."""
+    tmp = bytes_to_temp(path, data)
+    try:
+        replace(tmp, path)
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+
+
+def write_hdf5_atomically(path, write_fn) -> None:
+    """Replace ``path`` with the HDF5 file that ``write_fn(h5py.File)`` fills, atomically."""
+    tmp = hdf5_to_temp(path, write_fn)
+    try:
+        replace(tmp, path)
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+
+
+def _mode_of(path: str) -> int | None:
+    """Permission bits of an existing regular file at ``path`` (a plain open() keeps them), else None."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return stat.S_IMODE(info.st_mode) if stat.S_ISREG(info.st_mode) else None
+
+
+def _fsync_path(path: str) -> None:
+    """Flush a file or a folder by name (read-only is enough for fsync on POSIX)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

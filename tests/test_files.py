@@ -1,0 +1,131 @@
+"""netdef.files: atomic writes with a plain open()'s permissions, and nothing left behind on failure."""
+from __future__ import annotations
+
+import os
+import stat
+
+import numpy as np
+import pytest
+
+from netdef import files
+from netdef.proto import io as proto_io
+from netdef.proto import netdef_pb2 as pb
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.fixture
+def umask():
+    """Set the process umask for one test, restoring the previous one afterwards."""
+    previous = os.umask(0o022)
+    os.umask(previous)
+    yield lambda mask: os.umask(mask)
+    os.umask(previous)
+
+
+def _write_small_hdf5(handle):
+    handle["values"] = np.arange(3, dtype=np.float32)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o077])
+def test_new_files_get_the_permissions_the_umask_allows(tmp_path, umask, mask):
+    umask(mask)
+    files.write_bytes_atomically(tmp_path / "a.bin", b"abc")
+    assert _mode(tmp_path / "a.bin") == 0o666 & ~mask
+    # The prototxt and caffemodel writers go through the same path (they used to leave 0600).
+    proto_io.write_binary(tmp_path / "b.caffemodel", pb.NetParameter(name="n"))
+    assert _mode(tmp_path / "b.caffemodel") == 0o666 & ~mask
+    proto_io.write_text(tmp_path / "c.prototxt", pb.NetParameter(name="n"))
+    assert _mode(tmp_path / "c.prototxt") == 0o666 & ~mask
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_new_hdf5_files_get_the_permissions_the_umask_allows(tmp_path, umask, mask):
+    h5py = pytest.importorskip("h5py")
+    umask(mask)
+    files.write_hdf5_atomically(tmp_path / "a.h5", _write_small_hdf5)
+    assert _mode(tmp_path / "a.h5") == 0o666 & ~mask
+    with h5py.File(tmp_path / "a.h5", "r") as handle:
+        np.testing.assert_array_equal(handle["values"][()], [0, 1, 2])
+
+
+def test_a_replaced_file_keeps_its_permissions_as_with_open(tmp_path, umask):
+    umask(0o022)
+    path = tmp_path / "private.bin"
+    path.write_bytes(b"old")
+    os.chmod(path, 0o600)
+    files.write_bytes_atomically(path, b"new")
+    assert path.read_bytes() == b"new" and _mode(path) == 0o600
+    os.chmod(path, 0o664)
+    files.write_bytes_atomically(path, b"newer")
+    assert _mode(path) == 0o664
+
+
+def test_hdf5_writer_raising_midway_leaves_old_file_and_no_temp(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    path = tmp_path / "model.h5"
+    files.write_hdf5_atomically(path, _write_small_hdf5)
+    before = path.read_bytes()
+
+    def half_written(handle):
+        handle["values"] = np.zeros(1000, dtype=np.float32)  # something is written before the failure
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        files.write_hdf5_atomically(path, half_written)
+    assert os.listdir(tmp_path) == ["model.h5"]
+    assert path.read_bytes() == before
+    with h5py.File(path, "r") as handle:
+        assert handle["values"].shape == (3,)
+
+
+@pytest.mark.parametrize("failing", ["fsync", "replace"])
+def test_bytes_writer_failing_midway_leaves_old_file_and_no_temp(tmp_path, monkeypatch, failing):
+    path = tmp_path / "state.bin"
+    files.write_bytes_atomically(path, b"old contents")
+
+    def disk_error(*args, **kwargs):
+        raise OSError(5, "Input/output error")
+
+    # fsync: the data is in the temporary file, which is not yet on disk; replace: the rename fails.
+    monkeypatch.setattr(files.os, failing, disk_error)
+    with pytest.raises(OSError, match="Input/output"):
+        files.write_bytes_atomically(path, b"new contents that never land")
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["state.bin"]
+    assert path.read_bytes() == b"old contents"
+
+
+def test_two_phase_write_touches_targets_only_at_replace(tmp_path):
+    model, state = tmp_path / "m", tmp_path / "s"
+    model.write_bytes(b"old model")
+    state.write_bytes(b"old state")
+    temps = [files.bytes_to_temp(model, b"new model"), files.bytes_to_temp(state, b"new state")]
+    assert all(os.path.dirname(t) == str(tmp_path) for t in temps)  # beside the targets: atomic rename
+    assert model.read_bytes() == b"old model" and state.read_bytes() == b"old state"
+    files.replace(temps[0], model)
+    assert model.read_bytes() == b"new model" and state.read_bytes() == b"old state"
+    files.replace(temps[1], state)
+    assert state.read_bytes() == b"new state"
+    assert sorted(os.listdir(tmp_path)) == ["m", "s"]
+
+
+def test_replace_flushes_the_folder(tmp_path, monkeypatch):
+    synced = []
+    real = files._fsync_path
+    monkeypatch.setattr(files, "_fsync_path", lambda path: (synced.append(str(path)), real(path)))
+    files.write_bytes_atomically(tmp_path / "x", b"1")
+    assert synced == [str(tmp_path)]  # the file itself is flushed through its open handle
+
+
+def test_temp_beside_is_new_and_hidden_and_missing_folder_fails(tmp_path):
+    first, second = files.temp_beside(tmp_path / "t"), files.temp_beside(tmp_path / "t")
+    assert first != second and os.path.getsize(first) == 0
+    assert os.path.basename(first).startswith(".t.") and first.endswith(".tmp")
+    files.remove_quietly(first)
+    files.remove_quietly(first)  # already gone: no error
+    assert os.listdir(tmp_path) == [os.path.basename(second)]
+    with pytest.raises(FileNotFoundError):
+        files.write_bytes_atomically(tmp_path / "no" / "such" / "folder", b"")
