@@ -95,7 +95,9 @@ class Net:
         if base_dir is None and not isinstance(model, pb.NetParameter) and not proto_io.looks_like_text_message(str(model)):
             base_dir = os.path.dirname(os.path.abspath(str(model)))
         self.base_dir = base_dir
-        param = pb.NetParameter.FromString(param.SerializeToString())  # never mutate the caller's
+        copy = pb.NetParameter()
+        copy.CopyFrom(param)  # never mutate the caller's
+        param = copy
         self._layer_lines = proto_io.top_level_block_lines(text) if text else []
         try:
             upgrade_net(param, self.source)
@@ -191,7 +193,8 @@ class Net:
             try:
                 layer = cls(layer_param)
             except (LayerError, ValueError, ImportError, AttributeError, TypeError) as exc:
-                raise NetError(f"{where}: layer {name!r} ({layer_param.type}): {exc}") from None
+                detail = exc.detail if isinstance(exc, LayerError) else str(exc)
+                raise NetError(f"{where}: layer {name!r} ({layer_param.type}): {detail}") from None
             layer.base_dir = self.base_dir
             if cls.auto_top_blobs:
                 wanted = max(cls.exact_num_top or 0, cls.min_top or 0)
@@ -211,7 +214,8 @@ class Net:
             except (LayerError, ValueError, IndexError, KeyError, NotImplementedError, TypeError, ZeroDivisionError,
                     OSError) as exc:
                 shapes = ", ".join(f"{n} {tuple(b.shape)}" for n, b in zip(layer_param.bottom, bottoms))
-                raise NetError(f"{where}: layer {name!r} ({layer_param.type}) with bottoms [{shapes}]: {exc}") from None
+                detail = exc.detail if isinstance(exc, LayerError) else str(exc)
+                raise NetError(f"{where}: layer {name!r} ({layer_param.type}) with bottoms [{shapes}]: {detail}") from None
             if layer_param.type == "Input":
                 self._input_names.extend(layer_param.top)
             self.layers.append(layer)

@@ -264,3 +264,15 @@ def test_net_from_file_and_pycaffe_argument_order(tmp_path):
     np.testing.assert_array_equal(again.params["ip1"][0].data, net.params["ip1"][0].data)
     again2 = netdef.Net(str(model), netdef.TEST, weights=str(weights))
     np.testing.assert_array_equal(again2.params["ip2"][1].data, net.params["ip2"][1].data)
+
+
+def test_missing_required_field_and_parameter_errors_name_the_line():
+    clip = ('layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 } } }\n'
+            'layer { name: "c" type: "Clip" bottom: "x" top: "y" clip_param { max: 1 } }')
+    with pytest.raises(ValueError, match=r"<prototxt string>:2: missing required field layer\[1\]\.clip_param\.min"):
+        netdef.Net(clip, netdef.TEST)
+    conv = ('layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 5 dim: 5 } } }\n'
+            'layer { name: "conv" type: "Convolution" bottom: "x" top: "y" convolution_param { kernel_size: 3 } }')
+    with pytest.raises(NetError, match=r"^<prototxt string>:2: layer 'conv' \(Convolution\) with bottoms "
+                                       r"\[x \(2, 3, 5, 5\)\]: num_output must be positive$"):
+        netdef.Net(conv, netdef.TEST)

@@ -24,7 +24,14 @@ _REGISTRY: dict[str, type] = {}
 
 
 class LayerError(Exception):
-    """A problem with one layer's definition or inputs; the message names the layer."""
+    """A problem with one layer's definition or inputs; the message names the layer.
+
+    ``detail`` is the message without the layer's name, for callers (the Net) that add their own
+    prefix with the file position."""
+
+    def __init__(self, message: str, detail: str | None = None):
+        super().__init__(message)
+        self.detail = detail if detail is not None else message
 
 
 def register_layer(type_name: str):
@@ -148,7 +155,7 @@ class Layer:
 
     def error(self, message: str) -> LayerError:
         """An exception whose message names this layer; ``raise self.error("...")``."""
-        return LayerError(f"layer {self.name!r} ({self.type}): {message}")
+        return LayerError(f"layer {self.name!r} ({self.type}): {message}", detail=message)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

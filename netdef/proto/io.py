@@ -51,7 +51,22 @@ def parse_text(text: str, message, name: str = "<prototxt string>"):
             detail = detail.split(" : ", 1)[-1]
         where = f"{name}:{line}:{column}" if line is not None else name
         raise ProtoFileError(f"{where}: {detail}") from None
+    missing = message.FindInitializationErrors()
+    if missing:
+        raise ProtoFileError(f"{_where_missing(text, name, missing[0])}: missing required field {missing[0]}")
     return message
+
+
+def _where_missing(text: str, name: str, field_path: str) -> str:
+    """``file:line`` of the top-level layer block a missing field's path starts in (``layer[3].x``)."""
+    head = field_path.split(".", 1)[0]
+    if "[" in head:
+        field, index = head[:-1].split("[")
+        if field in ("layer", "layers"):
+            lines = top_level_block_lines(text, (field,))
+            if int(index) < len(lines):
+                return f"{name}:{lines[int(index)]}"
+    return name
 
 
 def read_text(source, message_type):
