@@ -36,37 +36,59 @@ def _stages(args) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------- train
+def _on_off(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("on", "true", "1", "yes"):
+        return True
+    if lowered in ("off", "false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}")
+
+
 def cmd_train(args) -> int:
-    import netdef
-    from netdef.solver import get_solver
-    from netdef.solver.solver import install_signal_handlers
+    """Train on one process, or as one rank of an MPI job (``mpiexec -n N netdef train ...``)."""
+    from netdef.comm import create_communicator
+    from netdef.comm.distributed import options_from, run_guarded
+    from netdef.solver.solver import read_solver_param
 
     solver_path = args.solver or args.solver_positional
     if not solver_path:
         raise SystemExit("netdef train: give the solver prototxt (netdef train SOLVER or --solver=SOLVER)")
     if args.snapshot and args.weights:
         raise SystemExit("netdef train: give --snapshot (resume) or --weights (fine-tune), not both")
-    _set_device(args.gpu)
-    overrides = {}
+    param, path = read_solver_param(solver_path)
     if args.iterations:
-        overrides["max_iter"] = args.iterations
-    solver = get_solver(solver_path, **overrides)
+        param.max_iter = args.iterations
+    options = options_from(param, exchange=args.exchange, overlap=args.overlap, bucket_bytes=args.bucket_bytes,
+                           progress=args.progress, timeline=args.timeline)
+    comm = create_communicator(async_progress=options.progress == "MPI_ASYNC")
+    if comm.rank > 0:
+        log.setLevel(logging.WARNING)  # only rank 0 logs progress; every rank reports its errors
+        args._progress = None
+    return run_guarded(comm, _train, args, param, path, comm, options)
+
+
+def _train(args, param, path, comm, options) -> int:
+    from netdef.comm.distributed import create_solver
+    from netdef.solver.solver import install_signal_handlers
+
+    _set_device(args.gpu)
+    solver = create_solver(param, comm=comm, options=options, solver_file=path)
     if args.weights:
-        for path in args.weights.split(","):
-            log.info("Finetuning from %s", path)
-            solver.net.copy_from(path)
+        for weights in args.weights.split(","):
+            log.info("Finetuning from %s", weights)
+            solver.net.copy_from(weights)
             for test_net in solver.test_nets:
-                test_net.copy_from(path)
+                test_net.copy_from(weights)
     install_signal_handlers(solver, sigint_effect=args.sigint_effect, sighup_effect=args.sighup_effect)
     progress = getattr(args, "_progress", None)
     if progress is not None:
         progress.total = solver.param.max_iter
-        solver.add_callback(on_iteration_end=lambda s: progress.update(s.iter))
+        solver.add_callback(after_update=lambda: progress.update(solver.iter))
     log.info("Starting Optimization")
     solver.solve(resume_file=args.snapshot or None)
     if progress is not None:
         progress.clear()
-    del netdef
     return 0
 
 
@@ -202,6 +224,15 @@ def cmd_prepare_digits(args) -> int:
     return 0
 
 
+def cmd_download_mnist(args) -> int:
+    from netdef.data.convert import MNIST_URL, download_mnist
+
+    paths = download_mnist(args.folder, base_url=args.url or MNIST_URL)
+    for path in paths:
+        log.info("%s", path)
+    return 0
+
+
 def cmd_device_query(args) -> int:
     import netdef
 
@@ -240,6 +271,17 @@ def build_parser() -> argparse.ArgumentParser:
           help="what Ctrl-C (SIGINT) does: stop (snapshot if enabled, then exit), snapshot, none")
     _flag(train, "sighup_effect", default="snapshot", choices=["stop", "snapshot", "none"],
           help="what SIGHUP does")
+    dist = train.add_argument_group(
+        "distributed training (under mpiexec/srun; these override the solver's netdef_distributed)")
+    _flag(dist, "exchange", help="the gradient exchange rule (default: allreduce)")
+    _flag(dist, "overlap", type=_on_off, metavar="on|off",
+          help="start each layer's exchange during backward (on, the default) or after it (off)")
+    _flag(dist, "bucket_bytes", type=int, metavar="BYTES",
+          help="size bound of a fused gradient bucket (default 4194304)")
+    _flag(dist, "progress", type=str.upper, choices=["AUTO", "POLL", "THREAD", "MPI_ASYNC"],
+          help="what drives non-blocking exchanges: auto, poll (between layers), thread (a communication "
+               "thread), mpi_async (MPICH's progress thread)")
+    _flag(dist, "timeline", metavar="TRACE_JSON", help="write a Chrome trace (Perfetto) of every rank here")
     train.set_defaults(func=cmd_train)
 
     test = verbs.add_parser("test", help="score a model: print each output's mean over --iterations batches")
@@ -291,6 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "LMDBs (offline data for a first run)")
     digits.add_argument("folder")
     digits.set_defaults(func=cmd_prepare_digits)
+
+    download = verbs.add_parser("download-mnist", help="download the four MNIST files (needs the internet)")
+    download.add_argument("folder")
+    _flag(download, "url", default="", help="base address of a mirror holding the four .gz files")
+    download.set_defaults(func=cmd_download_mnist)
 
     query = verbs.add_parser("device-query", help="show the GPU that --gpu would use")
     _flag(query, "gpu_id", type=int, default=0, help="GPU id")

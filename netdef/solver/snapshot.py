@@ -110,6 +110,9 @@ def _data_layers(solver):
 def netdef_state(solver) -> pb.NetdefSolverState:
     state = pb.NetdefSolverState()
     state.rng_state = _rng_state_bytes()
+    state.smoothed_loss = float(solver.smoothed_loss)
+    state.loss_window.extend(float(v) for v in solver._losses)
+    state.loss_window_start = int(solver._loss_window_start)
     for key, layer in _data_layers(solver):
         save, _ = _state_functions(layer)
         cursor = state.data_cursor.add()
@@ -121,6 +124,8 @@ def netdef_state(solver) -> pb.NetdefSolverState:
 def apply_netdef_state(solver, state: pb.NetdefSolverState, where: str) -> None:
     if state.HasField("rng_state"):
         _restore_rng(state.rng_state, where)
+    if state.HasField("smoothed_loss"):
+        solver.resume_loss_window(state.smoothed_loss, list(state.loss_window), state.loss_window_start)
     layers = dict(_data_layers(solver))
     for cursor in state.data_cursor:
         layer = layers.get(cursor.layer)

@@ -22,7 +22,15 @@ one iteration; gradient exchanges are started from the net's backward hooks,
 ``net.register_backward_hook``) and ``apply_update()`` (the update). A distributed solver waits for
 its exchanges to finish before the update, either by overriding ``apply_update`` (wait, then
 ``super().apply_update()``) or from an ``on_gradients_ready`` callback, which runs between the two
-exactly as Caffe's P2PSync/NCCL callbacks do.
+exactly as Caffe's P2PSync/NCCL callbacks do. Three smaller hooks exist for it
+(``netdef.comm.distributed`` overrides them; here they do the single-process thing):
+
+- ``forward_backward_pass(pass_index)``: one of the ``iter_size`` passes of ``compute_gradients``
+  (an exchange is started only in the last, so that iter_size > 1 exchanges once);
+- ``reduce_test_outputs(scores, loss)``: a test's summed outputs and loss, combined over the ranks
+  that each tested their own shard;
+- ``take_requests()``: the pending (snapshot, stop) requests from signals, which every rank must
+  act on at the same iteration.
 
 Paths in the solver file (``net``, ``train_net``, ``test_net``, ``weights``) are opened as Caffe opens
 them, relative to the working directory; a path not found there is then tried relative to the solver
@@ -168,6 +176,8 @@ class Solver:
         self.lr = f32(0)
         self.smoothed_loss = f32(0)
         self._losses: list = []
+        self._loss_window_start = 0
+        self._resumed_loss_window = None
         self.requested_early_exit = False
         self._stop_requested = False
         self._snapshot_requested = False
@@ -355,7 +365,8 @@ class Solver:
         """Snapshot at the next iteration boundary (safe to call from a signal handler)."""
         self._snapshot_requested = True
 
-    def _take_requests(self) -> tuple[bool, bool]:
+    def take_requests(self) -> tuple[bool, bool]:
+        """(snapshot requested, stop requested) since the last call, and clear them."""
         snap, stop = self._snapshot_requested, self._stop_requested
         self._snapshot_requested = self._stop_requested = False
         return snap, stop
@@ -397,6 +408,12 @@ class Solver:
         stop_iter = self.iter + int(iters)
         self._losses = []
         self.smoothed_loss = f32(0)
+        if self._resumed_loss_window is not None:
+            # Continue the displayed loss's running average where the snapshot left it (netdef's
+            # addition: Caffe restarts it, so its resumed logs differ from an uninterrupted run's).
+            self.smoothed_loss, self._losses, start_iter = self._resumed_loss_window
+            self._resumed_loss_window = None
+        self._loss_window_start = start_iter
         self._timer = time.perf_counter()
         self._iterations_last = self.iter
         self.requested_early_exit = False
@@ -416,7 +433,7 @@ class Solver:
             self.apply_update()
             self.iter += 1
             self._run_callbacks(2)
-            snap, stop = self._take_requests()
+            snap, stop = self.take_requests()
             if (p.snapshot and self.iter % p.snapshot == 0) or snap:
                 self.snapshot()
             if stop:
@@ -427,12 +444,16 @@ class Solver:
         """The forward/backward passes of one iteration: ``iter_size`` passes whose parameter gradients
         add up in the diffs; returns their mean loss. Raises NonFiniteLossError on a NaN/inf loss."""
         loss = f32(0)
-        for _ in range(self.param.iter_size):
-            pass_loss = f32(self.net.forward_backward())
+        for pass_index in range(self.param.iter_size):
+            pass_loss = f32(self.forward_backward_pass(pass_index))
             if not math.isfinite(pass_loss):
                 self._raise_non_finite(pass_loss)
             loss += pass_loss
         return loss / f32(self.param.iter_size)
+
+    def forward_backward_pass(self, pass_index: int) -> float:
+        """Pass ``pass_index`` (0 .. iter_size-1) of an iteration: forward, backward; the loss."""
+        return self.net.forward_backward()
 
     def _raise_non_finite(self, loss) -> None:
         net = self.net
@@ -455,6 +476,10 @@ class Solver:
         raise NonFiniteLossError(f"Iteration {self.iter}: loss is {float(loss)}{where}{params}. Training stopped "
                                  f"before this iteration's update (the weights and snapshots are the last good ones)",
                                  self.iter, culprit[0].name if culprit else None)
+
+    def resume_loss_window(self, smoothed_loss: float, losses: list, window_start: int) -> None:
+        """Make the next step() continue this running average of the displayed loss."""
+        self._resumed_loss_window = (f32(smoothed_loss), [f32(v) for v in losses], int(window_start))
 
     def _update_smoothed_loss(self, loss, start_iter: int, average_loss: int) -> None:
         loss = f32(loss)
@@ -569,7 +594,7 @@ class Solver:
         scores = None
         loss = f32(0)
         for _ in range(iterations):
-            snap, stop = self._take_requests()
+            snap, stop = self.take_requests()
             if snap:
                 self.snapshot()
             if stop:
@@ -585,6 +610,8 @@ class Solver:
         if self.requested_early_exit:
             logger.info("Test interrupted.")
             return
+        if scores is not None or p.test_compute_loss:
+            scores, loss = self.reduce_test_outputs(scores, loss)
         if p.test_compute_loss:
             loss /= f32(iterations)
             logger.info("Test loss: %s", _fmt(loss))
@@ -599,6 +626,12 @@ class Solver:
             suffix = f" (* {_fmt(weight)} = {_fmt(weight * mean)} loss)" if weight else ""
             logger.info("    Test net output #%d: %s = %s%s", i, name, _fmt(mean), suffix)
             self.test_scores.setdefault(name, []).append(mean)
+
+    def reduce_test_outputs(self, scores, loss):
+        """The test's outputs summed over its iterations (a float32 vector, or None when the net has no
+        outputs) and its summed loss, as the log reports them; a distributed solver combines them
+        over the ranks here."""
+        return scores, loss
 
     # ---------------------------------------------------------------------------------------- snapshots
     def snapshot(self) -> tuple[str, str]:

@@ -1,0 +1,29 @@
+"""Distributed data-parallel training over MPI (mpi4py).
+
+``mpiexec -n 4 netdef train solver.prototxt`` runs four ranks, each on its own shard of the data,
+exchanging gradients during backprop. The pieces, each replaceable on its own:
+
+- ``launch``: was this process started by an MPI launcher (mpiexec/mpirun/srun)?
+- ``communicator``: the few collectives training needs (``Communicator``; MPI or one process).
+- ``exchange``: the exchange rule interface, its registry, and the synchronous bucketed allreduce.
+- ``progress``: who drives non-blocking exchanges forward (polling, a communication thread, MPI's
+  own progress thread).
+- ``timeline``: per-iteration measurements and the Chrome trace.
+- ``distributed``: the solver integration (``create_solver``) and the failure guard.
+
+Importing this package does not import mpi4py; ``create_communicator()`` does, and only when the
+process was launched as one of several.
+"""
+from .communicator import Communicator, CommunicatorError, MPICommunicator, SingleProcessCommunicator, create_communicator
+from .distributed import DistributedSolver, create_solver, distributed_solver_class, options_from, run_guarded
+from .exchange import AllreduceExchange, ExchangeOptions, ExchangeRule, exchange_class, register_exchange, \
+    registered_exchanges
+from .launch import LaunchInfo, detect_launch
+from .timeline import Measurements, Timeline
+
+__all__ = [
+    "AllreduceExchange", "Communicator", "CommunicatorError", "DistributedSolver", "ExchangeOptions", "ExchangeRule",
+    "LaunchInfo", "MPICommunicator", "Measurements", "SingleProcessCommunicator", "Timeline", "create_communicator",
+    "create_solver", "detect_launch", "distributed_solver_class", "exchange_class", "options_from",
+    "register_exchange", "registered_exchanges", "run_guarded",
+]

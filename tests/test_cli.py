@@ -1,0 +1,189 @@
+"""The `netdef` command line end to end, in real subprocesses on files the tests create."""
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from netdef.data.convert import write_idx
+
+NETDEF = [sys.executable, "-m", "netdef.cli"]
+
+NET = """
+name: "tiny"
+layer { name: "d" type: "Data" top: "data" top: "label" include { phase: TRAIN }
+        transform_param { scale: 0.00390625 } data_param { source: "train_lmdb" batch_size: 16 backend: LMDB } }
+layer { name: "d" type: "Data" top: "data" top: "label" include { phase: TEST }
+        transform_param { scale: 0.00390625 } data_param { source: "test_lmdb" batch_size: 20 backend: LMDB } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
+        inner_product_param { num_output: 16 weight_filler { type: "xavier" } } }
+layer { name: "relu" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+        inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }
+layer { name: "accuracy" type: "Accuracy" bottom: "ip2" bottom: "label" top: "accuracy" include { phase: TEST } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
+"""
+
+SOLVER = """
+net: "net.prototxt"
+test_iter: 2
+test_interval: 20
+base_lr: 0.1
+momentum: 0.9
+lr_policy: "fixed"
+display: 10
+max_iter: 40
+snapshot: 20
+snapshot_prefix: "snap/tiny"
+random_seed: 3
+"""
+
+
+def netdef(*args, cwd, check=True, timeout=120):
+    done = subprocess.run(NETDEF + [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    if check and done.returncode != 0:
+        raise AssertionError(f"netdef {' '.join(map(str, args))} failed ({done.returncode}):\n{done.stderr}")
+    return done
+
+
+def two_blob_images(n, rng):
+    """Class 0: a bright square top-left; class 1: bottom-right. Learnable in a few iterations."""
+    labels = rng.integers(0, 2, n).astype(np.uint8)
+    images = rng.integers(0, 40, (n, 6, 6)).astype(np.uint8)
+    for i, label in enumerate(labels):
+        if label:
+            images[i, 3:, 3:] += 200
+        else:
+            images[i, :3, :3] += 200
+    return images, labels
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 160), ("test", 40)):
+        images, labels = two_blob_images(n, rng)
+        write_idx(root / f"{split}-images.idx.gz", images)
+        write_idx(root / f"{split}-labels.idx.gz", labels)
+        netdef("convert-mnist", f"{split}-images.idx.gz", f"{split}-labels.idx.gz", f"{split}_lmdb", cwd=root)
+    (root / "net.prototxt").write_text(NET)
+    (root / "solver.prototxt").write_text(SOLVER)
+    (root / "snap").mkdir()
+    return root
+
+
+def test_help_lists_every_verb():
+    out = subprocess.run(NETDEF + ["--help"], capture_output=True, text=True, check=True).stdout
+    for verb in ("train", "test", "time", "convert-mnist", "convert-imageset", "compute-image-mean",
+                 "prepare-digits", "download-mnist"):
+        assert verb in out
+    train_help = subprocess.run(NETDEF + ["train", "--help"], capture_output=True, text=True, check=True).stdout
+    for flag in ("--solver", "--snapshot", "--weights", "--iterations", "--sigint_effect", "--sighup_effect", "--gpu"):
+        assert flag in train_help
+
+
+def test_train_logs_caffe_lines_snapshots_and_learns(workdir):
+    done = netdef("train", "--solver=solver.prototxt", cwd=workdir)
+    log = done.stderr
+    # glog prefix + Caffe's messages, as parse_log.py expects them.
+    assert re.search(r"^I\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ \S+:\d+\] Iteration 10 \(.*iter/s.*\), loss = [\d.e+-]+$",
+                     log, re.M)
+    assert re.search(r"\] Iteration 10, lr = 0\.1$", log, re.M)
+    assert re.search(r"\]     Test net output #0: accuracy = [\d.]+$", log, re.M)
+    assert "Optimization Done." in log
+    final = [float(x) for x in re.findall(r"Test net output #0: accuracy = ([\d.]+)", log)][-1]
+    assert final >= 0.95
+    assert (workdir / "snap" / "tiny_iter_40.caffemodel").exists()
+    assert (workdir / "snap" / "tiny_iter_20.solverstate").exists()
+
+
+def test_resume_from_snapshot_continues_exactly(workdir):
+    resumed = netdef("train", "solver.prototxt", "--snapshot=snap/tiny_iter_20.solverstate", cwd=workdir).stderr
+    straight = netdef("train", "solver.prototxt", cwd=workdir).stderr
+    pattern = r"Iteration (\d+) \(.*\), loss = ([\d.e+-]+)"
+    after = {int(i): v for i, v in re.findall(pattern, resumed) if int(i) > 20}
+    reference = {int(i): v for i, v in re.findall(pattern, straight) if int(i) > 20}
+    assert after and after == reference
+    assert "Iteration 10 " not in resumed
+
+
+def test_finetune_weights_and_iterations_override(workdir):
+    log = netdef("train", "solver.prototxt", "--weights=snap/tiny_iter_40.caffemodel", "--iterations=10",
+                 cwd=workdir).stderr
+    assert "Finetuning from snap/tiny_iter_40.caffemodel" in log
+    first = float(re.findall(r"Test net output #0: accuracy = ([\d.]+)", log)[0])
+    assert first >= 0.95  # already trained before its first update
+    assert "Iteration 10, loss" in log and "Iteration 20" not in log
+
+
+def test_test_verb_prints_means_as_caffe(workdir):
+    netdef("train", "solver.prototxt", cwd=workdir)
+    log = netdef("test", "--model=net.prototxt", "--weights=snap/tiny_iter_40.caffemodel", "--iterations=2",
+                 cwd=workdir).stderr
+    assert re.search(r"\] Batch 0, accuracy = [\d.]+$", log, re.M)
+    accuracy = float(re.search(r"\] accuracy = ([\d.]+)$", log, re.M).group(1))
+    assert accuracy >= 0.95
+    assert re.search(r"\] loss = [\d.e+-]+ \(\* 1 = [\d.e+-]+ loss\)$", log, re.M)
+
+
+def test_time_verb_prints_per_layer_and_averages(workdir):
+    log = netdef("time", "--model=net.prototxt", "--iterations=3", cwd=workdir).stderr
+    for layer in ("ip1", "relu", "ip2", "loss"):
+        assert re.search(rf"\] +{layer}\tforward: [\d.e+-]+ ms\.$", log, re.M)
+        assert re.search(rf"\] +{layer}\tbackward: [\d.e+-]+ ms\.$", log, re.M)
+    assert "Average Forward-Backward:" in log and "*** Benchmark ends ***" in log
+
+
+def test_errors_are_one_clear_line_and_exit_nonzero(workdir):
+    (workdir / "bad.prototxt").write_text(NET.replace('bottom: "ip1" top: "ip2"', 'bottom: "nope" top: "ip2"'))
+    done = netdef("time", "--model=bad.prototxt", cwd=workdir, check=False)
+    assert done.returncode != 0
+    assert "bad.prototxt:" in done.stderr and "unknown bottom blob 'nope'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_convert_imageset_and_compute_image_mean(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    lines = []
+    for i in range(4):
+        rgb = rng.integers(0, 256, (5, 7, 3)).astype(np.uint8)
+        Image.fromarray(rgb).save(tmp_path / f"im{i}.png")
+        lines.append(f"im{i}.png {i % 2}")
+    (tmp_path / "list.txt").write_text("\n".join(lines) + "\n")
+    netdef("convert-imageset", "--resize_height=4", "--resize_width=6", f"{tmp_path}/", "list.txt", "imgs_lmdb",
+           cwd=tmp_path)
+    netdef("compute-image-mean", "imgs_lmdb", "mean.binaryproto", cwd=tmp_path)
+    from netdef.data.datum import read_mean_file
+
+    mean = read_mean_file(tmp_path / "mean.binaryproto")
+    assert mean.reshape(-1, 3, 4, 6).shape[1:] == (3, 4, 6)
+    assert 0 < float(mean.mean()) < 255
+
+
+def test_progress_line_on_a_terminal(workdir):
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(NETDEF + ["train", "solver.prototxt", "--iterations=30"], cwd=workdir,
+                            stdin=follower, stdout=follower, stderr=follower)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=120)
+    os.close(leader)
+    screen = b"".join(chunks).decode(errors="replace")
+    assert proc.returncode == 0
+    assert re.search(r"\[[#.]{30}\] \d+/30 iters +[\d.]+ iter/s +\d+:\d\d left", screen)
