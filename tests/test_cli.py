@@ -1,6 +1,5 @@
 """The `netdef` command line end to end, in real subprocesses on files the tests create."""
 import os
-import pathlib
 import re
 import subprocess
 import sys
