@@ -156,72 +156,20 @@ class Net:
 
         for li, layer_param in enumerate(with_splits):
             where = self._where(file_index_of[li])
-            name = layer_param.name
             layer_param.phase = self.phase
-            if not layer_param.type:
-                raise NetError(f"{where}: layer {name!r} has no type")
-            try:
-                cls = layer_class(layer_param.type)
-            except KeyError as exc:
-                raise NetError(f"{where}: layer {name!r}: {exc.args[0]}") from None
-            if len(layer_param.propagate_down) not in (0, len(layer_param.bottom)):
-                raise NetError(f"{where}: layer {name!r} has {len(layer_param.propagate_down)} propagate_down "
-                               f"values for {len(layer_param.bottom)} bottoms")
-            bottoms = []
-            for bi, bottom_name in enumerate(layer_param.bottom):
-                if bottom_name not in available:
-                    raise NetError(f"{where}: layer {name!r} ({layer_param.type}): unknown bottom blob "
-                                   f"{bottom_name!r} (bottom {bi}); no earlier layer produces it")
-                bottoms.append(available[bottom_name])
-                unconsumed.discard(bottom_name)
-            tops = []
-            for ti, top_name in enumerate(layer_param.top):
-                if ti < len(layer_param.bottom) and layer_param.bottom[ti] == top_name:
-                    tops.append(available[top_name])  # in place, as Caffe: same name at the same index
-                    unconsumed.add(top_name)
-                    continue
-                if top_name in self.blobs:
-                    raise NetError(f"{where}: layer {name!r} ({layer_param.type}): top blob {top_name!r} is "
-                                   f"already produced by layer {self._layer_names[self._producer[top_name]]!r} "
-                                   f"(a layer works in place only when top i has the name of bottom i)")
-                blob = Blob(name=top_name)
-                self.blobs[top_name] = blob
-                available[top_name] = blob
-                unconsumed.add(top_name)
-                self._producer[top_name] = li
-                tops.append(blob)
-            try:
-                layer = cls(layer_param)
-            except (LayerError, ValueError, ImportError, AttributeError, TypeError) as exc:
-                detail = exc.detail if isinstance(exc, LayerError) else str(exc)
-                raise NetError(f"{where}: layer {name!r} ({layer_param.type}): {detail}") from None
-            layer.base_dir = self.base_dir
+            cls = self._layer_class(layer_param, where)
+            bottoms = self._resolve_bottoms(layer_param, where, available, unconsumed)
+            tops = self._create_tops(li, layer_param, where, available, unconsumed)
+            layer = self._instantiate(cls, layer_param, where)
             if cls.auto_top_blobs:
-                wanted = max(cls.exact_num_top or 0, cls.min_top or 0)
-                while len(tops) < wanted:
-                    auto_name = f"{name}_auto_top_{len(tops)}"
-                    blob = Blob(name=auto_name)
-                    self.blobs[auto_name] = blob
-                    available[auto_name] = blob
-                    unconsumed.add(auto_name)
-                    tops.append(blob)
-                    layer_param.top.append(auto_name)
-            if layer_param.blobs:
-                # Blobs stored in the definition (Caffe nets can carry them) preset the parameters.
-                layer.blobs = [_weights.blob_from_proto(b, name=f"{name}[{j}]") for j, b in enumerate(layer_param.blobs)]
-            try:
-                layer.setup_layer(bottoms, tops)
-            except (LayerError, ValueError, IndexError, KeyError, NotImplementedError, TypeError, ZeroDivisionError,
-                    OSError) as exc:
-                shapes = ", ".join(f"{n} {tuple(b.shape)}" for n, b in zip(layer_param.bottom, bottoms))
-                detail = exc.detail if isinstance(exc, LayerError) else str(exc)
-                raise NetError(f"{where}: layer {name!r} ({layer_param.type}) with bottoms [{shapes}]: {detail}") from None
+                self._add_automatic_tops(cls, layer_param, tops, available, unconsumed)
+            self._set_up(layer, layer_param, bottoms, tops, where)
             if layer_param.type == "Input":
                 self._input_names.extend(layer_param.top)
             self.layers.append(layer)
-            self._layer_names.append(name)
-            self.bottom_names[name] = list(layer_param.bottom)
-            self.top_names[name] = list(layer_param.top)
+            self._layer_names.append(layer_param.name)
+            self.bottom_names[layer_param.name] = list(layer_param.bottom)
+            self.top_names[layer_param.name] = list(layer_param.top)
             self._bottom_vecs.append(bottoms)
             self._top_vecs.append(tops)
             self._loss_weights.append(self._layer_loss_weights(layer, layer_param, where))
@@ -230,6 +178,85 @@ class Net:
         self._setup_params(with_splits, file_index_of)
         self._decide_backward()
         self._compute_hook_points()
+
+    @staticmethod
+    def _layer_class(layer_param, where: str) -> type:
+        name = layer_param.name
+        if not layer_param.type:
+            raise NetError(f"{where}: layer {name!r} has no type")
+        try:
+            cls = layer_class(layer_param.type)
+        except KeyError as exc:
+            raise NetError(f"{where}: layer {name!r}: {exc.args[0]}") from None
+        if len(layer_param.propagate_down) not in (0, len(layer_param.bottom)):
+            raise NetError(f"{where}: layer {name!r} has {len(layer_param.propagate_down)} propagate_down "
+                           f"values for {len(layer_param.bottom)} bottoms")
+        return cls
+
+    @staticmethod
+    def _resolve_bottoms(layer_param, where: str, available: dict, unconsumed: set) -> list[Blob]:
+        bottoms = []
+        for bi, bottom_name in enumerate(layer_param.bottom):
+            if bottom_name not in available:
+                raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}): unknown bottom blob "
+                               f"{bottom_name!r} (bottom {bi}); no earlier layer produces it")
+            bottoms.append(available[bottom_name])
+            unconsumed.discard(bottom_name)
+        return bottoms
+
+    def _new_blob(self, name: str, producer: int, available: dict, unconsumed: set) -> Blob:
+        blob = Blob(name=name)
+        self.blobs[name] = blob
+        available[name] = blob
+        unconsumed.add(name)
+        self._producer[name] = producer
+        return blob
+
+    def _create_tops(self, li: int, layer_param, where: str, available: dict, unconsumed: set) -> list[Blob]:
+        tops = []
+        for ti, top_name in enumerate(layer_param.top):
+            if ti < len(layer_param.bottom) and layer_param.bottom[ti] == top_name:
+                tops.append(available[top_name])  # in place, as Caffe: same name at the same index
+                unconsumed.add(top_name)
+                continue
+            if top_name in self.blobs:
+                raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}): top blob {top_name!r} is "
+                               f"already produced by layer {self._layer_names[self._producer[top_name]]!r} "
+                               f"(a layer works in place only when top i has the name of bottom i)")
+            tops.append(self._new_blob(top_name, li, available, unconsumed))
+        return tops
+
+    def _add_automatic_tops(self, cls, layer_param, tops: list, available: dict, unconsumed: set) -> None:
+        """Caffe's AutoTopBlobs: a layer that needs more tops than the definition names gets them."""
+        wanted = max(cls.exact_num_top or 0, cls.min_top or 0)
+        while len(tops) < wanted:
+            auto_name = f"{layer_param.name}_auto_top_{len(tops)}"
+            tops.append(self._new_blob(auto_name, len(self.layers), available, unconsumed))
+            layer_param.top.append(auto_name)
+
+    def _instantiate(self, cls, layer_param, where: str):
+        try:
+            layer = cls(layer_param)
+        except (LayerError, ValueError, ImportError, AttributeError, TypeError) as exc:
+            detail = exc.detail if isinstance(exc, LayerError) else str(exc)
+            raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}): {detail}") from None
+        layer.base_dir = self.base_dir
+        if layer_param.blobs:
+            # Blobs stored in the definition (Caffe nets can carry them) preset the parameters.
+            layer.blobs = [_weights.blob_from_proto(b, name=f"{layer_param.name}[{j}]")
+                           for j, b in enumerate(layer_param.blobs)]
+        return layer
+
+    @staticmethod
+    def _set_up(layer, layer_param, bottoms: list[Blob], tops: list[Blob], where: str) -> None:
+        try:
+            layer.setup_layer(bottoms, tops)
+        except (LayerError, ValueError, IndexError, KeyError, NotImplementedError, TypeError, ZeroDivisionError,
+                OSError) as exc:
+            shapes = ", ".join(f"{n} {tuple(b.shape)}" for n, b in zip(layer_param.bottom, bottoms))
+            detail = exc.detail if isinstance(exc, LayerError) else str(exc)
+            raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}) with bottoms [{shapes}]: "
+                           f"{detail}") from None
 
     def _layer_loss_weights(self, layer, layer_param, where) -> list[float]:
         n = len(layer_param.top)
