@@ -14,10 +14,28 @@ exchanging gradients during backprop. The pieces, each replaceable on its own:
 Importing this package does not import mpi4py; ``create_communicator()`` does, and only when the
 process was launched as one of several.
 """
-from .communicator import Communicator, CommunicatorError, MPICommunicator, SingleProcessCommunicator, create_communicator
-from .distributed import DistributedSolver, create_solver, distributed_solver_class, options_from, run_guarded
-from .exchange import AllreduceExchange, ExchangeOptions, ExchangeRule, exchange_class, register_exchange, \
-    registered_exchanges
+from .communicator import (
+    Communicator,
+    CommunicatorError,
+    MPICommunicator,
+    SingleProcessCommunicator,
+    create_communicator,
+)
+from .distributed import (
+    DistributedSolver,
+    create_solver,
+    distributed_solver_class,
+    options_from,
+    run_guarded,
+)
+from .exchange import (
+    AllreduceExchange,
+    ExchangeOptions,
+    ExchangeRule,
+    exchange_class,
+    register_exchange,
+    registered_exchanges,
+)
 from .launch import LaunchInfo, detect_launch
 from .timeline import Measurements, Timeline
 

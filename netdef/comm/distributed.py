@@ -29,6 +29,11 @@ solver.prototxt``); what it does beyond Caffe's loop:
 - Measurements: ``solver.measurements`` (``timeline.Measurements``), and with ``timeline`` a Chrome
   trace of every rank written at the end of ``solve()``.
 
+Failures: ``netdef train`` runs each rank inside ``run_guarded``: an exception prints the rank's
+traceback and calls ``MPI_Abort``, so the launcher ends every rank within seconds instead of leaving
+them waiting in a collective; a rank killed outright makes the launcher end the job too. A script
+using this API should do the same (``run_guarded(comm, main)``, or ``python -m mpi4py script.py``).
+
 Layers without ``set_shard`` (Input, MemoryData, DummyData, Python layers that do not define it) are
 not sharded: every rank gets what they produce. BatchNorm's running statistics are not exchanged
 (as in Caffe's multi-GPU training): each rank keeps its own and rank 0's are saved.
@@ -293,26 +298,30 @@ class DistributedSolver:
         with _captured_data_restores(_data_layers(self)) as captured:
             super().restore(path)
         self._synchronized = False
-        own = self._own_rank_state(path)
+        ranks_path = rank_states_path(path)
+        per_rank = os.path.exists(ranks_path)
+        own = self._own_rank_state(ranks_path) if per_rank else None
         if own is not None:
-            _snapshot.apply_netdef_state(self, own, rank_states_path(path))
+            _snapshot.apply_netdef_state(self, own, ranks_path)
             return
-        if self.comm.size == 1:
+        if not per_rank and self.comm.size == 1:
+            # A single process's snapshot (netdef's or Caffe's), restored as the plain solver would.
             for layer, state in captured.items():
                 layer.restore_data_state(state)
             return
-        # Rank 0's random state was restored everywhere; keep the ranks' streams apart.
-        backend.set_random_seed(int(backend.rng().integers(0, 2**31)) + self.comm.rank)
+        if not per_rank and self.comm.rank == 0:
+            logger.warning("%s: no per-rank states (%s): each rank's data layers start their shard from the "
+                           "beginning", path, os.path.basename(ranks_path))
+        if self.comm.size > 1:
+            # Rank 0's random state was restored everywhere; keep the ranks' streams apart.
+            backend.set_random_seed(int(backend.rng().integers(0, 2**31)) + self.comm.rank)
 
-    def _own_rank_state(self, path) -> pb.NetdefSolverState | None:
-        ranks_path = rank_states_path(path)
-        if not os.path.exists(ranks_path):
-            if self.comm.size > 1:
-                logger.warning("%s: no per-rank states (%s): each rank's data layers start their shard from the "
-                               "beginning", path, os.path.basename(ranks_path))
-            return None
+    def _own_rank_state(self, ranks_path: str) -> pb.NetdefSolverState | None:
+        """This rank's state from the per-rank file, or None (with a warning) when it was written by
+        another number of ranks."""
         try:
-            doc = json.loads(open(ranks_path, "rb").read().decode("utf-8"))
+            with open(ranks_path, "rb") as handle:
+                doc = json.loads(handle.read().decode("utf-8"))
             if doc.get("format") != _RANK_STATES_FORMAT:
                 raise ValueError(f"unknown format {doc.get('format')!r}")
             ranks = int(doc["ranks"])
@@ -320,8 +329,9 @@ class DistributedSolver:
         except (ValueError, KeyError, TypeError) as exc:
             raise _snapshot.SnapshotError(f"{ranks_path}: not a netdef per-rank state file ({exc})") from None
         if ranks != self.comm.size:
-            logger.warning("%s was written by %d ranks and this run has %d: each rank's data layers start their "
-                           "new shard from the beginning", ranks_path, ranks, self.comm.size)
+            if self.comm.rank == 0:
+                logger.warning("%s was written by %d ranks and this run has %d: each rank's data layers start "
+                               "their new shard from the beginning", ranks_path, ranks, self.comm.size)
             return None
         return pb.NetdefSolverState.FromString(base64.b64decode(states[self.comm.rank]))
 
@@ -375,7 +385,7 @@ def run_guarded(comm: Communicator, fn, *args, **kwargs):
         return fn(*args, **kwargs)
     try:
         return fn(*args, **kwargs)
-    except BaseException as exc:  # noqa: BLE001 - every failure must end the job
+    except BaseException as exc:
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             raise
         detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

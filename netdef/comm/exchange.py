@@ -27,6 +27,8 @@ in the order the backward hooks hand them over, which is the same on every rank 
 order is deterministic, so every rank starts the same buckets in the same order. With ``overlap``
 each bucket's allreduce starts as soon as its last gradient is packed, during backward; without,
 the same buckets start after backward. The progress driver (``progress.py``) makes them move.
+A bucket of one blob is exchanged in the blob's own diff memory (no copies); fused buckets are
+flat host buffers with copy-in and copy-out (GPU arrays are staged through them too).
 
 The first iteration learns the bucket layout (the hook order and the blob sizes) and exchanges
 after backward; overlap starts with the second iteration.
@@ -193,32 +195,41 @@ class Bucket:
 
 
 def plan_buckets(order: list[int], params, bucket_bytes: int) -> list[Bucket]:
-    """Buckets for the parameter ids in hook ``order``: consecutive blobs of one dtype fused up to
-    ``bucket_bytes``; a blob that alone exceeds it is a bucket of its own. Empty blobs are left out."""
+    """Buckets for the parameter ids in hook ``order``, in the order they fill up.
+
+    A blob of at least ``bucket_bytes`` is a bucket of its own, started as soon as it is final.
+    Smaller blobs (biases, small layers) are fused in hook order into buckets of at most
+    ``bucket_bytes`` and one dtype; a fused bucket may span several layers, the big blobs between
+    them going ahead. Empty blobs are left out.
+    """
     buckets: list[Bucket] = []
     group: list[int] = []
     group_bytes = 0
-    group_dtype = None
 
-    def close():
-        nonlocal group, group_bytes
-        if group:
-            buckets.append(Bucket(len(buckets), group_dtype, group, [params[i].shape for i in group]))
-        group, group_bytes = [], 0
+    def emit(ids):
+        dtype = params[ids[0]].diff.dtype
+        buckets.append(Bucket(len(buckets), dtype, ids, [params[i].shape for i in ids]))
 
     for pid in order:
         diff = params[pid].diff
         nbytes = int(diff.size) * diff.dtype.itemsize
         if nbytes == 0:
             continue
-        if group and (diff.dtype != group_dtype or group_bytes + nbytes > bucket_bytes):
-            close()
-        group_dtype = diff.dtype
+        if nbytes >= bucket_bytes:
+            emit([pid])
+            continue
+        if group and (diff.dtype != params[group[0]].diff.dtype or group_bytes + nbytes > bucket_bytes):
+            emit(group)
+            group, group_bytes = [], 0
         group.append(pid)
         group_bytes += nbytes
-        if group_bytes >= bucket_bytes:
-            close()
-    close()
+    if group:
+        emit(group)
+    # Number them in the order they fill up during backward: the order they start in.
+    position = {pid: i for i, pid in enumerate(order)}
+    buckets.sort(key=lambda b: position[b.param_ids[-1]])
+    for index, bucket in enumerate(buckets):
+        bucket.index = index
     return buckets
 
 
@@ -242,7 +253,7 @@ class AllreduceExchange(ExchangeRule):
         self._slot: dict[int, tuple[Bucket, int]] = {}
         self._order: list[int] = []                 # hook order seen while learning the layout
         self._expected = 0                          # next position in the frozen hook order
-        self._flat_order: list[int] = []
+        self._hook_order: list[int] = []
         self._active = False
 
     def describe(self) -> str:
@@ -273,8 +284,8 @@ class AllreduceExchange(ExchangeRule):
     def _pack_frozen(self, pid: int) -> None:
         if pid not in self._slot:
             return  # an empty blob
-        if self._expected >= len(self._flat_order) or self._flat_order[self._expected] != pid:
-            expected = self._flat_order[self._expected] if self._expected < len(self._flat_order) else None
+        if self._expected >= len(self._hook_order) or self._hook_order[self._expected] != pid:
+            expected = self._hook_order[self._expected] if self._expected < len(self._hook_order) else None
             raise RuntimeError(f"gradient of parameter {self.params[pid].name!r} became final out of the order of "
                                f"the first iteration (expected {expected}); the bucket layout must be the same on "
                                f"every rank and iteration")
@@ -311,7 +322,7 @@ class AllreduceExchange(ExchangeRule):
     def _plan(self, order: list[int]) -> None:
         self.buckets = plan_buckets(order, self.params, self.options.bucket_bytes)
         self._slot = {pid: (b, slot) for b in self.buckets for slot, pid in enumerate(b.param_ids)}
-        self._flat_order = [pid for b in self.buckets for pid in b.param_ids]
+        self._hook_order = [pid for pid in order if pid in self._slot]
 
     def finish(self) -> None:
         if not self._active:

@@ -15,8 +15,7 @@ final wait, and nothing overlaps. The drivers, one per ``NetdefDistributedParame
 - ``MPI_ASYNC``: ``Iallreduce`` and no polling: MPICH's own progress thread
   (``MPIR_CVAR_ASYNC_PROGRESS=1``, set before MPI starts) moves the exchange. That thread spins,
   so it needs a spare core per rank. With a library other than MPICH it degrades to POLL.
-- ``AUTO`` (``choose_mode``): THREAD when every rank on a machine has a core to spare for it, else
-  POLL. Measured on a 2-core machine with 2 ranks (shared memory), see ``choose_mode``.
+- ``AUTO``: POLL, the best measured so far (``choose_mode`` has the figures).
 
 Each driver records, per bucket, when it started (``started_at``) and when its completion was
 first seen (``done_at``).
@@ -44,32 +43,28 @@ def mode_name(mode) -> str:
     return name
 
 
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def choose_mode(comm, requested: str = "AUTO") -> str:
-    """The driver to use: ``requested`` unless AUTO (or MPI_ASYNC without MPICH's progress thread).
+    """The driver to use: ``requested``, with AUTO resolved and MPI_ASYNC checked.
 
-    AUTO picks THREAD when this machine has at least two cores per rank running on it (one for
-    backprop, one for the communication thread to sleep and wake on), otherwise POLL. Measured on a
-    2-core machine, 2 ranks, shared memory (mpich wheel), a 10-layer MLP with 4 MB of gradients per
-    layer: THREAD there competes with the other rank's backprop for the cores and POLL hides as much;
-    MPI_ASYNC's spinning thread slowed backprop by 1.5-2x. See the lead's report for the figures;
-    ``benchmarks/overlap.py`` measures all three on the hardware at hand.
+    AUTO is POLL. Measured on a 2-core machine, 2 ranks over shared memory (mpich wheel), a 10-layer
+    MLP of 1024x1024 InnerProducts (42 MB of gradients, batch 64, one BLAS thread per rank), ms per
+    iteration: overlap off 125, POLL 120, THREAD 144, MPI_ASYNC 250 (its spinning thread halves the
+    compute speed). Over an emulated 1 Gbit/s link (EMULATED-NETWORK.md's probe), per-layer polling
+    hid 57% of the exchange and a communication thread 35%. POLL also needs no thread support from
+    the MPI library. THREAD should pay where cores are idle during backprop (GPU training, spare
+    cores per rank): ``benchmarks/overlap.py`` is where AUTO gets refined.
+
+    MPI_ASYNC falls back to POLL when the library is not MPICH or its progress thread is not on
+    (``MPIR_CVAR_ASYNC_PROGRESS`` must be set before MPI starts; ``create_communicator`` does it).
     """
     requested = mode_name(requested)
     if requested == "MPI_ASYNC":
         if getattr(comm, "library", "") != "MPICH" or os.environ.get(ASYNC_PROGRESS_VARIABLE, "0") in ("", "0"):
             return "POLL"
         return "MPI_ASYNC"
-    if requested != "AUTO":
-        return requested
-    local = max(1, int(getattr(comm, "local_size", 1)))
-    return "THREAD" if usable_cores() >= 2 * local else "POLL"
+    if requested == "AUTO":
+        return "POLL"
+    return requested
 
 
 class ProgressDriver:
@@ -153,7 +148,7 @@ class ThreadDriver(ProgressDriver):
 
     def __init__(self, comm, clock=time.perf_counter):
         super().__init__(comm, clock)
-        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._started = 0
         self._completed = 0
@@ -183,7 +178,7 @@ class ThreadDriver(ProgressDriver):
     def close(self) -> None:
         if self._thread.is_alive():
             self._queue.put(_STOP)
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=5)
 
     def _run(self) -> None:
         buckets: list = []
@@ -196,7 +191,8 @@ class ThreadDriver(ProgressDriver):
                     item = None
                 while item is not None:
                     if item is _STOP:
-                        self.comm.wait_all(requests)
+                        # After wait_all nothing is in flight; after a failure on this rank, the job is
+                        # being aborted and waiting for the others could block forever.
                         return
                     item.started_at = self.clock()
                     requests.append(self.comm.iallreduce(item.buffer))

@@ -40,8 +40,9 @@ class BucketRecord:
     nbytes: int
     num_params: int
     ready_at: float = math.nan      # its last gradient was packed
-    started_at: float = math.nan    # its collective was started (later than ready with overlap off, or
-    done_at: float = math.nan       # when a communication thread picks it up); its completion was seen
+    started_at: float = math.nan    # its collective started: after backward with overlap off; on the
+                                    # communication thread's clock with THREAD progress
+    done_at: float = math.nan       # its completion was seen
 
 
 @dataclasses.dataclass
@@ -70,7 +71,7 @@ class Measurements:
     """The most recent ``keep`` iteration records; ``current`` is the one being measured."""
 
     def __init__(self, keep: int = 10000):
-        self.records: "collections.deque[IterationRecord]" = collections.deque(maxlen=keep)
+        self.records: collections.deque[IterationRecord] = collections.deque(maxlen=keep)
         self.current: IterationRecord | None = None
 
     def begin(self, iteration: int, start: float) -> IterationRecord:

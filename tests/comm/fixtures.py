@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -100,9 +101,9 @@ def mpiexec_path() -> str | None:
 
 
 def mpi_available() -> tuple[bool, str]:
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("mpi4py") is None:
         return False, "mpi4py is not installed (pip install mpi4py mpich)"
     if mpiexec_path() is None:
         return False, "no mpiexec found (pip install mpich)"
@@ -111,21 +112,37 @@ def mpi_available() -> tuple[bool, str]:
 
 def _launcher_args(ranks: int) -> list[str]:
     exe = mpiexec_path()
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
     extra = ["--oversubscribe"] if ("Open MPI" in version or "OpenRTE" in version) else []
     return [exe, *extra, "-n", str(ranks)]
 
 
-def run_netdef(args: list[str], ranks: int, cwd, timeout: float = 60, env: dict | None = None):
-    """``mpiexec -n ranks python -m netdef.cli <args>`` (no mpiexec when ranks == 0); returns the
-    CompletedProcess (stdout and stderr as text). A run past ``timeout`` fails the test, never hangs."""
+def run_python(args: list[str], ranks: int, cwd, timeout: float = 60, env: dict | None = None):
+    """``mpiexec -n ranks python <args>`` (plain ``python <args>`` when ranks == 0) with the repository
+    on PYTHONPATH and one BLAS thread per process; returns the CompletedProcess (text output). A run
+    past ``timeout`` raises (fails the test) instead of hanging."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     full_env.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
-    for name in [n for n in full_env if n.startswith(("PMI_", "OMPI_", "PMIX_", "MPI_LOCAL", "HYDRA_"))]:
+    for name in [n for n in full_env if n.startswith(("PMI_", "OMPI_", "PMIX_", "MPI_LOCAL", "HYDRA_", "MPIR_CVAR"))]:
         del full_env[name]
     full_env.update(env or {})
-    command = [sys.executable, "-m", "netdef.cli", *args]
+    command = [sys.executable, *args]
     if ranks:
         command = _launcher_args(ranks) + command
-    return subprocess.run(command, cwd=str(cwd), env=full_env, capture_output=True, text=True, timeout=timeout)
+    # A session of its own, so that a run past its timeout is ended with every process it started.
+    process = subprocess.Popen(command, cwd=str(cwd), env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        raise AssertionError(f"{' '.join(command)} ran past {timeout} s (a hang?)\nstdout: {stdout[-2000:]}\n"
+                             f"stderr: {stderr[-3000:]}") from None
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def run_netdef(args: list[str], ranks: int, cwd, timeout: float = 60, env: dict | None = None):
+    """``mpiexec -n ranks python -m netdef.cli <args>`` (see ``run_python``)."""
+    return run_python(["-m", "netdef.cli", *args], ranks, cwd, timeout, env)

@@ -1,0 +1,340 @@
+"""The exchange rule interface, bucket planning, the allreduce rule and the progress drivers, in one
+process against a scripted communicator (the MPI runs are in test_mpi.py)."""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+import netdef
+from netdef.blob import Blob
+from netdef.comm import exchange as ex
+from netdef.comm.communicator import Communicator, CommunicatorError
+from netdef.comm.progress import (
+    PollDriver,
+    ThreadDriver,
+    choose_mode,
+    make_driver,
+    mode_name,
+)
+from netdef.comm.timeline import (
+    BucketRecord,
+    IterationRecord,
+    Measurements,
+    Timeline,
+    write_chrome_trace,
+)
+
+
+class ScriptedComm(Communicator):
+    """``size`` ranks whose other members contribute ``(size - 1) * x + 1`` to every sum, so that
+    the average of a gradient g is g + 1/size. Requests complete one per ``test_some`` call (one
+    step of progress per poll) or all in ``wait_all``. ``log`` records starts and completions."""
+
+    def __init__(self, size=4, events=None):
+        self.size = size
+        self.rank = 0
+        self.log = events if events is not None else []
+        self._pending = []
+
+    def _complete(self, request):
+        buf = request["buffer"]
+        buf *= buf.dtype.type(self.size)
+        buf += buf.dtype.type(1)
+        request["done"] = True
+        self.log.append(("done", request["n"]))
+
+    def iallreduce(self, array):
+        assert isinstance(array, np.ndarray) and array.flags.c_contiguous
+        request = {"buffer": array, "done": False, "n": array.size}
+        self._pending.append(request)
+        self.log.append(("start", array.size))
+        return request
+
+    def test_some(self, requests):
+        active = [i for i, r in enumerate(requests) if r is not None]
+        if not active:
+            return []
+        first = active[0]
+        if not requests[first]["done"]:
+            self._complete(requests[first])
+        requests[first] = None
+        return [first]
+
+    def wait_all(self, requests):
+        for i, r in enumerate(requests):
+            if r is not None and not r["done"]:
+                self._complete(r)
+            requests[i] = None
+
+
+NET = """
+layer { name: "in" type: "Input" top: "x" top: "t" input_param { shape { dim: 4 dim: 6 } shape { dim: 4 dim: 3 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "x" top: "h"
+        inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.5 }
+                              bias_filler { type: "constant" value: 0.1 } } }
+layer { name: "relu" type: "ReLU" bottom: "h" top: "h" }
+layer { name: "ip2" type: "InnerProduct" bottom: "h" top: "y"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.5 }
+                              bias_filler { type: "constant" value: 0.2 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "t" top: "loss" }
+"""
+
+
+def make_net(seed=3):
+    netdef.set_random_seed(seed)
+    net = netdef.Net(NET, netdef.TRAIN)
+    rng = np.random.default_rng(seed)
+    net.blobs["x"].data[...] = rng.standard_normal((4, 6))
+    net.blobs["t"].data[...] = rng.standard_normal((4, 3))
+    return net
+
+
+def reference_gradients(net):
+    net.clear_param_diffs()
+    net.forward_backward()
+    return [b.diff.copy() for b in net.learnable_params]
+
+
+def run_iteration(net, rule, iteration, events):
+    net.clear_param_diffs()
+    rule.measurements.begin(iteration, time.perf_counter())
+    rule.begin_iteration(iteration)
+    net.forward_range()
+    net.backward()
+    events.append(("backward end", None))
+    rule.backward_done()
+    rule.finish()
+
+
+# ============================================================================================ buckets
+def test_plan_buckets_fuses_small_blobs_and_isolates_big_ones():
+    net = make_net()
+    params = net.learnable_params  # ip1.w 120 B, ip1.b 20 B, ip2.w 60 B, ip2.b 12 B (float32)
+    buckets = ex.plan_buckets([2, 3, 0, 1], params, bucket_bytes=64)
+    assert [b.param_ids for b in buckets] == [[2], [0], [3, 1]]
+    assert [b.index for b in buckets] == [0, 1, 2]
+    assert [b.nbytes for b in buckets] == [60, 120, 32]
+    # Everything fits in one bucket; and a bound of one byte gives every blob its own.
+    assert [b.param_ids for b in ex.plan_buckets([2, 3, 0, 1], params, 1 << 20)] == [[2, 3, 0, 1]]
+    assert [b.param_ids for b in ex.plan_buckets([2, 3, 0, 1], params, 1)] == [[2], [3], [0], [1]]
+
+
+def test_plan_buckets_splits_by_dtype_and_skips_empty_blobs():
+    params = [Blob(3, dtype=np.float32), Blob(2, dtype=np.float64), Blob(0, dtype=np.float32), Blob(4, dtype=np.float32)]
+    buckets = ex.plan_buckets([0, 1, 2, 3], params, 1 << 20)
+    assert [b.param_ids for b in buckets] == [[0], [1], [3]]
+    assert [b.buffer.dtype if b.buffer is not None else b.dtype for b in buckets] == [np.float32, np.float64, np.float32]
+
+
+def test_bucket_pack_unpack_round_trip_and_in_place_single_blob():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.array([10.0, 20.0], dtype=np.float32)
+    fused = ex.Bucket(0, np.float32, [0, 1], [a.shape, b.shape])
+    fused.pack(0, a)
+    fused.pack(1, b)
+    assert fused.full and not fused.in_place
+    np.testing.assert_array_equal(fused.buffer, [0, 1, 2, 3, 4, 5, 10, 20])
+    fused.buffer *= 2
+    out_a, out_b = np.zeros_like(a), np.zeros_like(b)
+    fused.unpack(0, out_a, 4)
+    fused.unpack(1, out_b, 4)
+    np.testing.assert_array_equal(out_a, a / 2)
+    np.testing.assert_array_equal(out_b, b / 2)
+    single = ex.Bucket(1, np.float32, [2], [a.shape])
+    diff = a.copy()
+    single.pack(0, diff)
+    assert single.in_place and np.shares_memory(single.buffer, diff)
+    single.buffer *= 3
+    single.unpack(0, diff, 3)
+    np.testing.assert_array_equal(diff, a)
+
+
+# ============================================================================================ allreduce rule
+@pytest.mark.parametrize("overlap", [True, False])
+def test_allreduce_averages_into_the_diffs(overlap):
+    net = make_net()
+    expected = reference_gradients(net)
+    events = []
+    comm = ScriptedComm(size=4, events=events)
+    rule = ex.AllreduceExchange(comm, net, ex.ExchangeOptions(overlap=overlap, bucket_bytes=64, progress="POLL"))
+    net.register_backward_hook(lambda li, ids: (events.append(("hook", li)), rule.gradients_ready(ids)))
+    for iteration in range(3):
+        events.clear()
+        run_iteration(net, rule, iteration, events)
+        for blob, g in zip(net.learnable_params, expected):
+            np.testing.assert_allclose(blob.diff, g + 0.25, rtol=1e-6, atol=1e-6)
+        starts = [i for i, e in enumerate(events) if e[0] == "start"]
+        end = events.index(("backward end", None))
+        assert len(starts) == 3
+        if overlap and iteration > 0:
+            # ip2's weight bucket starts right after ip2's backward, before ip1's.
+            assert starts[0] < events.index(("hook", 1)) < end
+        else:
+            assert min(starts) > end  # the first iteration learns the layout; overlap off waits
+        record = rule.measurements.current
+        assert [b.index for b in record.buckets] == [0, 1, 2]
+        assert record.bytes == 60 + 120 + 32
+        assert all(b.ready_at <= b.started_at <= b.done_at for b in record.buckets)
+        assert record.wait_s >= 0 and record.exchange_call_s > 0
+
+
+def test_allreduce_on_one_rank_touches_nothing():
+    net = make_net()
+    expected = reference_gradients(net)
+    rule = ex.AllreduceExchange(Communicator(), net, ex.ExchangeOptions(bucket_bytes=64))
+    net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
+    run_iteration(net, rule, 0, [])
+    assert rule.buckets is None and rule.driver is None
+    for blob, g in zip(net.learnable_params, expected):
+        np.testing.assert_array_equal(blob.diff, g)
+
+
+def test_out_of_order_gradients_are_an_error():
+    net = make_net()
+    rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(bucket_bytes=64, progress="POLL"))
+    hook = lambda li, ids: rule.gradients_ready(ids)
+    net.register_backward_hook(hook)
+    run_iteration(net, rule, 0, [])
+    rule.measurements.begin(1, time.perf_counter())
+    rule.begin_iteration(1)
+    with pytest.raises(RuntimeError, match="out of the order"):
+        rule.gradients_ready([0, 1])  # ip1's before ip2's
+
+
+def test_missing_gradients_are_reported_at_backward_end():
+    net = make_net()
+    rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(bucket_bytes=64, progress="POLL"))
+    net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
+    run_iteration(net, rule, 0, [])
+    rule.measurements.begin(1, time.perf_counter())
+    rule.begin_iteration(1)
+    rule.gradients_ready([2, 3])
+    with pytest.raises(RuntimeError, match="backward ended before the gradients of ip1"):
+        rule.backward_done()
+
+
+# ============================================================================================ registry
+def test_registry():
+    assert "allreduce" in ex.registered_exchanges()
+    assert ex.exchange_class("allreduce") is ex.AllreduceExchange
+    with pytest.raises(ValueError, match="unknown exchange rule 'gossip'; registered: .*allreduce"):
+        ex.exchange_class("gossip")
+
+    @ex.register_exchange("test-noop")
+    class Noop(ex.ExchangeRule):
+        pass
+
+    try:
+        assert ex.exchange_class("test-noop") is Noop and Noop.name == "test-noop"
+        with pytest.raises(ValueError, match="already registered"):
+            ex.register_exchange("test-noop")(type("Other", (ex.ExchangeRule,), {}))
+    finally:
+        ex._RULES.pop("test-noop")
+
+
+def test_base_rule_broadcasts_every_parameter():
+    calls = []
+
+    class Recording(Communicator):
+        def broadcast(self, array, root=0):
+            calls.append((array.shape, root))
+
+    net = make_net()
+    ex.ExchangeRule(Recording(), net).broadcast_initial()
+    assert calls == [((5, 6), 0), ((5,), 0), ((3, 5), 0), ((3,), 0)]
+
+
+# ============================================================================================ progress
+class FakeBucket:
+    def __init__(self, n):
+        self.buffer = np.ones(n, dtype=np.float32)
+        self.started_at = self.done_at = float("nan")
+
+
+def test_choose_mode():
+    assert choose_mode(Communicator(), "AUTO") == "POLL"
+    assert choose_mode(Communicator(), "thread") == "THREAD"
+    assert choose_mode(Communicator(), "MPI_ASYNC") == "POLL"  # not MPICH with its progress thread
+    assert mode_name(2) == "THREAD"
+    with pytest.raises(ValueError, match="unknown progress mode 'fast'"):
+        mode_name("fast")
+
+
+@pytest.mark.parametrize("mode", ["POLL", "THREAD", "MPI_ASYNC"])
+def test_drivers_complete_every_bucket(mode):
+    comm = ScriptedComm(size=2)
+    driver = make_driver(comm, mode)
+    buckets = [FakeBucket(n) for n in (3, 5, 7)]
+    try:
+        for bucket in buckets:
+            driver.start(bucket)
+            driver.poke()
+        driver.wait_all()
+    finally:
+        driver.close()
+    for bucket in buckets:
+        np.testing.assert_array_equal(bucket.buffer, 3.0)  # 1 * 2 + 1
+        assert bucket.started_at <= bucket.done_at
+    assert [e for e in comm.log if e[0] == "start"] == [("start", 3), ("start", 5), ("start", 7)]
+
+
+def test_poll_driver_progresses_only_when_poked():
+    comm = ScriptedComm(size=2)
+    driver = PollDriver(comm)
+    driver.start(FakeBucket(2))
+    driver.start(FakeBucket(2))
+    assert [e[0] for e in comm.log] == ["start", "start"]
+    driver.poke()
+    assert [e[0] for e in comm.log] == ["start", "start", "done"]
+    driver.wait_all()
+    assert [e[0] for e in comm.log].count("done") == 2
+
+
+def test_thread_driver_reports_a_failure_of_its_thread():
+    class Broken(ScriptedComm):
+        def iallreduce(self, array):
+            raise RuntimeError("link down")
+
+    driver = ThreadDriver(Broken())
+    driver.start(FakeBucket(2))
+    with pytest.raises(CommunicatorError, match="communication thread failed: link down"):
+        driver.wait_all()
+    driver.close()
+
+
+# ============================================================================================ timeline
+def test_measurements_summary_skips_the_first_iteration():
+    m = Measurements()
+    for i, wait in enumerate([9.0, 1.0, 3.0, 2.0]):
+        record = m.begin(i, 0.0)
+        record.wait_s = wait
+        record.bytes = 100
+        record.buckets = [BucketRecord(0, 100, 1, 0.0, 0.5, 1.5)]
+    summary = m.summary()
+    assert summary["iterations"] == 3 and summary["wait_s"] == 2.0
+    assert summary["exchange_s"] == 1.0 and summary["bytes"] == 100 and summary["buckets"] == 1
+    assert Measurements().summary() == {"iterations": 0}
+
+
+def test_chrome_trace_file(tmp_path):
+    lines = []
+    for rank in range(2):
+        timeline = Timeline(rank, origin=10.0)
+        timeline.span("ip1 backward", 10.001, 10.003)
+        record = IterationRecord(5, 10.0, buckets=[BucketRecord(0, 64, 2, 10.002, 10.002, 10.004)])
+        timeline.record_iteration(record)
+        lines.append(timeline.to_json())
+    path = tmp_path / "trace.json"
+    write_chrome_trace(path, lines)
+    doc = json.loads(path.read_text())
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == {0, 1}
+    backward = next(e for e in spans if e["name"] == "ip1 backward" and e["pid"] == 1)
+    assert backward["ts"] == pytest.approx(1000.0) and backward["dur"] == pytest.approx(2000.0)
+    bucket = next(e for e in spans if e["name"] == "bucket 0" and e["pid"] == 0)
+    assert bucket["args"]["bytes"] == 64 and bucket["args"]["iteration"] == 5
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {"rank 0", "rank 1"}

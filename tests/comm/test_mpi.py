@@ -1,0 +1,232 @@
+"""Real MPI runs (``mpiexec -n N python -m netdef.cli train ...``, oversubscribed is fine): the
+distributed result equals one process with an N times larger batch over the same records; tests
+are aggregated; resuming restores every rank; failures end the job; the timeline is written.
+Every run has a timeout, so a hang fails the test instead of the suite."""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import time
+
+import numpy as np
+import pytest
+
+import netdef
+from netdef.solver import get_solver
+from tests.comm.fixtures import mpi_available, run_netdef, run_python, write_case
+
+AVAILABLE, WHY_NOT = mpi_available()
+pytestmark = pytest.mark.skipif(not AVAILABLE, reason=WHY_NOT)
+
+BATCH = 4        # per rank
+ITERATIONS = 4
+RECORDS = 24     # divisible by every N * BATCH used: each epoch splits evenly
+TEST_ITER = 2
+
+
+def weights(net_path, model_path) -> dict:
+    net = netdef.Net(str(net_path), netdef.TRAIN, weights=str(model_path))
+    out = {name: [b.data.copy() for b in blobs] for name, blobs in net.params.items()}
+    for layer in net.layers:
+        getattr(layer, "close", lambda: None)()
+    return out
+
+
+def relative_error(a, b) -> float:
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def logged_test_outputs(text: str) -> dict:
+    """{name: value} of the last test in a log."""
+    found = {}
+    for name, value in re.findall(r"Test net output #\d+: (\w+) = ([-+.\deE]+)", text):
+        found[name] = float(value)
+    return found
+
+
+def logged_train_losses(text: str) -> list[float]:
+    return [float(v) for v in re.findall(r"Iteration \d+ \([^)]*\), loss = ([-+.\deE]+)", text)]
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """One process with batch N * BATCH, per (N, iter_size): (folder, final weights, initial weights,
+    test outputs)."""
+    cache = {}
+
+    def get(ranks: int, iter_size: int):
+        key = (ranks, iter_size)
+        if key not in cache:
+            folder = tmp_path_factory.mktemp(f"ref{ranks}x{iter_size}")
+            solver_path = write_case(folder, "single", ranks * BATCH, ITERATIONS, records=RECORDS,
+                                     test_records=RECORDS, test_iter=TEST_ITER, iter_size=iter_size)
+            solver = get_solver(str(solver_path))
+            initial = {name: [b.data.copy() for b in blobs] for name, blobs in solver.net.params.items()}
+            solver.solve()
+            final = {name: [b.data.copy() for b in blobs] for name, blobs in solver.net.params.items()}
+            scores = {name: float(values[-1]) for name, values in solver.test_scores.items()}
+            cache[key] = (final, initial, scores)
+        return cache[key]
+
+    return get
+
+
+EQUIVALENCE_CASES = [
+    # ranks, overlap, progress, iter_size, timeline
+    pytest.param(2, "on", "poll", 1, True, id="2ranks-overlap-poll-timeline"),
+    pytest.param(2, "off", "poll", 1, False, id="2ranks-no-overlap"),
+    pytest.param(3, "on", "thread", 1, False, id="3ranks-overlap-thread"),
+    pytest.param(3, "off", "poll", 1, False, id="3ranks-no-overlap"),
+    pytest.param(2, "on", "thread", 2, False, id="2ranks-iter_size2-thread"),
+    pytest.param(2, "on", "mpi_async", 1, False, id="2ranks-mpi_async"),
+]
+
+
+@pytest.mark.parametrize("ranks, overlap, progress, iter_size, timeline", EQUIVALENCE_CASES)
+def test_equals_one_process_with_n_times_the_batch(tmp_path, references, ranks, overlap, progress, iter_size,
+                                                    timeline):
+    solver = write_case(tmp_path, "dist", BATCH, ITERATIONS, records=RECORDS, test_records=RECORDS,
+                        test_iter=TEST_ITER, iter_size=iter_size)
+    args = ["train", str(solver), f"--overlap={overlap}", "--progress", progress, "--bucket_bytes", "256"]
+    if timeline:
+        args += ["--timeline", str(tmp_path / "trace.json")]
+    run = run_netdef(args, ranks, tmp_path, timeout=90)
+    assert run.returncode == 0, run.stderr[-3000:]
+    log = run.stderr + run.stdout
+    effective = ranks * BATCH * iter_size
+    assert f"{ranks} ranks x iter_size {iter_size} = effective batch {effective}" in log
+    assert f"overlap {overlap}" in log and f"progress {progress.upper()}" in log
+    assert log.count("Optimization Done.") == 1  # only rank 0 logs
+
+    final, initial, scores = references(ranks, iter_size)
+    got = weights(tmp_path / "dist_net.prototxt", tmp_path / f"dist_iter_{ITERATIONS}.caffemodel")
+    assert got.keys() == final.keys()
+    for name in final:
+        for j, (a, b, start) in enumerate(zip(got[name], final[name], initial[name])):
+            assert np.abs(b - start).max() > 1e-3, f"{name}[{j}] did not train"
+            assert relative_error(a, b) < 1e-5, f"{name}[{j}] differs: relative error {relative_error(a, b)}"
+    # The test pass: each rank tested its shard; averaged, it equals the big-batch test.
+    tested = logged_test_outputs(log)
+    assert tested.keys() == scores.keys() == {"accuracy", "loss"}
+    for name, value in scores.items():
+        assert tested[name] == pytest.approx(value, rel=1e-4, abs=1e-5)
+    if timeline:
+        check_timeline(tmp_path / "trace.json", ranks)
+
+
+def check_timeline(path: pathlib.Path, ranks: int) -> None:
+    doc = json.loads(path.read_text())
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    for rank in range(ranks):
+        names = {e["name"] for e in spans if e["pid"] == rank}
+        assert {"ip1 forward", "ip1 backward", "scale backward", "loss forward"} <= names
+        assert "wait for exchanges + average" in names
+        buckets = [e for e in spans if e["pid"] == rank and e["name"].startswith("bucket ")]
+        # 4 iterations x (ip1.w, ip2.w and the fused small blobs) with 256-byte buckets.
+        assert len(buckets) == ITERATIONS * 4
+        assert all(e["args"]["bytes"] > 0 for e in buckets)
+    # Overlap: after the first iteration, ip2's shared weight bucket starts before ip1's backward ends.
+    rank0 = sorted((e for e in spans if e["pid"] == 0), key=lambda e: e["ts"])
+    last_ip1 = [e for e in rank0 if e["name"] == "ip1 backward"][-1]
+    early = [e for e in rank0 if e["name"].startswith("bucket ") and e["args"]["iteration"] == ITERATIONS - 1
+             and e["ts"] < last_ip1["ts"]]
+    assert early, "no bucket started during backward"
+
+
+def test_resume_restores_every_rank(tmp_path):
+    # 25 records over 2 ranks: shards of 13 and 12 records. Resumed after 2 batches, each rank must go
+    # on from its own position (17 and 16), and rank 0 wraps in the middle of its 4th batch.
+    full = write_case(tmp_path, "full", BATCH, 5, records=25, snapshot=2)
+    full_run = run_netdef(["train", str(full)], 2, tmp_path, timeout=90)
+    assert full_run.returncode == 0, full_run.stderr[-3000:]
+    state = tmp_path / "full_iter_2.solverstate"
+    ranks_file = pathlib.Path(str(state) + ".ranks.json")
+    assert json.loads(ranks_file.read_text())["ranks"] == 2
+    resumed = write_case(tmp_path, "resumed", BATCH, 5, records=25)
+    resumed_run = run_netdef(["train", str(resumed), "--snapshot", str(state)], 2, tmp_path, timeout=90)
+    assert resumed_run.returncode == 0, resumed_run.stderr[-3000:]
+    assert "per-rank" not in resumed_run.stderr  # no warning: every rank found its own state
+    full_losses = logged_train_losses(full_run.stderr)
+    resumed_losses = logged_train_losses(resumed_run.stderr)
+    assert len(full_losses) == 5 and resumed_losses == full_losses[2:]
+    a = weights(tmp_path / "full_net.prototxt", tmp_path / "full_iter_5.caffemodel")
+    b = weights(tmp_path / "resumed_net.prototxt", tmp_path / "resumed_iter_5.caffemodel")
+    for name in a:
+        for x, y in zip(a[name], b[name]):
+            np.testing.assert_allclose(y, x, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("mode", ["raise", "kill"])
+def test_a_failing_rank_ends_the_job(tmp_path, mode):
+    solver = write_case(tmp_path, "fail", BATCH, 50, records=RECORDS,
+                        param_str=f"fail_rank=1 fail_iter=3 mode={mode}")
+    start = time.monotonic()
+    run = run_netdef(["train", str(solver)], 2, tmp_path, timeout=60)
+    elapsed = time.monotonic() - start
+    assert run.returncode != 0
+    assert elapsed < 30
+    assert not (tmp_path / "fail_iter_50.caffemodel").exists()
+    if mode == "raise":
+        assert "deliberate failure in layer 'scale' on rank 1 at pass 3" in run.stderr
+        assert "rank 1 of 2 failed: RuntimeError" in run.stderr
+
+
+COMMUNICATOR_SCRIPT = r'''
+import sys
+import numpy as np
+from netdef.comm import create_communicator, create_solver, run_guarded, MPICommunicator
+
+comm = create_communicator()
+assert isinstance(comm, MPICommunicator), comm
+rank, size = comm.rank, comm.size
+
+
+def main():
+    a = np.full(3, rank, dtype=np.float32)
+    comm.broadcast(a, root=size - 1)
+    assert (a == size - 1).all(), a
+    b = np.array([rank, -rank], dtype=np.float64)
+    comm.allreduce(b)
+    assert b.tolist() == [sum(range(size)), -sum(range(size))], b
+    flags = np.array([rank == 1, 0], dtype=np.int32)
+    comm.allreduce(flags, op="max")
+    assert flags.tolist() == [1, 0]
+    assert comm.broadcast_int(41 + rank) == 41
+    gathered = comm.gather_bytes(b"r%d" % rank)
+    assert gathered == ([b"r%d" % r for r in range(size)] if rank == 0 else None), gathered
+    buffers = [np.full(4, rank + k, dtype=np.float32) for k in range(3)]
+    requests = [comm.iallreduce(x) for x in buffers]
+    assert set(comm.test_some(requests)) <= {0, 1, 2}
+    comm.wait_all(requests)
+    assert requests == [None] * 3
+    for k, x in enumerate(buffers):
+        assert (x == sum(r + k for r in range(size))).all(), x
+
+    # Rank 0's parameters win, whatever the others start from.
+    solver = create_solver(sys.argv[1], comm=comm)
+    if rank:
+        for blobs in solver.net.params.values():
+            for blob in blobs:
+                blob.data[...] = rank
+    solver.step(1)
+    solver.close()
+    state = b"".join(blob.data.tobytes() for blobs in solver.net.params.values() for blob in blobs)
+    everyone = comm.gather_bytes(state)
+    if rank == 0:
+        assert all(s == everyone[0] for s in everyone), "ranks diverged"
+    comm.barrier()
+    print(f"rank {rank} ok", flush=True)
+
+
+run_guarded(comm, main)
+'''
+
+
+def test_communicator_and_initial_broadcast_under_mpi(tmp_path):
+    solver = write_case(tmp_path, "bcast", BATCH, 1, records=RECORDS)
+    script = tmp_path / "check_comm.py"
+    script.write_text(COMMUNICATOR_SCRIPT)
+    run = run_python([str(script), str(solver)], 3, tmp_path, timeout=90)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(re.findall(r"rank (\d) ok", run.stdout)) == ["0", "1", "2"]  # lines may interleave
