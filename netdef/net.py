@@ -117,6 +117,7 @@ class Net:
         self.force_backward = param.force_backward
         self.param_def = param
         self._backward_hooks: list[BackwardHook] = []
+        self._layer_hooks: list[tuple] = []  # (before_forward, after_forward, before_backward, after_backward)
         self._build(param)
         if weights is not None:
             self.copy_from(weights)
@@ -428,10 +429,17 @@ class Net:
         """Run layers start..end inclusive; return the weighted loss they produced."""
         end = len(self.layers) - 1 if end is None else end
         loss = 0.0
+        hooks = self._layer_hooks
         for li in range(start, end + 1):
             layer, bottom, top = self.layers[li], self._bottom_vecs[li], self._top_vecs[li]
+            for before, _, _, _ in hooks:
+                if before:
+                    before(li)
             layer.reshape(bottom, top)
             layer.forward(bottom, top)
+            for _, after, _, _ in hooks:
+                if after:
+                    after(li)
             for blob, weight in zip(top, self._loss_weights[li]):
                 if weight:
                     loss += weight * float(blob.data.sum())
@@ -462,6 +470,17 @@ class Net:
     def remove_backward_hook(self, hook: BackwardHook) -> None:
         self._backward_hooks.remove(hook)
 
+    def register_layer_hooks(self, before_forward=None, after_forward=None, before_backward=None,
+                             after_backward=None) -> tuple:
+        """Call ``fn(layer_index)`` around every layer's forward and backward (tracing, progress polls).
+        ``after_backward`` runs before that layer's gradient hooks. Returns a handle for removal."""
+        handle = (before_forward, after_forward, before_backward, after_backward)
+        self._layer_hooks.append(handle)
+        return handle
+
+    def remove_layer_hooks(self, handle: tuple) -> None:
+        self._layer_hooks.remove(handle)
+
     def _fill_loss_diffs(self, start: int, end: int) -> None:
         for li in range(start, end + 1):
             for blob, weight in zip(self._top_vecs[li], self._loss_weights[li]):
@@ -471,9 +490,16 @@ class Net:
     def backward_range(self, start: int | None = None, end: int = 0) -> None:
         """Run backward from layer ``start`` down to layer ``end`` (inclusive)."""
         start = len(self.layers) - 1 if start is None else start
+        hooks = self._layer_hooks
         for li in range(start, end - 1, -1):
+            for _, _, before, _ in hooks:
+                if before:
+                    before(li)
             if self.layer_need_backward[li]:
                 self.layers[li].backward(self._top_vecs[li], self.bottom_need_backward[li], self._bottom_vecs[li])
+            for _, _, _, after in hooks:
+                if after:
+                    after(li)
             if self._final_at[li]:
                 for hook in self._backward_hooks:
                     hook(li, self._final_at[li])

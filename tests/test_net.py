@@ -276,3 +276,27 @@ def test_missing_required_field_and_parameter_errors_name_the_line():
     with pytest.raises(NetError, match=r"^<prototxt string>:2: layer 'conv' \(Convolution\) with bottoms "
                                        r"\[x \(2, 3, 5, 5\)\]: num_output must be positive$"):
         netdef.Net(conv, netdef.TEST)
+
+
+def test_layer_hooks_wrap_every_forward_and_backward_in_order():
+    net = netdef.Net(TINY, netdef.TRAIN)
+    events = []
+    handle = net.register_layer_hooks(
+        before_forward=lambda li: events.append(("f<", li)), after_forward=lambda li: events.append(("f>", li)),
+        before_backward=lambda li: events.append(("b<", li)), after_backward=lambda li: events.append(("b>", li)))
+    net.register_backward_hook(lambda li, ids: events.append(("grad", li)))
+    x, y = tiny_inputs()
+    net.forward(data=x, label=y)
+    net.backward()
+    n = len(net.layers)
+    forward = [e for e in events if e[0].startswith("f")]
+    assert forward == [(k, li) for li in range(n) for k in ("f<", "f>")]
+    backward = [e for e in events if not e[0].startswith("f")]
+    ip1 = [l.name for l in net.layers].index("ip1")
+    # Every layer is visited, in reverse; a layer's gradient hook comes right after its after_backward.
+    assert [e for e in backward if e[0] == "b>"] == [("b>", li) for li in range(n - 1, -1, -1)]
+    assert backward[backward.index(("b>", ip1)) + 1] == ("grad", ip1)
+    net.remove_layer_hooks(handle)
+    events.clear()
+    net.forward(data=x, label=y)
+    assert events == []
