@@ -318,3 +318,137 @@ def _col2im_cuda(cols, x_shape, geom, out_sizes, out):
                                                             *geom.dilation, *out_sizes) + (target,))
     if target is not out:
         out[...] = target
+
+
+# ---------------------------------------------------------------------------------------- row products
+# CPU stride-1 2-D convolutions without a full column matrix. The input is stored "rows first":
+# xb[h, n, w, c] (padded H, sample, padded W, channel). Expanding it over the kernel COLUMNS only,
+#     q[h, n, wo, j, c] = xb[h, n, wo + j*dw, c]      (kw*C contiguous cells per row: one run per (h, n, wo)),
+# makes the column-matrix rows of kernel row i the rows h = ho + i*dh of q, and those are one
+# contiguous block of q (its first axis is h). So the convolution is kh products
+#     y[(ho, n, wo), o] = sum_i q[(ho + i*dh, n, wo), (j, c)] @ wq[i][(j, c), o]
+# over views of q, with no copy per kernel row, on a matrix kw (not kh*kw) times the input, and with
+# unit-stride K in both operands (BLAS's fastest orientation here). When kw*C is small, a product
+# with so short a K runs slowly: then the kernel rows are "folded" into q as well (fold = kh: the
+# classic column matrix, in this rows-first layout, and one product).
+ROW_PRODUCTS = True          # tests switch the path off to compare it with the column path
+ROW_MIN_WIDTH = 64           # Convolution takes this path when kw * C is at least this (see vision.py)
+ROW_FOLD_BELOW = 64          # fold the kernel rows into q when kw * C is below this
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """The rows-first layout of a stride-1 2-D convolution of inputs (n, C, H, W) (see above)."""
+
+    n: int
+    channels: int
+    spatial: tuple
+    geom: Geometry
+    fold: int
+
+    @property
+    def padded(self) -> tuple:
+        return tuple(s + 2 * p for s, p in zip(self.spatial, self.geom.pad))
+
+    @property
+    def out(self) -> tuple:
+        return self.geom.conv_out(self.spatial)
+
+    @property
+    def products(self) -> int:
+        return self.geom.kernel[0] // self.fold
+
+    @property
+    def width(self) -> int:
+        """K of each product: (fold kernel rows) x kw x C."""
+        return self.fold * self.geom.kernel[1] * self.channels
+
+    @property
+    def q_rows(self) -> int:
+        """Rows h of q: the output rows plus the reach of the kernel rows not folded in."""
+        return self.out[0] + (self.products - 1) * self.fold * self.geom.dilation[0]
+
+    @property
+    def block(self) -> int:
+        """Rows of q (and of the output) per row h: n * W_out."""
+        return self.n * self.out[1]
+
+    @property
+    def q_bytes_per_sample(self) -> int:
+        return self.q_rows * self.out[1] * self.width
+
+    def expands(self) -> bool:
+        """Whether q differs from xb (otherwise the products read xb itself)."""
+        return not (self.fold == 1 and self.geom.kernel[1] == 1)
+
+
+def row_plan(n, channels, spatial, geom: Geometry) -> RowPlan:
+    fold = geom.kernel[0] if geom.kernel[1] * channels < ROW_FOLD_BELOW else 1
+    return RowPlan(int(n), int(channels), tuple(spatial), geom, fold)
+
+
+def row_weights(w, fold: int):
+    """Weights (O, C, kh, kw) as the kh/fold right-hand sides (kh/fold, fold*kw*C, O) of the products."""
+    o, c, kh, kw = w.shape
+    return np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(kh // fold, fold * kw * c, o)
+
+
+def row_weight_grad(dwq, shape):
+    """The (kh/fold, fold*kw*C, O) gradient of row_weights as a (O, C, kh, kw) view."""
+    o, c, kh, kw = shape
+    return dwq.reshape(kh, kw, c, o).transpose(3, 2, 0, 1)
+
+
+def row_pad(x_rows, plan: RowPlan, ws: Workspace, key):
+    """xb (Hp, n, Wp, C): ``x_rows`` (H, n, W, C) (any strides, e.g. a transposed NCHW array) inside a
+    zero border. The border of the workspace array is zeroed when it is created, never written after."""
+    (ph, pw), (h, w) = plan.geom.pad, plan.spatial
+    hp, wp = plan.padded
+    if not (ph or pw) and x_rows.flags.c_contiguous:
+        return x_rows
+    xb = ws.get(key, (hp, plan.n, wp, plan.channels), x_rows.dtype, np, fill=0)
+    xb[ph:ph + h, :, pw:pw + w, :] = x_rows
+    return xb
+
+
+def row_expand(xb, plan: RowPlan, ws: Workspace, key):
+    """q as the matrix (q_rows * n * W_out, width): one strided copy of xb (or xb itself)."""
+    if not plan.expands():
+        return xb.reshape(-1, plan.channels)
+    (_, kw), (dh, dw) = plan.geom.kernel, plan.geom.dilation
+    s0, s1, s2, s3 = xb.strides
+    shape = (plan.q_rows, plan.n, plan.out[1], plan.fold, kw, plan.channels)
+    view = np.lib.stride_tricks.as_strided(xb, shape=shape, strides=(s0, s1, s2, dh * s0, dw * s2, s3),
+                                           writeable=False)
+    q = ws.get(key, (plan.q_rows * plan.block, plan.width), xb.dtype, np)
+    q.reshape(shape)[...] = view
+    return q
+
+
+def _row_slice(plan: RowPlan, i: int, start: int, stop: int):
+    # Product i reads the q rows h = ho + i*fold*dh: output row block [start, stop) of it.
+    shift = i * plan.fold * plan.geom.dilation[0] * plan.block
+    return slice(shift + start, shift + stop)
+
+
+def row_product(q, wq, plan: RowPlan, out, ws: Workspace):
+    """out (H_out * n * W_out, O) = sum over the products i of q_i @ wq[i]; rows ordered (ho, n, wo)."""
+    rows = out.shape[0]
+    np.matmul(q[_row_slice(plan, 0, 0, rows)], wq[0], out=out)
+    if plan.products > 1:
+        # Whole products, then one add each: row blocks that keep the partial sums in cache measured
+        # slower (BLAS's two threads run small products less efficiently than the adds cost).
+        part = ws.get(("rows", "part"), out.shape, out.dtype, np)
+        for i in range(1, plan.products):
+            np.matmul(q[_row_slice(plan, i, 0, rows)], wq[i], out=part)
+            np.add(out, part, out=out)
+    return out
+
+
+def row_weight_product(q, dy_rows, plan: RowPlan):
+    """The weight gradient (kh/fold, width, O): q_i^T @ dy_rows for each product i."""
+    rows = dy_rows.shape[0]
+    dwq = np.empty((plan.products, plan.width, dy_rows.shape[1]), dy_rows.dtype)
+    for i in range(plan.products):
+        np.matmul(q[_row_slice(plan, i, 0, rows)].T, dy_rows, out=dwq[i])
+    return dwq

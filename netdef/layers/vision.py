@@ -16,9 +16,11 @@ from .. import backend
 from ..blob import Blob
 from ..fillers import fill
 from ..proto import netdef_pb2 as pb
+from . import im2col as _cols
 from . import kernels
 from .base import TRAIN, Layer, register_layer
-from .im2col import (Geometry, Workspace, col2im, column_layout, im2col, offset_slices, padded,
+from .im2col import (Geometry, Workspace, col2im, column_layout, im2col, offset_slices, padded, row_expand,
+                     row_pad, row_plan, row_product, row_weight_grad, row_weight_product, row_weights,
                      use_kernels, window_view)
 
 _Pool = pb.PoolingParameter
@@ -27,6 +29,8 @@ _LRN = pb.LRNParameter
 # CPU a matrix that stays in cache is faster to build and to multiply than one for the whole batch.
 COLUMN_BUDGET_CPU = 8 << 20
 COLUMN_BUDGET_GPU = 256 << 20
+# The CPU row-product path (im2col.RowPlan) takes chunks whose expanded rows take about this many bytes.
+ROW_BUDGET = 32 << 20
 
 
 def _ints(*values):
@@ -121,6 +125,7 @@ class _ConvolutionBase(Layer):
                 fill(self.blobs[1], cp.bias_filler)
         self.ws = Workspace()
         self._cols_fresh = {}
+        self._rows_last = {}
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape
@@ -192,6 +197,9 @@ class ConvolutionLayer(_ConvolutionBase):
 
     def forward(self, bottom, top):
         xp = backend.get_array_module(bottom[0].data)
+        if self._rows_eligible(xp):
+            return self._forward_rows(bottom, top)
+        self._rows_last.clear()
         o, g = self.num_output, self.group
         w = self._weights()
         chunks = self._chunks(xp, self.channels, self.in_spatial, bottom[0].dtype)
@@ -203,13 +211,18 @@ class ConvolutionLayer(_ConvolutionBase):
                 y = self.ws.get(("y", lay.x_shape[0]), (o, lay.ncols), x.dtype, xp)
                 self._gemm(xp, w, cols.reshape(g, -1, lay.ncols), y.reshape(g, -1, lay.ncols))
                 if self.bias_term:
-                    y += self.blobs[1].data[:, None]
-                y_all[start:stop] = lay.gather(y)
+                    # One pass: the output columns plus the bias, written into the top.
+                    bias = self.blobs[1].data.reshape((1, o) + (1,) * self.num_spatial)
+                    xp.add(lay.gather(y), bias, out=y_all[start:stop])
+                else:
+                    y_all[start:stop] = lay.gather(y)
             # The last chunk's columns are still in the workspace: backward starts with that chunk.
             self._cols_fresh[i] = True
 
     def backward(self, top, propagate_down, bottom):
         xp = backend.get_array_module(top[0].diff)
+        if self._rows_eligible(xp):
+            return self._backward_rows(top, propagate_down, bottom)
         o, g = self.num_output, self.group
         w = self._weights()
         want_w = self.param_propagate_down[0]
@@ -251,6 +264,114 @@ class ConvolutionLayer(_ConvolutionBase):
                     self._gemm(xp, w, dy_g, dcols.reshape(g, -1, lay.ncols), trans_a=True)
                     col2im(dcols, lay, dx_all[start:stop], self.ws)
             self._cols_fresh[i] = False
+
+    # ---- the CPU row-product path (im2col.RowPlan): stride-1 2-D convolutions, one group
+    def _rows_eligible(self, xp) -> bool:
+        g = self.geom
+        # The input gradient is the convolution of the padded top gradient with the flipped filters,
+        # which needs pad <= extent - 1 (a larger pad only adds outputs that read nothing but padding).
+        # With few input channels (a first layer) the channel-last copies of this path cost more than
+        # the products save: the column path is faster there.
+        return (xp is np and _cols.ROW_PRODUCTS and self.num_spatial == 2 and self.group == 1
+                and g.stride == (1, 1) and all(p <= e - 1 for p, e in zip(g.pad, g.extent))
+                and g.kernel[1] * self.channels >= _cols.ROW_MIN_WIDTH)
+
+    def _row_chunks(self, dtype):
+        """(start, stop, plan, backward plan) for the sample ranges processed together: as many
+        samples as keep the expanded rows near ROW_BUDGET bytes, in near-equal chunks."""
+        key = (self.num, self.in_spatial, np.dtype(dtype), _cols.ROW_FOLD_BELOW, ROW_BUDGET)
+        if getattr(self, "_row_key", None) != key:
+            geom = self.geom
+            back = Geometry(geom.kernel, geom.stride, tuple(e - 1 - p for p, e in zip(geom.pad, geom.extent)),
+                            geom.dilation)
+            one = row_plan(1, self.channels, self.in_spatial, geom)
+            one_back = row_plan(1, self.num_output, self.out_spatial, back)
+            per_sample = max(one.q_bytes_per_sample, one_back.q_bytes_per_sample) * np.dtype(dtype).itemsize
+            size = max(1, min(self.num, ROW_BUDGET // max(1, per_sample)))
+            count = -(-self.num // size)
+            size = -(-self.num // count)
+            plans = {}
+            chunks = []
+            for start in range(0, self.num, size):
+                n = min(self.num, start + size) - start
+                if n not in plans:
+                    plans[n] = (row_plan(n, self.channels, self.in_spatial, geom),
+                                row_plan(n, self.num_output, self.out_spatial, back))
+                chunks.append((start, start + n) + plans[n])
+            self._row_key, self._row_chunk_list = key, chunks
+        return self._row_chunk_list
+
+    def _forward_rows(self, bottom, top):
+        o = self.num_output
+        ho, wo = self.out_spatial
+        chunks = self._row_chunks(bottom[0].dtype)
+        wq = row_weights(self.blobs[0].data, chunks[0][2].fold)
+        bias = self.blobs[1].data[:, None, None] if self.bias_term else None
+        self._cols_fresh.clear()
+        for i, (b, t) in enumerate(zip(bottom, top)):
+            x = b.data.reshape((self.num, self.channels) + self.in_spatial)
+            y_all = t.data.reshape((self.num, o) + self.out_spatial)
+            for start, stop, plan, _ in chunks:
+                n = stop - start
+                xb = row_pad(x[start:stop].transpose(2, 0, 3, 1), plan, self.ws, ("rows", "xb", i, n))
+                q = row_expand(xb, plan, self.ws, ("rows", "q", i, n))
+                y = self.ws.get(("rows", "y", n), (ho * n * wo, o), x.dtype, np)
+                row_product(q, wq, plan, y, self.ws)
+                y = y.reshape(ho, n, wo, o).transpose(1, 3, 0, 2)
+                if bias is None:
+                    y_all[start:stop] = y
+                else:
+                    np.add(y, bias, out=y_all[start:stop])
+            # The last chunk's rows stay in the workspace: backward starts with that chunk.
+            self._rows_last[i] = q
+
+    def _backward_rows(self, top, propagate_down, bottom):
+        o, c = self.num_output, self.channels
+        (h, w), (ho, wo) = self.in_spatial, self.out_spatial
+        want_w = self.param_propagate_down[0]
+        want_b = self.bias_term and self.param_propagate_down[1]
+        dtype = top[0].diff.dtype
+        chunks = self._row_chunks(dtype)
+        wt = None
+        if any(propagate_down):
+            # The backward convolution's filters: W'[c, o, i, j] = W[o, c, kh-1-i, kw-1-j].
+            flipped = self.blobs[0].data[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
+            wt = row_weights(flipped, chunks[0][3].fold)
+        for i, (b, t) in enumerate(zip(bottom, top)):
+            last = self._rows_last.pop(i, None)
+            if not (want_w or want_b or propagate_down[i]):
+                continue
+            dy_all = t.diff.reshape((self.num, o) + self.out_spatial)
+            if want_b:
+                self.blobs[1].diff += dy_all.sum(axis=(0, 2, 3))
+            if not (want_w or propagate_down[i]):
+                continue
+            x = b.data.reshape((self.num, c) + self.in_spatial)
+            dx_all = b.diff.reshape(x.shape) if propagate_down[i] else None
+            dwq = None
+            for k, (start, stop, plan, plan_back) in enumerate(reversed(chunks)):
+                n = stop - start
+                dy_rows = self.ws.get(("rows", "dyr", n), (ho * n * wo, o), dtype, np)
+                dy_rows.reshape(ho, n, wo, o)[...] = dy_all[start:stop].transpose(2, 0, 3, 1)
+                if want_w:
+                    if k == 0 and last is not None:
+                        q = last
+                    else:
+                        xb = row_pad(x[start:stop].transpose(2, 0, 3, 1), plan, self.ws, ("rows", "xb", i, n))
+                        q = row_expand(xb, plan, self.ws, ("rows", "q", i, n))
+                    part = row_weight_product(q, dy_rows, plan)
+                    if dwq is None:
+                        dwq = part
+                    else:
+                        dwq += part
+                if dx_all is not None:
+                    dyb = row_pad(dy_rows.reshape(ho, n, wo, o), plan_back, self.ws, ("rows", "dyb", n))
+                    qt = row_expand(dyb, plan_back, self.ws, ("rows", "qt", n))
+                    dx = self.ws.get(("rows", "dx", n), (h * n * w, c), dtype, np)
+                    row_product(qt, wt, plan_back, dx, self.ws)
+                    dx_all[start:stop] = dx.reshape(h, n, w, c).transpose(1, 3, 0, 2)
+            if dwq is not None:
+                self.blobs[0].diff += row_weight_grad(dwq, self.blobs[0].shape)
 
     def _backward_data_geometry(self):
         """For stride-1 convolutions whose pad is at most extent - 1: the geometry of the convolution
@@ -558,22 +679,25 @@ class _Phases:
     """The CPU layout of 2-D pooling with small windows.
 
     The padded input is split by stride phase: plane (a, b) holds the padded cells (a + sh*t, b + sw*u)
-    as a contiguous (N*C, hq, wq) array. The cells that window offset (i, j) reads for all outputs are
-    then ONE contiguous run per plane, of oh*wq cells starting at (i//sh)*wq + j//sw, in a "full-width"
-    output layout (N*C, oh, wq) whose columns past ow are not outputs. So every per-offset operation
-    is a unit-stride (vectorized) pass, instead of a strided one that numpy runs several times slower.
+    as a contiguous (P, hq, wq) array (P = N*C planes), stored flat. The cells that window offset
+    (i, j) reads for every output of every plane are then ONE contiguous run of that flat array: from
+    (i//sh)*wq + j//sw on, P*hq*wq cells long, read in a "full" output layout (P, hq, wq) whose cells
+    past (oh, ow) are not outputs (they read padding or the next plane; nothing uses them). So every
+    per-offset operation is a single unit-stride pass: numpy runs strided or row-by-row passes several
+    times slower. The flat arrays carry ``slack`` cells past the last plane for the longest shift.
     """
 
     def __init__(self, p: Pool2D):
         (kh, kw), (sh, sw), (ph, pw), (oh, ow) = p.kernel, p.stride, p.pad, p.out
         h, w = p.in_hw
         self.na, self.nb = min(sh, kh), min(sw, kw)
-        self.hq = oh + (kh - 1) // sh + 1  # one spare row: the last run overhangs by j//sw cells
+        self.hq = oh + (kh - 1) // sh
         self.wq = ow + (kw - 1) // sw
-        self.run = oh * self.wq
+        self.plane = self.hq * self.wq
         self.out = (oh, ow)
         # Offset k = i*kw + j reads plane (i % sh, j % sw) from cell (i//sh)*wq + j//sw on.
         self.offsets = [(i % sh, j % sw, (i // sh) * self.wq + j // sw) for i in range(kh) for j in range(kw)]
+        self.slack = max(first for _, _, first in self.offsets)
 
         def spans(size, pad, stride, phases, cap):
             out = []
@@ -607,42 +731,58 @@ class _Phases:
     def blocks(self, planes: int, itemsize: int):
         """Ranges of planes (N*C) processed together, sized so that their phase planes stay in
         cache (the passes are memory-bound otherwise)."""
-        per_plane = self.na * self.nb * self.hq * self.wq * itemsize
+        per_plane = self.na * self.nb * self.plane * itemsize
         size = max(1, min(planes, _POOL_BLOCK_BYTES // per_plane))
         return [(start, min(planes, start + size)) for start in range(0, planes, size)]
 
+    def _planes(self, q, count):
+        return q[:, :, :count * self.plane].reshape(self.na, self.nb, count, self.hq, self.wq)
+
     def split(self, x, fill, ws: Workspace):
-        """(na, nb, P, hq*wq) phase planes of ``x`` (P, H, W) padded with ``fill``. Cells outside the
-        input are filled when the workspace array is created and never written after."""
-        q = ws.get(("phases", fill, x.shape[0]), (self.na, self.nb, x.shape[0], self.hq * self.wq), x.dtype, np,
+        """(na, nb, P*hq*wq + slack) flat phase planes of ``x`` (P, H, W) padded with ``fill``. Cells
+        outside the input are filled when the workspace array is created and never written after."""
+        count = x.shape[0]
+        q = ws.get(("phases", fill, count), (self.na, self.nb, count * self.plane + self.slack), x.dtype, np,
                    fill=fill)
-        planes = q.reshape(self.na, self.nb, x.shape[0], self.hq, self.wq)
+        planes = self._planes(q, count)
         for a, b, dst, src in self._regions():
-            planes[(a, b, slice(None)) + dst] = x[src]
+            np.copyto(planes[(a, b, slice(None)) + dst], x[src])
         return q
 
-    def windows(self, q):
-        """For each window offset in row-major order: the (P, oh*wq) cells it reads."""
-        return [q[a, b, :, start:start + self.run] for a, b, start in self.offsets]
+    def windows(self, q, count):
+        """For each window offset in row-major order: the (P*hq*wq,) run of cells it reads."""
+        n = count * self.plane
+        return [q[a, b, first:first + n] for a, b, first in self.offsets]
+
+    def zeros(self, ws: Workspace, key, count, dtype):
+        """A zeroed (na, nb, P*hq*wq + slack) gradient accumulator for ``count`` planes."""
+        return ws.get((key, count), (self.na, self.nb, count * self.plane + self.slack), dtype, np, clear=True)
+
+    def add(self, dq, k: int, values):
+        """dq's run for window offset ``k`` += ``values`` (P*hq*wq,)."""
+        a, b, first = self.offsets[k]
+        run = dq[a, b, first:first + values.shape[0]]
+        np.add(run, values, out=run)
 
     def merge(self, dq, out):
-        """Write the phase planes' gradients (na, nb, P, hq*wq) back to ``out`` (P, H, W)."""
+        """Write the phase planes' gradients (na, nb, P*hq*wq + slack) back to ``out`` (P, H, W)."""
         if not self.complete:
             out[...] = 0
-        planes = dq.reshape(self.na, self.nb, out.shape[0], self.hq, self.wq)
+        planes = self._planes(dq, out.shape[0])
         for a, b, dst, src in self._regions():
-            out[src] = planes[(a, b, slice(None)) + dst]
+            np.copyto(out[src], planes[(a, b, slice(None)) + dst])
         return out
 
     def full(self, ws, key, values):
-        """``values`` (P, oh, ow) in the full-width layout (P, oh*wq), zeros past column ow."""
-        buf = ws.get((key, values.shape[0]), (values.shape[0], self.run), values.dtype, np, fill=0)
-        buf.reshape(values.shape[0], self.out[0], self.wq)[:, :, :self.out[1]] = values
+        """``values`` (P, oh, ow) in the full layout (P*hq*wq,), zeros outside (oh, ow)."""
+        count = values.shape[0]
+        buf = ws.get((key, count), (count * self.plane,), values.dtype, np, fill=0)
+        self.valid(buf)[...] = values
         return buf
 
     def valid(self, full):
-        """The (P, oh, ow) outputs of a full-width (P, oh*wq) array (a view)."""
-        return full.reshape(full.shape[0], self.out[0], self.wq)[..., :self.out[1]]
+        """The (P, oh, ow) outputs of a full-layout (P*hq*wq,) array (a view)."""
+        return full.reshape(-1, self.hq, self.wq)[:, :self.out[0], :self.out[1]]
 
 
 # Plane blocks of the CPU pooling passes take about this many bytes of phase planes.
@@ -687,31 +827,42 @@ def max_pool_forward(x, p: Pool2D):
     top = np.empty(shape, x.dtype)
     top3 = top.reshape(planes, *p.out)
     code_dtype = np.int8 if ncells < 127 else np.int32
-    code = np.empty((planes, ph.run), dtype=code_dtype)
+    code = np.empty(planes * ph.plane, dtype=code_dtype)
     for start, stop in ph.blocks(planes, x.itemsize):
-        cells = ph.windows(ph.split(x3[start:stop], lowest, p.ws))
-        # Branch-free passes (masked copies that depend on the data are several times slower):
-        # the maximum, from -FLT_MAX as Caffe and ignoring NaN as Caffe's strict comparison does ...
-        best = p.ws.get(("best", stop - start), (stop - start, ph.run), x.dtype, np)
-        best.fill(lowest)
-        for v in cells:
-            np.fmax(best, v, out=best)
-        # ... then the first offset holding it: max over k of (cell_k == best) * (K - k) = K - first k.
-        rank = code[start:stop]
+        count = stop - start
+        cells = ph.windows(ph.split(x3[start:stop], lowest, p.ws), count)
+        # Branch-free passes (masked copies that depend on the data are several times slower).
+        # The maximum: np.maximum is several times faster than np.fmax but lets NaN through, so a
+        # NaN among the outputs sends the block through the NaN-ignoring pass from -FLT_MAX, which is
+        # Caffe's loop (its strict comparison never picks NaN) ...
+        best = p.ws.get(("best", count), (count * ph.plane,), x.dtype, np)
+        np.copyto(best, cells[0])
+        for v in cells[1:]:
+            np.maximum(best, v, out=best)
+        block = top3[start:stop]
+        block[...] = ph.valid(best)
+        if np.isnan(block).any():
+            best.fill(lowest)
+            for v in cells:
+                np.fmax(best, v, out=best)
+            block[...] = ph.valid(best)
+        # ... then the first offset holding it: max over k of (cell_k == best) * (K - k) = K - first k
+        # (the booleans read as int8, so that no pass converts types).
+        rank = code[start * ph.plane:stop * ph.plane]
         rank.fill(0)
-        hit = p.ws.get(("hit", stop - start), best.shape, bool, np)
-        tmp = p.ws.get(("rank", stop - start), best.shape, code_dtype, np)
+        hit = p.ws.get(("hit", count), best.shape, bool, np)
+        tmp = p.ws.get(("rank", count), best.shape, code_dtype, np)
         for k, v in enumerate(cells):
             np.equal(v, best, out=hit)
-            np.multiply(hit, code_dtype(ncells - k), out=tmp)
+            np.multiply(hit.view(np.int8), code_dtype(ncells - k), out=tmp)
             np.maximum(rank, tmp, out=rank)
         np.subtract(code_dtype(ncells), rank, out=rank)
-        none = best <= lowest
+        none = block <= lowest
         if none.any():
             # As Caffe: nothing beats -FLT_MAX (a window of padding, -inf or NaN only).
-            rank[none] = -1
-        top3[start:stop] = ph.valid(best)
-    return top, ("phase", code.reshape(shape[0], shape[1], ph.run))
+            block[none] = lowest
+            ph.valid(rank)[none] = -1
+    return top, ("phase", code.reshape(shape[0], shape[1], ph.plane))
 
 
 def max_mask_flat(mask, p: Pool2D):
@@ -721,7 +872,7 @@ def max_mask_flat(mask, p: Pool2D):
         return m
     if kind == "phase":
         ph = _phases(p)
-        m = m.reshape(m.shape[0], m.shape[1], p.out[0], ph.wq)[..., :p.out[1]]
+        m = m.reshape(m.shape[0], m.shape[1], ph.hq, ph.wq)[..., :p.out[0], :p.out[1]]
     return p.flat_mask(m)
 
 
@@ -744,17 +895,18 @@ def max_pool_backward(dy, mask, x_shape, p: Pool2D, out):
         planes = x_shape[0] * x_shape[1]
         dy3 = dy.reshape(planes, *p.out)
         out3 = out.reshape(planes, *x_shape[2:])
-        m = m.reshape(planes, ph.run)
         for start, stop in ph.blocks(planes, dy.itemsize):
+            count = stop - start
+            codes = m.reshape(-1)[start * ph.plane:stop * ph.plane]
+            # Zero outside the outputs: the codes there are arbitrary, the products are not.
             dy_full = ph.full(p.ws, "dy", dy3[start:stop])
-            dq = p.ws.get(("dq", stop - start), (ph.na, ph.nb, stop - start, ph.hq * ph.wq), dy.dtype, np,
-                          clear=True)
-            hit = p.ws.get(("hit", stop - start), dy_full.shape, bool, np)
-            tmp = p.ws.get(("tmp", stop - start), dy_full.shape, dy.dtype, np)
-            for k, (a, b, first) in enumerate(ph.offsets):
-                np.equal(m[start:stop], k, out=hit)
+            dq = ph.zeros(p.ws, "dq", count, dy.dtype)
+            hit = p.ws.get(("hit", count), dy_full.shape, bool, np)
+            tmp = p.ws.get(("tmp", count), dy_full.shape, dy.dtype, np)
+            for k in range(len(ph.offsets)):
+                np.equal(codes, k, out=hit)
                 np.multiply(dy_full, hit, out=tmp)
-                dq[a, b, :, first:first + ph.run] += tmp
+                ph.add(dq, k, tmp)
             ph.merge(dq, out3[start:stop])
         return out
     acc = p._zero_acc(dy, x_shape) if p._needs_buffer() else out
@@ -801,11 +953,12 @@ def ave_pool_forward(x, p: Pool2D):
     top = np.empty(shape, x.dtype)
     top3 = top.reshape(planes, *p.out)
     for start, stop in ph.blocks(planes, x.itemsize):
-        cells = ph.windows(ph.split(x3[start:stop], 0.0, p.ws))
-        total = p.ws.get(("total", stop - start), (stop - start, ph.run), x.dtype, np)
+        count = stop - start
+        cells = ph.windows(ph.split(x3[start:stop], 0.0, p.ws), count)
+        total = p.ws.get(("total", count), (count * ph.plane,), x.dtype, np)
         np.copyto(total, cells[0])
         for v in cells[1:]:
-            total += v
+            np.add(total, v, out=total)
         top3[start:stop] = ph.valid(total)
     with np.errstate(divide="ignore", invalid="ignore"):
         top /= p.divisor(np, x.dtype)
@@ -832,10 +985,9 @@ def ave_pool_backward(dy, x_shape, p: Pool2D, out):
         out3 = out.reshape(planes, *x_shape[2:])
         for start, stop in ph.blocks(planes, dy.itemsize):
             share_full = ph.full(p.ws, "share", share3[start:stop])
-            dq = p.ws.get(("dq", stop - start), (ph.na, ph.nb, stop - start, ph.hq * ph.wq), dy.dtype, np,
-                          clear=True)
-            for a, b, first in ph.offsets:
-                dq[a, b, :, first:first + ph.run] += share_full
+            dq = ph.zeros(p.ws, "dq", stop - start, dy.dtype)
+            for k in range(len(ph.offsets)):
+                ph.add(dq, k, share_full)
             ph.merge(dq, out3[start:stop])
         return out
     acc = p._zero_acc(dy, x_shape) if p._needs_buffer() else out

@@ -100,8 +100,19 @@ NAIVE_CONFIGS = [  # (text fields, stride, pad, dilation, group)
 ]
 
 
+@pytest.fixture
+def row_path(monkeypatch):
+    """Sends every eligible convolution through the CPU row-product path, however few its channels
+    (by default only kw * C >= ROW_MIN_WIDTH takes it)."""
+    monkeypatch.setattr(im2col_mod, "ROW_MIN_WIDTH", 0)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("rows", [False, True], ids=["columns", "rows"])
 @pytest.mark.parametrize("fields,stride,pad,dil,group", NAIVE_CONFIGS)
-def test_convolution_matches_naive_reference(fields, stride, pad, dil, group):
+def test_convolution_matches_naive_reference(monkeypatch, rows, fields, stride, pad, dil, group):
+    if rows:
+        monkeypatch.setattr(im2col_mod, "ROW_MIN_WIDTH", 0)
     x = normal(2, 6 if group == 3 else 3, 7, 8)
     kh = fields.get("kernel_h", fields.get("kernel_size"))
     kw = fields.get("kernel_w", fields.get("kernel_size"))
@@ -197,10 +208,13 @@ def test_convolution_two_bottoms_share_weights():
         np.testing.assert_allclose(top[i].data, naive_conv(x, w, bias, (1, 1), (0, 0), (1, 1), 1), rtol=1e-10)
 
 
-def test_convolution_parameter_gradients_accumulate_and_respect_propagate_flags():
+@pytest.mark.parametrize("rows", [False, True], ids=["columns", "rows"])
+def test_convolution_parameter_gradients_accumulate_and_respect_propagate_flags(monkeypatch, rows):
+    monkeypatch.setattr(im2col_mod, "ROW_MIN_WIDTH", 0 if rows else 10**9)
     text = parse_layer(conv_text(num_output=2, kernel_size=2, pad=1))
     x = normal(2, 3, 4, 4)
     layer, bottom, top = build(text, [x], 1)
+    assert layer._rows_eligible(np) == rows
     layer.forward(bottom, top)
     top[0].diff = normal(*top[0].shape)
     layer.backward(top, [True], bottom)
@@ -249,7 +263,10 @@ def test_convolution_errors(text, shape, message):
         build(parse_layer(text), [np.zeros(shape)], 1)
 
 
-def test_convolution_reshape_to_new_input_size():
+@pytest.mark.parametrize("rows", [False, True], ids=["columns", "rows"])
+def test_convolution_reshape_to_new_input_size(monkeypatch, rows):
+    if rows:
+        monkeypatch.setattr(im2col_mod, "ROW_MIN_WIDTH", 0)
     text = parse_layer(conv_text(num_output=2, kernel_size=3, pad=1))
     layer, bottom, top = build(text, [normal(2, 3, 5, 5)], 1)
     w, b = layer.blobs[0].data, layer.blobs[1].data
@@ -293,6 +310,90 @@ def test_convolution_fast_paths_agree(monkeypatch, kind, fields):
     for got in (plain, chunked, chunked_full):
         for a, b in zip(reference, got):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+# The CPU row-product path (im2col.RowPlan): stride-1 2-D convolutions of one group.
+ROW_CONFIGS = [
+    dict(num_output=3, kernel_size=3, pad=1),                        # backward: pad 1, input-sized
+    dict(num_output=4, kernel_size=3),                               # backward: pad 2 (extent - 1)
+    dict(num_output=4, kernel_h=3, kernel_w=2, pad_h=2, pad_w=1),    # pad = extent - 1: backward unpadded
+    dict(num_output=2, kernel_size=3, dilation=2, pad=1),
+    dict(num_output=3, kernel_h=1, kernel_w=3, pad_w=1),
+    dict(num_output=3, kernel_h=3, kernel_w=1, pad_h=1),             # kw = 1: the products read xb itself
+    dict(num_output=3, kernel_size=1),
+    dict(num_output=3, kernel_size=2, bias_term=False),
+]
+ROW_IDS = [",".join(f"{k}={v}" for k, v in f.items()) for f in ROW_CONFIGS]
+
+
+@pytest.mark.parametrize("fold_below", [0, 10**6], ids=["kh-products", "folded"])
+@pytest.mark.parametrize("fields", ROW_CONFIGS, ids=ROW_IDS)
+def test_convolution_row_path_gradients(row_path, fields, fold_below):
+    row_path.setattr(im2col_mod, "ROW_FOLD_BELOW", fold_below)
+    layer = check_gradients(parse_layer(conv_text(**fields)), [normal(2, 3, 5, 6)])
+    assert layer._rows_eligible(np)
+
+
+@pytest.mark.parametrize("fields", ROW_CONFIGS, ids=ROW_IDS)
+def test_convolution_row_path_matches_column_path(monkeypatch, fields):
+    """Two bottoms sharing the weights, two iterations (the parameter gradients accumulate; each
+    backward reuses the last chunk's rows from its forward), with and without batch chunks
+    (uneven ones) and kernel-row folding: all as the column path."""
+    text = parse_layer(conv_text(**fields))
+    xs = [normal(7, 5, 9, 8), normal(7, 5, 9, 8)]
+    layer, _, top = build(text, xs, 2)
+    params = [p.data.copy() for p in layer.blobs]
+    dys = [normal(*top[0].shape), normal(*top[0].shape)]
+    monkeypatch.setattr(im2col_mod, "ROW_MIN_WIDTH", 0)
+
+    def run(rows, budget=vision.ROW_BUDGET, fold_below=im2col_mod.ROW_FOLD_BELOW):
+        monkeypatch.setattr(im2col_mod, "ROW_PRODUCTS", rows)
+        monkeypatch.setattr(vision, "ROW_BUDGET", budget)
+        monkeypatch.setattr(im2col_mod, "ROW_FOLD_BELOW", fold_below)
+        lay, bot, tp = build(text, xs, 2, params=params)
+        assert lay._rows_eligible(np) == rows
+        out = []
+        for it in range(2):
+            for b, x in zip(bot, xs):
+                b.data[...] = x * (it + 1)
+            lay.forward(bot, tp)
+            for t, dy in zip(tp, dys):
+                t.diff = dy
+            lay.backward(tp, [True, True], bot)
+            out += [t.data.copy() for t in tp] + [b.diff.copy() for b in bot]
+        if rows and budget < vision.ROW_BUDGET:
+            assert len(lay._row_chunks(np.float64)) > 2
+        return out + [p.diff.copy() for p in lay.blobs]
+
+    reference = run(False)
+    for got in (run(True), run(True, budget=3000), run(True, fold_below=10**6),
+                run(True, budget=3000, fold_below=0)):
+        for a, b in zip(reference, got):
+            np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", layer_case_names(("conv_",)))
+def test_caffe_conv_case_row_path(row_path, name):
+    for fold_below in (0, 10**6):
+        row_path.setattr(im2col_mod, "ROW_FOLD_BELOW", fold_below)
+        run_caffe_case(name)
+
+
+def test_convolution_row_path_choice():
+    """Taken for stride-1 2-D single-group convolutions with kw * C >= ROW_MIN_WIDTH (not for a
+    first layer's few channels), pad <= extent - 1, and only for NumPy arrays."""
+    def eligible(channels, **fields):
+        layer, _, _ = build(parse_layer(conv_text(**fields)), [np.zeros((1, channels, 9, 9))], 1)
+        return layer._rows_eligible(np)
+
+    assert eligible(32, num_output=32, kernel_size=5, pad=2)
+    assert eligible(20, num_output=50, kernel_size=5)
+    assert not eligible(3, num_output=32, kernel_size=5, pad=2)      # few channels: the column path
+    assert not eligible(32, num_output=8, kernel_size=5, stride=2)
+    assert not eligible(32, num_output=8, kernel_size=5, group=2)
+    assert not eligible(32, num_output=8, kernel_size=3, pad=3)      # pad > extent - 1
+    layer, _, _ = build(parse_layer(conv_text(num_output=4, kernel_size=3)), [np.zeros((1, 32, 5, 5))], 1)
+    assert not layer._rows_eligible(object())                       # another array module
 
 
 def test_convolution_float32_follows_bottom():
