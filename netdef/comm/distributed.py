@@ -228,6 +228,8 @@ class DistributedSolver:
         record.forward_s += forward_end - start
         record.backward_s += backward_end - forward_end
         if last:
+            record.backward_start_at, record.backward_end_at = forward_end, backward_end
+        if last:
             self.exchange.backward_done()
         if self.timeline is not None:
             self.timeline.span("forward", start, forward_end, lane="passes")
@@ -247,6 +249,8 @@ class DistributedSolver:
 
     def _after_update(self) -> None:
         self.exchange.after_update()
+        if self.measurements.current is not None:
+            self.measurements.current.end_at = time.perf_counter()
 
     def take_requests(self) -> tuple[bool, bool]:
         snap, stop = super().take_requests()

@@ -24,14 +24,17 @@ update from the gradient averaged over all ranks, so the weights stay identical 
 those of one process with an N times larger batch. It packs gradients into flat buckets of at most
 ``bucket_bytes`` (small blobs such as biases share a bucket; a blob larger than that gets its own)
 in the order the backward hooks hand them over, which is the same on every rank because backward
-order is deterministic, so every rank starts the same buckets in the same order. With ``overlap``
-each bucket's allreduce starts as soon as its last gradient is packed, during backward; without,
-the same buckets start after backward. The progress driver (``progress.py``) makes them move.
+order is deterministic, so every rank starts the same buckets in the same order. A fused bucket
+does not wait long for the layers below (``plan_buckets``). With ``overlap`` each bucket's
+allreduce starts as soon as its last gradient is packed, during backward; without, the same
+buckets start after backward. The progress driver (``progress.py``) makes them move; it is poked
+after every layer's backward (through the net's layer hooks), layers without parameters included.
 A bucket of one blob is exchanged in the blob's own diff memory (no copies); fused buckets are
 flat host buffers with copy-in and copy-out (GPU arrays are staged through them too).
 
-The first iteration learns the bucket layout (the hook order and the blob sizes) and exchanges
-after backward; overlap starts with the second iteration.
+The first iteration learns the bucket layout (the hook order, which layer handed over which
+gradients, and the blob sizes) and exchanges after backward; overlap starts with the second
+iteration.
 """
 from __future__ import annotations
 
@@ -194,17 +197,36 @@ class Bucket:
             diff[...] = backend.to_device(values / divisor, like=diff)
 
 
-def plan_buckets(order: list[int], params, bucket_bytes: int) -> list[Bucket]:
+FUSE_ACROSS_LAYERS_BYTES = 256 << 10
+
+
+def plan_buckets(order: list[int], params, bucket_bytes: int, layers: list[list[int]] | None = None) -> list[Bucket]:
     """Buckets for the parameter ids in hook ``order``, in the order they fill up.
 
     A blob of at least ``bucket_bytes`` is a bucket of its own, started as soon as it is final.
     Smaller blobs (biases, small layers) are fused in hook order into buckets of at most
-    ``bucket_bytes`` and one dtype; a fused bucket may span several layers, the big blobs between
-    them going ahead. Empty blobs are left out.
+    ``bucket_bytes`` and one dtype. Fusing must not hold gradients back for long, since what waits
+    for the layers below reaches the link late, and what is still waiting when backward ends is
+    exposed in full:
+
+    - a big blob closes the fused bucket before it (what became final before it leaves before it);
+    - with ``layers`` (``order`` split by the backward hook call that handed the ids over, one per
+      layer), a fused bucket also closes at the end of a layer once it holds at least
+      ``min(bucket_bytes, FUSE_ACROSS_LAYERS_BYTES)``: only small layers (biases, small
+      convolutions) wait for the next layer's backward, and the last bucket, which starts when
+      backward ends, holds only the bottom layers' gradients.
+
+    Empty blobs are left out.
     """
     buckets: list[Bucket] = []
     group: list[int] = []
     group_bytes = 0
+    layer_ends: set[int] = set()
+    if layers:
+        for ids in layers:
+            if ids:
+                layer_ends.add(ids[-1])
+    fuse_across = min(bucket_bytes, FUSE_ACROSS_LAYERS_BYTES)
 
     def emit(ids):
         dtype = params[ids[0]].diff.dtype
@@ -213,16 +235,20 @@ def plan_buckets(order: list[int], params, bucket_bytes: int) -> list[Bucket]:
     for pid in order:
         diff = params[pid].diff
         nbytes = int(diff.size) * diff.dtype.itemsize
-        if nbytes == 0:
-            continue
         if nbytes >= bucket_bytes:
+            if group:
+                emit(group)
+                group, group_bytes = [], 0
             emit([pid])
-            continue
-        if group and (diff.dtype != params[group[0]].diff.dtype or group_bytes + nbytes > bucket_bytes):
+        elif nbytes:
+            if group and (diff.dtype != params[group[0]].diff.dtype or group_bytes + nbytes > bucket_bytes):
+                emit(group)
+                group, group_bytes = [], 0
+            group.append(pid)
+            group_bytes += nbytes
+        if pid in layer_ends and group and group_bytes >= fuse_across:
             emit(group)
             group, group_bytes = [], 0
-        group.append(pid)
-        group_bytes += nbytes
     if group:
         emit(group)
     # Number them in the order they fill up during backward: the order they start in.
@@ -252,9 +278,15 @@ class AllreduceExchange(ExchangeRule):
         self.buckets: list[Bucket] | None = None   # planned in the first iteration
         self._slot: dict[int, tuple[Bucket, int]] = {}
         self._order: list[int] = []                 # hook order seen while learning the layout
+        self._layers: list[list[int]] = []          # ... split by hook call (one per layer)
         self._expected = 0                          # next position in the frozen hook order
         self._hook_order: list[int] = []
         self._active = False
+        self._in_flight = 0                         # buckets started during this backward
+        # Between any two layers of backward (those without parameters too), let the driver move
+        # the started exchanges along (POLL tests them there).
+        self._layer_hooks = (net.register_layer_hooks(after_backward=self._after_layer)
+                             if self.driver is not None and self.options.overlap else None)
 
     def describe(self) -> str:
         return (f"{self.name} (overlap {'on' if self.options.overlap else 'off'}, buckets of at most "
@@ -264,7 +296,9 @@ class AllreduceExchange(ExchangeRule):
     def begin_iteration(self, iteration: int) -> None:
         self._active = self.comm.size > 1
         self._order = []
+        self._layers = []
         self._expected = 0
+        self._in_flight = 0
         if self.buckets is not None:
             for bucket in self.buckets:
                 bucket.reset()
@@ -275,11 +309,19 @@ class AllreduceExchange(ExchangeRule):
         start = self.clock()
         if self.buckets is None:
             self._order.extend(param_ids)
+            self._layers.append(list(param_ids))
         else:
             for pid in param_ids:
                 self._pack_frozen(pid)
-            self.driver.poke()
+            if self._in_flight:
+                self.driver.poke()
         self.measurements.current.exchange_call_s += self.clock() - start
+
+    def _after_layer(self, layer_index: int) -> None:
+        if self._active and self._in_flight:
+            start = self.clock()
+            self.driver.poke()
+            self.measurements.current.exchange_call_s += self.clock() - start
 
     def _pack_frozen(self, pid: int) -> None:
         if pid not in self._slot:
@@ -299,6 +341,7 @@ class AllreduceExchange(ExchangeRule):
 
     def _start(self, bucket: Bucket) -> None:
         bucket.handed_off = True
+        self._in_flight += 1
         self.start_bucket(bucket)
 
     def backward_done(self) -> None:
@@ -306,7 +349,7 @@ class AllreduceExchange(ExchangeRule):
             return
         start = self.clock()
         if self.buckets is None:
-            self._plan(self._order)
+            self._plan(self._order, self._layers)
             for pid in self._order:
                 self._pack_frozen(pid)
         missing = [b for b in self.buckets if not b.full]
@@ -319,8 +362,8 @@ class AllreduceExchange(ExchangeRule):
                 self._start(bucket)
         self.measurements.current.exchange_call_s += self.clock() - start
 
-    def _plan(self, order: list[int]) -> None:
-        self.buckets = plan_buckets(order, self.params, self.options.bucket_bytes)
+    def _plan(self, order: list[int], layers: list[list[int]] | None = None) -> None:
+        self.buckets = plan_buckets(order, self.params, self.options.bucket_bytes, layers)
         self._slot = {pid: (b, slot) for b in self.buckets for slot, pid in enumerate(b.param_ids)}
         self._hook_order = [pid for pid in order if pid in self._slot]
 
@@ -339,8 +382,12 @@ class AllreduceExchange(ExchangeRule):
             record.bytes += bucket.nbytes
         record.unpack_s += self.clock() - waited
         self._active = False
+        self._in_flight = 0
 
     def close(self) -> None:
+        if self._layer_hooks is not None:
+            self.net.remove_layer_hooks(self._layer_hooks)
+            self._layer_hooks = None
         if self.driver is not None:
             self.driver.close()
 

@@ -6,16 +6,19 @@ calls MPI, so without a driver the exchange started after the top layer mostly h
 final wait, and nothing overlaps. The drivers, one per ``NetdefDistributedParameter.ProgressMode``:
 
 - ``POLL``: the training thread starts each bucket with ``Iallreduce`` and calls ``Testsome`` on
-  the outstanding ones after every layer's backward (the exchange rule's hook calls ``poke()``).
-  No extra thread; progress happens only between layers, so a long layer stalls the exchange.
+  the outstanding ones after every layer's backward, layers without parameters included (the
+  exchange rule's layer hook calls ``poke()``). No extra thread; progress happens only between
+  layers, so a long layer stalls the exchange.
 - ``THREAD``: one communication thread owns every MPI call of the exchange: it starts the buckets
   handed to it and tests them every ``poll_interval`` seconds while any is in flight, sleeping
   (without the GIL) in between; NumPy's BLAS and element-wise kernels release the GIL, so backprop
-  runs meanwhile. It needs MPI_THREAD_MULTIPLE or SERIALIZED (mpi4py asks for MULTIPLE).
+  runs meanwhile. Once the training thread waits before the update, the thread blocks inside MPI
+  instead. It needs MPI_THREAD_MULTIPLE or SERIALIZED (mpi4py asks for MULTIPLE).
 - ``MPI_ASYNC``: ``Iallreduce`` and no polling: MPICH's own progress thread
   (``MPIR_CVAR_ASYNC_PROGRESS=1``, set before MPI starts) moves the exchange. That thread spins,
   so it needs a spare core per rank. With a library other than MPICH it degrades to POLL.
-- ``AUTO``: POLL, the best measured so far (``choose_mode`` has the figures).
+- ``AUTO``: POLL between ranks that share memory, THREAD over a network (``choose_mode`` has the
+  measurements behind it).
 
 Each driver records, per bucket, when it started (``started_at``) and when its completion was
 first seen (``done_at``).
@@ -43,27 +46,56 @@ def mode_name(mode) -> str:
     return name
 
 
-def choose_mode(comm, requested: str = "AUTO") -> str:
+def shared_memory_only(comm, environ=None) -> bool:
+    """True when every rank runs on this machine (``comm.local_size == comm.size``) and nothing in
+    the environment keeps the MPI library from using shared memory between them: Open MPI's
+    ``OMPI_MCA_btl`` (``mpiexec --mca btl ...``) without ``sm``/``vader`` or excluding them, MPICH's
+    ``MPIR_CVAR_NOLOCAL=1``."""
+    env = os.environ if environ is None else environ
+    if getattr(comm, "local_size", 1) != comm.size:
+        return False
+    btl = env.get("OMPI_MCA_btl", "").strip()
+    if btl:
+        excluded = btl.startswith("^")
+        names = {n.strip() for n in btl.lstrip("^").split(",")}
+        if bool(names & {"sm", "vader"}) == excluded:
+            return False
+    return env.get("MPIR_CVAR_NOLOCAL", "0").strip() in ("", "0")
+
+
+_THREAD_SERIALIZED = 2  # MPI_THREAD_SERIALIZED in MPICH and Open MPI
+
+
+def choose_mode(comm, requested: str = "AUTO", environ=None) -> str:
     """The driver to use: ``requested``, with AUTO resolved and MPI_ASYNC checked.
 
-    AUTO is POLL. Measured on a 2-core machine, 2 ranks over shared memory (mpich wheel), a 10-layer
-    MLP of 1024x1024 InnerProducts (42 MB of gradients, batch 64, one BLAS thread per rank), ms per
-    iteration: overlap off 125, POLL 120, THREAD 144, MPI_ASYNC 250 (its spinning thread halves the
-    compute speed). Over an emulated 1 Gbit/s link (EMULATED-NETWORK.md's probe), per-layer polling
-    hid 57% of the exchange and a communication thread 35%. POLL also needs no thread support from
-    the MPI library. THREAD should pay where cores are idle during backprop (GPU training, spare
-    cores per rank): ``benchmarks/overlap.py`` is where AUTO gets refined.
+    AUTO is POLL when the ranks exchange through shared memory (``shared_memory_only``), THREAD
+    when they exchange over a network (and the library gives a thread level of at least
+    SERIALIZED; else POLL). Measured with ``benchmarks/overlap.py`` (2 ranks on a 2-core machine,
+    22.5 MB of gradients, iterations of about 0.8 s; figures in benchmarks/README.md):
+
+    - Over shared memory the exchange is memory copies by the CPUs that also compute, ~10 ms an
+      iteration: overlap cannot make that time disappear on busy cores, every mode is within the
+      noise of exchanging after backward, and POLL needs no thread (and no thread support).
+      MPI_ASYNC doubles the compute time (MPICH's progress thread spins on a core backprop needs).
+    - Over TCP at 1 Gbit/s (a tc-limited loopback), the exchange (~380 ms) waits on the link:
+      THREAD leaves 0-8 ms of it exposed and the iteration takes 0.74-0.76 of exchanging after
+      backward; POLL, which moves the exchange only between layers, leaves ~240 ms exposed (0.89).
+      At 10 Gbit/s the emulated link's cost is mostly CPU time and every mode is within noise.
 
     MPI_ASYNC falls back to POLL when the library is not MPICH or its progress thread is not on
     (``MPIR_CVAR_ASYNC_PROGRESS`` must be set before MPI starts; ``create_communicator`` does it).
     """
+    env = os.environ if environ is None else environ
     requested = mode_name(requested)
     if requested == "MPI_ASYNC":
-        if getattr(comm, "library", "") != "MPICH" or os.environ.get(ASYNC_PROGRESS_VARIABLE, "0") in ("", "0"):
+        if getattr(comm, "library", "") != "MPICH" or env.get(ASYNC_PROGRESS_VARIABLE, "0") in ("", "0"):
             return "POLL"
         return "MPI_ASYNC"
     if requested == "AUTO":
-        return "POLL"
+        if shared_memory_only(comm, env):
+            return "POLL"
+        return "THREAD" if getattr(comm, "thread_level", _THREAD_SERIALIZED) >= _THREAD_SERIALIZED else "POLL"
     return requested
 
 
@@ -138,16 +170,27 @@ class MPIAsyncDriver(PollDriver):
 
 
 _STOP = object()
+_URGENT = object()
 
 
 class ThreadDriver(ProgressDriver):
-    """One communication thread owns the exchange's MPI calls (see the module docstring)."""
+    """One communication thread owns the exchange's MPI calls (see the module docstring).
+
+    Two phases per iteration. While backward runs, the thread tests the buckets in flight every
+    ``poll_interval`` seconds and sleeps in between: each wake-up takes a core from backprop, and
+    on a machine whose cores all compute that costs more than the exchange gains from polls more
+    frequent than the network needs. Once the training thread waits (``wait_all``), nothing else
+    wants the core: the thread then blocks inside MPI on the oldest bucket (no sleeping, no GIL),
+    so the last buckets, started when backward ended, complete as fast as the library can move them.
+    """
 
     mode = "THREAD"
-    poll_interval = 0.0002
+    poll_interval = 0.002
 
-    def __init__(self, comm, clock=time.perf_counter):
+    def __init__(self, comm, clock=time.perf_counter, poll_interval: float | None = None):
         super().__init__(comm, clock)
+        if poll_interval is not None:
+            self.poll_interval = float(poll_interval)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._started = 0
@@ -171,6 +214,11 @@ class ThreadDriver(ProgressDriver):
 
     def wait_all(self) -> None:
         with self._cond:
+            if self._completed >= self._started or self._error is not None:
+                self._check()
+                return
+        self._queue.put(_URGENT)
+        with self._cond:
             while self._completed < self._started and self._error is None:
                 self._cond.wait(timeout=1.0)
         self._check()
@@ -183,10 +231,29 @@ class ThreadDriver(ProgressDriver):
     def _run(self) -> None:
         buckets: list = []
         requests: list = []
+        urgent = False
+
+        def completed(indices) -> None:
+            nonlocal buckets, requests
+            now = self.clock()
+            for i in indices:
+                buckets[i].done_at = now
+            keep = [i for i, r in enumerate(requests) if r is not None]
+            buckets = [buckets[i] for i in keep]
+            requests = [requests[i] for i in keep]
+            with self._cond:
+                self._completed += len(indices)
+                self._cond.notify_all()
+
         try:
             while True:
                 try:
-                    item = self._queue.get(timeout=self.poll_interval) if requests else self._queue.get()
+                    if not requests:
+                        item = self._queue.get()
+                    elif urgent:
+                        item = self._queue.get_nowait()
+                    else:
+                        item = self._queue.get(timeout=self.poll_interval)
                 except queue.Empty:
                     item = None
                 while item is not None:
@@ -194,25 +261,29 @@ class ThreadDriver(ProgressDriver):
                         # After wait_all nothing is in flight; after a failure on this rank, the job is
                         # being aborted and waiting for the others could block forever.
                         return
-                    item.started_at = self.clock()
-                    requests.append(self.comm.iallreduce(item.buffer))
-                    buckets.append(item)
+                    if item is _URGENT:
+                        urgent = True
+                    else:
+                        item.started_at = self.clock()
+                        requests.append(self.comm.iallreduce(item.buffer))
+                        buckets.append(item)
                     try:
                         item = self._queue.get_nowait()
                     except queue.Empty:
                         item = None
-                if requests:
+                if requests and urgent:
+                    # The training thread waits: block on the oldest (they complete in start order).
+                    oldest = [requests[0]]
+                    self.comm.wait_all(oldest)
+                    requests[0] = None
+                    done = [0] + self.comm.test_some(requests)
+                    completed(done)
+                elif requests:
                     done = self.comm.test_some(requests)
                     if done:
-                        now = self.clock()
-                        for i in done:
-                            buckets[i].done_at = now
-                        keep = [i for i, r in enumerate(requests) if r is not None]
-                        buckets = [buckets[i] for i in keep]
-                        requests = [requests[i] for i in keep]
-                        with self._cond:
-                            self._completed += len(done)
-                            self._cond.notify_all()
+                        completed(done)
+                if not requests:
+                    urgent = False  # the next iteration's backward starts with sleeping polls
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread
             with self._cond:
                 self._error = exc

@@ -2,15 +2,16 @@
 
 ``Measurements`` keeps one ``IterationRecord`` per iteration (the most recent ``keep``): the forward
 and backward time, the time the training thread spent inside exchange calls (packing buckets,
-starting them, polling), the time it waited before the update for exchanges still in flight, and
-every bucket's size and start and completion times. ``summary()`` condenses them for benchmarks::
+starting them, polling), the time it waited before the update for exchanges still in flight, when
+the last backward pass began and ended and when the update was done, and every bucket's size and
+ready, start and completion times. ``summary()`` condenses them for benchmarks::
 
     solver = netdef.comm.distributed.create_solver("solver.prototxt", comm)
     solver.step(50)
     solver.measurements.summary()   # {"iterations": 49, "backward_s": ..., "wait_s": ..., ...}
 
 ``Timeline`` collects Chrome trace events ("X" complete events, microseconds) for one rank: each
-layer's forward and backward (``instrument_net``), each bucket's exchange from the moment it was
+layer's forward and backward (``instrument_net``, through the net's layer hooks), each bucket's exchange from the moment it was
 ready to its completion, the wait before the update, test passes. ``write_chrome_trace`` writes all
 ranks' events to one JSON file (one process per rank) that Perfetto (ui.perfetto.dev) and
 chrome://tracing open. Times are seconds of ``time.perf_counter`` relative to an origin taken right
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import json
 import math
 import statistics
@@ -58,6 +58,14 @@ class IterationRecord:
     unpack_s: float = 0.0           # copying the combined gradients back into the diffs
     bytes: int = 0                  # payload this rank contributed to the exchanges
     buckets: list = dataclasses.field(default_factory=list)
+    backward_start_at: float = math.nan  # the last backward pass (the one that exchanges) began
+    backward_end_at: float = math.nan    # ... and ended (perf_counter seconds)
+    end_at: float = math.nan             # the update was applied
+
+    @property
+    def iteration_s(self) -> float:
+        """From the iteration's start to its update's end (nan until the update is done)."""
+        return self.end_at - self.start
 
     @property
     def exchange_s(self) -> float:
@@ -82,13 +90,16 @@ class Measurements:
     def summary(self, skip: int = 1) -> dict:
         """Medians over the recorded iterations after the first ``skip`` (the first iteration lays out
         the buckets and exchanges without overlap). Keys: iterations, forward_s, backward_s,
-        exchange_call_s, wait_s, unpack_s, exchange_s, bytes, buckets."""
+        exchange_call_s, wait_s, unpack_s, exchange_s, bytes, buckets, and iteration_s over the
+        iterations whose update has been applied (nan when none has)."""
         records = list(self.records)[skip:] or list(self.records)
         if not records:
             return {"iterations": 0}
         out = {"iterations": len(records)}
         for name in ("forward_s", "backward_s", "exchange_call_s", "wait_s", "unpack_s", "exchange_s"):
             out[name] = statistics.median(getattr(r, name) for r in records)
+        finished = [r.iteration_s for r in records if not math.isnan(r.end_at)]
+        out["iteration_s"] = statistics.median(finished) if finished else math.nan
         out["bytes"] = int(statistics.median(r.bytes for r in records))
         out["buckets"] = int(statistics.median(len(r.buckets) for r in records))
         return out
@@ -155,22 +166,26 @@ def write_chrome_trace(path, per_rank_json: list[bytes]) -> None:
     files.write_bytes_atomically(path, json.dumps(doc, separators=(",", ":")).encode("utf-8"))
 
 
-def instrument_net(net, timeline: Timeline, prefix: str = "") -> None:
-    """Record each layer's forward and backward of ``net`` in ``timeline`` (wraps the layer objects'
-    methods; the wrappers stay for the net's life)."""
+def instrument_net(net, timeline: Timeline, prefix: str = "") -> tuple:
+    """Record each layer's forward and backward of ``net`` in ``timeline`` through the net's layer
+    hooks (``net.remove_layer_hooks(handle)`` with the returned handle stops it). A layer that does
+    not run backward (data layers, layers below which nothing learns) gets no backward span."""
     clock = time.perf_counter
-    for layer in net.layers:
-        label = f"{prefix}{layer.name}"
+    labels = [f"{prefix}{layer.name}" for layer in net.layers]
+    needs_backward = net.layer_need_backward
+    started = [0.0, 0.0]  # forward, backward: layers do not nest, one start of each is enough
 
-        def wrap(method, name):
-            @functools.wraps(method)
-            def timed(*args, **kwargs):
-                start = clock()
-                try:
-                    return method(*args, **kwargs)
-                finally:
-                    timeline.span(name, start, clock())
-            return timed
+    def before_forward(li):
+        started[0] = clock()
 
-        layer.forward = wrap(layer.forward, f"{label} forward")
-        layer.backward = wrap(layer.backward, f"{label} backward")
+    def after_forward(li):
+        timeline.span(f"{labels[li]} forward", started[0], clock())
+
+    def before_backward(li):
+        started[1] = clock()
+
+    def after_backward(li):
+        if needs_backward[li]:
+            timeline.span(f"{labels[li]} backward", started[1], clock())
+
+    return net.register_layer_hooks(before_forward, after_forward, before_backward, after_backward)

@@ -124,7 +124,8 @@ def run_python(args: list[str], ranks: int, cwd, timeout: float = 60, env: dict 
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     full_env.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
-    for name in [n for n in full_env if n.startswith(("PMI_", "OMPI_", "PMIX_", "MPI_LOCAL", "HYDRA_", "MPIR_CVAR"))]:
+    for name in [n for n in full_env if n.startswith(("PMI_", "OMPI_", "PMIX_", "MPI_LOCAL", "HYDRA_", "MPIR_CVAR"))
+                 and not n.startswith("OMPI_ALLOW_RUN_AS_ROOT")]:  # the launcher's permission, not a rank's
         del full_env[name]
     full_env.update(env or {})
     command = [sys.executable, *args]

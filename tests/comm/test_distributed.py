@@ -37,6 +37,10 @@ def test_one_rank_trains_exactly_like_the_plain_solver(tmp_path):
     records = list(dist.measurements.records)
     assert [r.iteration for r in records] == [0, 1, 2, 3, 4]
     assert all(r.forward_s > 0 and r.backward_s > 0 and r.bytes == 0 for r in records)
+    # iter_size 2: the times of the last pass's backward, inside the iteration.
+    assert all(r.start < r.backward_start_at < r.backward_end_at < r.end_at for r in records)
+    assert all(r.backward_end_at - r.backward_start_at < r.backward_s for r in records)
+    assert dist.measurements.summary()["iteration_s"] > 0
 
 
 def test_options_from_the_solver_file_and_overrides():

@@ -24,6 +24,7 @@ from netdef.comm.timeline import (
     IterationRecord,
     Measurements,
     Timeline,
+    instrument_net,
     write_chrome_trace,
 )
 
@@ -113,13 +114,45 @@ def run_iteration(net, rule, iteration, events):
 def test_plan_buckets_fuses_small_blobs_and_isolates_big_ones():
     net = make_net()
     params = net.learnable_params  # ip1.w 120 B, ip1.b 20 B, ip2.w 60 B, ip2.b 12 B (float32)
-    buckets = ex.plan_buckets([2, 3, 0, 1], params, bucket_bytes=64)
-    assert [b.param_ids for b in buckets] == [[2], [0], [3, 1]]
+    buckets = ex.plan_buckets([2, 3, 0, 1], params, bucket_bytes=80)
+    # ip2.w + ip2.b fuse (72 B); ip1.w is big and goes alone; ip1.b is left for the last bucket.
+    assert [b.param_ids for b in buckets] == [[2, 3], [0], [1]]
     assert [b.index for b in buckets] == [0, 1, 2]
-    assert [b.nbytes for b in buckets] == [60, 120, 32]
+    assert [b.nbytes for b in buckets] == [72, 120, 20]
     # Everything fits in one bucket; and a bound of one byte gives every blob its own.
     assert [b.param_ids for b in ex.plan_buckets([2, 3, 0, 1], params, 1 << 20)] == [[2, 3, 0, 1]]
     assert [b.param_ids for b in ex.plan_buckets([2, 3, 0, 1], params, 1)] == [[2], [3], [0], [1]]
+
+
+def test_a_big_blob_closes_the_fused_bucket_before_it():
+    net = make_net()
+    params = net.learnable_params
+    # ip2.b (12 B) became final before ip1.w (120 B): it must not wait behind it for ip1.b.
+    buckets = ex.plan_buckets([3, 0, 1], params, bucket_bytes=100)
+    assert [b.param_ids for b in buckets] == [[3], [0], [1]]
+
+
+def test_fused_buckets_close_at_a_layer_end_once_big_enough(monkeypatch):
+    net = make_net()
+    params = net.learnable_params
+    layers = [[2, 3], [0, 1]]  # ip2's blobs are handed over by one hook call, ip1's by the next
+    monkeypatch.setattr(ex, "FUSE_ACROSS_LAYERS_BYTES", 50)
+    assert [b.param_ids for b in ex.plan_buckets([2, 3, 0, 1], params, 1 << 20, layers)] == [[2, 3], [0, 1]]
+    # Without the layers (or below the threshold) small layers fuse across the boundary.
+    assert [b.param_ids for b in ex.plan_buckets([2, 3, 0, 1], params, 1 << 20)] == [[2, 3, 0, 1]]
+    monkeypatch.setattr(ex, "FUSE_ACROSS_LAYERS_BYTES", 100)
+    assert [b.param_ids for b in ex.plan_buckets([2, 3, 0, 1], params, 1 << 20, layers)] == [[2, 3, 0, 1]]
+    # The bucket bound is also the threshold when it is the smaller.
+    assert [b.param_ids for b in ex.plan_buckets([2, 3, 0, 1], params, 73, layers)] == [[2, 3], [0], [1]]
+
+
+def test_the_rule_plans_by_the_layers_it_saw(monkeypatch):
+    monkeypatch.setattr(ex, "FUSE_ACROSS_LAYERS_BYTES", 50)
+    net = make_net()
+    rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(bucket_bytes=1 << 20, progress="POLL"))
+    net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
+    run_iteration(net, rule, 0, [])
+    assert [b.param_ids for b in rule.buckets] == [[2, 3], [0, 1]]
 
 
 def test_plan_buckets_splits_by_dtype_and_skips_empty_blobs():
@@ -168,17 +201,41 @@ def test_allreduce_averages_into_the_diffs(overlap):
             np.testing.assert_allclose(blob.diff, g + 0.25, rtol=1e-6, atol=1e-6)
         starts = [i for i, e in enumerate(events) if e[0] == "start"]
         end = events.index(("backward end", None))
-        assert len(starts) == 3
+        assert len(starts) == 4  # ip2.w, ip2.b (closed by the big ip1.w), ip1.w, ip1.b
         if overlap and iteration > 0:
-            # ip2's weight bucket starts right after ip2's backward, before ip1's.
-            assert starts[0] < events.index(("hook", 1)) < end
+            # ip2's buckets start right after ip2's backward, before ip1's.
+            assert starts[1] < events.index(("hook", 1)) < end
         else:
             assert min(starts) > end  # the first iteration learns the layout; overlap off waits
         record = rule.measurements.current
-        assert [b.index for b in record.buckets] == [0, 1, 2]
-        assert record.bytes == 60 + 120 + 32
+        assert [b.index for b in record.buckets] == [0, 1, 2, 3]
+        assert record.bytes == 60 + 12 + 120 + 20
         assert all(b.ready_at <= b.started_at <= b.done_at for b in record.buckets)
         assert record.wait_s >= 0 and record.exchange_call_s > 0
+
+
+def test_poll_driver_is_poked_after_layers_without_parameters():
+    net = make_net()  # in, ip1, relu, ip2, loss: relu (layer 2) has no parameters
+    rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(bucket_bytes=64, progress="POLL"))
+    net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
+    current = []
+    net.register_layer_hooks(before_backward=current.append)
+    pokes = []
+    poke = rule.driver.poke
+    rule.driver.poke = lambda: (pokes.append(current[-1]), poke())
+    for iteration in range(2):
+        pokes.clear()
+        run_iteration(net, rule, iteration, [])
+    assert 2 in pokes  # between ip2's and ip1's backward, with ip2's buckets in flight
+    assert 4 not in pokes  # nothing in flight yet after the loss layer
+    rule.close()
+    assert rule._layer_hooks is None and not net._layer_hooks[:-1]  # only the test's own hook is left
+
+
+def test_overlap_off_registers_no_layer_hook():
+    net = make_net()
+    rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(overlap=False, progress="POLL"))
+    assert rule._layer_hooks is None and not net._layer_hooks
 
 
 def test_allreduce_on_one_rank_touches_nothing():
@@ -254,6 +311,32 @@ class FakeBucket:
         self.started_at = self.done_at = float("nan")
 
 
+class FakeComm(Communicator):
+    def __init__(self, size=2, local_size=2, thread_level=3, library="Open MPI"):
+        self.size, self.local_size, self.thread_level, self.library = size, local_size, thread_level, library
+
+
+def test_auto_polls_over_shared_memory_and_uses_a_thread_over_a_network():
+    assert choose_mode(FakeComm(), "AUTO", environ={}) == "POLL"
+    assert choose_mode(FakeComm(local_size=1), "AUTO", environ={}) == "THREAD"
+    assert choose_mode(FakeComm(local_size=1, thread_level=1), "AUTO", environ={}) == "POLL"  # FUNNELED
+    # One machine, but the library is told to keep off shared memory.
+    assert choose_mode(FakeComm(), "AUTO", environ={"OMPI_MCA_btl": "tcp,self"}) == "THREAD"
+    assert choose_mode(FakeComm(), "AUTO", environ={"OMPI_MCA_btl": "^vader,sm"}) == "THREAD"
+    assert choose_mode(FakeComm(), "AUTO", environ={"OMPI_MCA_btl": "self,vader,tcp"}) == "POLL"
+    assert choose_mode(FakeComm(), "AUTO", environ={"OMPI_MCA_btl": "^tcp"}) == "POLL"
+    assert choose_mode(FakeComm(), "AUTO", environ={"MPIR_CVAR_NOLOCAL": "1"}) == "THREAD"
+    assert choose_mode(FakeComm(local_size=1), "THREAD", environ={}) == "THREAD"
+    assert choose_mode(FakeComm(), "POLL", environ={"OMPI_MCA_btl": "tcp,self"}) == "POLL"
+
+
+def test_mpi_async_needs_mpich_with_its_progress_thread():
+    assert choose_mode(FakeComm(library="MPICH"), "MPI_ASYNC", environ={"MPIR_CVAR_ASYNC_PROGRESS": "1"}) == \
+        "MPI_ASYNC"
+    assert choose_mode(FakeComm(library="MPICH"), "MPI_ASYNC", environ={}) == "POLL"
+    assert choose_mode(FakeComm(), "MPI_ASYNC", environ={"MPIR_CVAR_ASYNC_PROGRESS": "1"}) == "POLL"
+
+
 def test_choose_mode():
     assert choose_mode(Communicator(), "AUTO") == "POLL"
     assert choose_mode(Communicator(), "thread") == "THREAD"
@@ -293,6 +376,37 @@ def test_poll_driver_progresses_only_when_poked():
     assert [e[0] for e in comm.log].count("done") == 2
 
 
+class CompletesOnlyInWait(ScriptedComm):
+    """A library whose Testsome never sees a completion: only a blocking wait completes."""
+
+    def test_some(self, requests):
+        return []
+
+
+def test_thread_driver_blocks_in_mpi_once_the_training_thread_waits():
+    comm = CompletesOnlyInWait(size=2)
+    driver = ThreadDriver(comm, poll_interval=0.001)
+    try:
+        for iteration in range(2):
+            comm.log.clear()
+            driver.start(FakeBucket(4))
+            time.sleep(0.03)  # many polls: none completes it (no blocking wait during "backward")
+            assert [e[0] for e in comm.log] == ["start"]
+            driver.wait_all()
+            assert [e[0] for e in comm.log] == ["start", "done"]
+    finally:
+        driver.close()
+    assert not driver._thread.is_alive()
+
+
+def test_thread_driver_poll_interval():
+    driver = ThreadDriver(ScriptedComm(2), poll_interval=0.01)
+    try:
+        assert driver.poll_interval == 0.01 and ThreadDriver.poll_interval == 0.002
+    finally:
+        driver.close()
+
+
 def test_thread_driver_reports_a_failure_of_its_thread():
     class Broken(ScriptedComm):
         def iallreduce(self, array):
@@ -317,6 +431,31 @@ def test_measurements_summary_skips_the_first_iteration():
     assert summary["iterations"] == 3 and summary["wait_s"] == 2.0
     assert summary["exchange_s"] == 1.0 and summary["bytes"] == 100 and summary["buckets"] == 1
     assert Measurements().summary() == {"iterations": 0}
+
+
+def test_measurements_iteration_time():
+    m = Measurements()
+    for i, (start, end) in enumerate([(0.0, 5.0), (5.0, 6.0), (6.0, 8.0), (8.0, 9.0)]):
+        record = m.begin(i, start)
+        record.end_at = end
+    assert m.summary()["iteration_s"] == 1.0
+    m.begin(4, 9.0)  # not finished: left out
+    assert m.summary()["iteration_s"] == 1.0
+
+
+def test_instrument_net_records_layers_through_the_layer_hooks():
+    net = make_net()
+    timeline = Timeline(0, origin=time.perf_counter())
+    handle = instrument_net(net, timeline)
+    net.forward_backward()
+    names = [e["name"] for e in timeline.events() if e["ph"] == "X"]
+    assert names[:5] == ["in forward", "ip1 forward", "relu forward", "ip2 forward", "loss forward"]
+    # Backward in reverse, without the input layer (it does not run backward).
+    assert names[5:] == ["loss backward", "ip2 backward", "relu backward", "ip1 backward"]
+    assert all(e["dur"] >= 0 for e in timeline.events() if e["ph"] == "X")
+    net.remove_layer_hooks(handle)
+    net.forward_backward()
+    assert len([e for e in timeline.events() if e["ph"] == "X"]) == 9
 
 
 def test_chrome_trace_file(tmp_path):

