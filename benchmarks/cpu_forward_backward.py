@@ -1,12 +1,16 @@
 """Forward+backward time per iteration on the CPU: netdef against PyTorch, same nets, same run.
 
-    python benchmarks/cpu_forward_backward.py [--iters 20] [--threads N]
+    python benchmarks/cpu_forward_backward.py [--iters 20] [--threads N] [--per-layer] [--nets lenet,cifar]
+                                              [--column-path]
 
 Nets: LeNet (batch 64, 1x28x28) and CIFAR-10 quick (batch 100, 3x32x32), the BVLC definitions with the
 Data layers replaced by Input layers. PyTorch (a benchmark-only dependency: pip install torch) runs the
 same layers (Caffe's ceil-mode pooling included); when it is missing only netdef's figures print.
 Both use the same number of BLAS/intra-op threads. Prints the median of --iters timed iterations after
-warm-up, and the ratio netdef / PyTorch (below 1 means netdef is faster).
+warm-up, and the ratio netdef / PyTorch (below 1 means netdef is faster). --per-layer adds netdef's
+per-layer forward and backward medians; --column-path times netdef's im2col path for every convolution
+(the CPU row-product path off: netdef/layers/im2col.py) to compare the two. The machine's other load
+shows up as noise: compare runs of the script, not single figures.
 """
 from __future__ import annotations
 
@@ -124,7 +128,14 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--threads", type=int, default=None, help="BLAS / torch threads (default: all cores)")
     parser.add_argument("--per-layer", action="store_true", help="also print netdef's per-layer times")
+    parser.add_argument("--nets", default="lenet,cifar", help="comma-separated subset of: lenet, cifar")
+    parser.add_argument("--column-path", action="store_true",
+                        help="run every convolution through im2col (the CPU row-product path off)")
     args = parser.parse_args()
+    if args.column_path:
+        from netdef.layers import im2col
+
+        im2col.ROW_PRODUCTS = False
     try:
         from threadpoolctl import threadpool_info, threadpool_limits
     except ImportError:
@@ -144,9 +155,12 @@ def main() -> None:
     if torch is not None:
         print(f"# torch {torch.__version__} threads={torch.get_num_threads()}")
     print(f"{'net':<16}{'batch':>6}{'netdef ms':>12}{'torch ms':>11}{'netdef/torch':>14}")
-    cases = [("LeNet", LENET, (64, 1, 28, 28), torch_lenet),
-             ("CIFAR-10 quick", CIFAR10_QUICK, (100, 3, 32, 32), torch_cifar10_quick)]
-    for name, text, shape, build in cases:
+    cases = {"lenet": ("LeNet", LENET, (64, 1, 28, 28), torch_lenet),
+             "cifar": ("CIFAR-10 quick", CIFAR10_QUICK, (100, 3, 32, 32), torch_cifar10_quick)}
+    for key in args.nets.split(","):
+        if key.strip() not in cases:
+            parser.error(f"--nets: unknown net {key!r} (choose from {', '.join(cases)})")
+    for name, text, shape, build in (cases[key.strip()] for key in args.nets.split(",")):
         ours, per_layer = time_netdef(text, shape, args.iters)
         theirs = time_torch(torch, build, shape, args.iters) if torch is not None else float("nan")
         ratio = ours / theirs if torch is not None else float("nan")
@@ -154,6 +168,8 @@ def main() -> None:
         if args.per_layer:
             for layer, (fwd, bwd) in per_layer.items():
                 print(f"    {layer:<12} forward {fwd:8.3f} ms   backward {bwd:8.3f} ms")
+            total = sum(f + b for f, b in per_layer.values())
+            print(f"    {'(all)':<12} forward + backward {total:8.3f} ms")
 
 
 if __name__ == "__main__":

@@ -160,6 +160,7 @@ def worker(spec_path: str) -> None:
                 solver.step(spec["warmup"])
                 info.setdefault("progress_resolved", {})[config["name"]] = getattr(solver.exchange, "progress_mode", "")
             count = len(solvers)
+            info["speed_probe_s"] = [_speed_probe()]
             for r in range(spec["rounds"]):
                 for k in range(count):
                     i = (k + r) % count
@@ -167,6 +168,7 @@ def worker(spec_path: str) -> None:
                     solvers[i].step(spec["iters"])
                     records = list(solvers[i].measurements.records)[first:]
                     results[spec["configs"][i]["name"]].extend(_record_dict(rec, r) for rec in records)
+                info["speed_probe_s"].append(_speed_probe())
         finally:
             for solver in solvers:
                 solver.close()
@@ -176,6 +178,21 @@ def worker(spec_path: str) -> None:
             pathlib.Path(spec_path + ".out.json").write_text(json.dumps(out))
 
     run_guarded(comm, main)
+
+
+def _speed_probe() -> float:
+    """Seconds for 20 products of 512x512 float32 matrices (best of 5): how fast this machine is
+    right now, to see whether it changed during the run (other work on it, its host's load)."""
+    import numpy as np
+
+    a = np.full((512, 512), 0.5, dtype=np.float32)
+    best = math.inf
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(20):
+            a @ a
+        best = min(best, time.perf_counter() - t)
+    return best
 
 
 def _loadavg() -> str:
@@ -326,8 +343,11 @@ def print_report(args, launcher, rows, infos, started, stream=sys.stdout):
       f"{args.threads} BLAS threads\n")
     w(f"# medians over {args.rounds} rounds x {args.iters} iterations (after {args.warmup} warm-up per round)\n")
     for name, info in infos.items():
+        probes = info.get("speed_probe_s") or []
+        probe_text = (f"; speed probe (20 x 512^3 matmul, {info.get('blas_threads') or '?'} BLAS thread(s)) "
+                      f"{ms(probes[0])}-{ms(max(probes))}-{ms(probes[-1])} ms (start-slowest-end)" if probes else "")
         w(f"# {name} launch: load average {info.get('loadavg_start', '?')} at its start, "
-          f"{info.get('loadavg_end', '?')} at its end\n")
+          f"{info.get('loadavg_end', '?')} at its end{probe_text}\n")
         if "allreduce_all_s" in info:
             w(f"# one blocking allreduce of all {args.probe_mb:.1f} MiB of gradients ({name} launch): "
               f"{ms(info['allreduce_all_s'])} ms\n")

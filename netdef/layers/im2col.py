@@ -12,6 +12,10 @@ CPU: a strided window view of the zero-padded input is copied in one pass (im2co
 slice per kernel offset (a loop over prod(K) offsets, never over pixels or samples).
 GPU (CuPy arrays, 2-D spatial): the CUDA kernels ``im2col`` and ``col2im`` in kernels/im2col.cu, whose
 NumPy twins are the CPU functions here. N-d spatial on the GPU uses the same strided-view code with CuPy.
+
+Row products (CPU only, see the section below): a stride-1 2-D convolution as kh matrix products over
+row-shifted views of the input stored rows-first, (H, N, W, C), and expanded over the kernel columns
+only; no column matrix and no col2im.
 """
 from __future__ import annotations
 
@@ -330,7 +334,11 @@ def _col2im_cuda(cols, x_shape, geom, out_sizes, out):
 # over views of q, with no copy per kernel row, on a matrix kw (not kh*kw) times the input, and with
 # unit-stride K in both operands (BLAS's fastest orientation here). When kw*C is small, a product
 # with so short a K runs slowly: then the kernel rows are "folded" into q as well (fold = kh: the
-# classic column matrix, in this rows-first layout, and one product).
+# classic column matrix, in this rows-first layout, and one product). Each product runs over its live
+# output rows only (_live_rows: the rows for which its kernel row reads the input, not the padding).
+# Backward: the weight gradient is q_i^T @ dy per product; the input gradient is this same machinery
+# run on the top gradient padded by extent - 1 - pad, with the flipped, transposed filters (the adjoint
+# of a stride-1 convolution is such a convolution), so there is no col2im either.
 ROW_PRODUCTS = True          # tests switch the path off to compare it with the column path
 ROW_MIN_WIDTH = 64           # Convolution takes this path when kw * C is at least this (see vision.py)
 ROW_FOLD_BELOW = 64          # fold the kernel rows into q when kw * C is below this
@@ -374,7 +382,7 @@ class RowPlan:
         return self.n * self.out[1]
 
     @property
-    def q_bytes_per_sample(self) -> int:
+    def q_cells_per_sample(self) -> int:
         return self.q_rows * self.out[1] * self.width
 
     def expands(self) -> bool:
@@ -431,24 +439,51 @@ def _row_slice(plan: RowPlan, i: int, start: int, stop: int):
     return slice(shift + start, shift + stop)
 
 
+def _live_rows(plan: RowPlan, i: int) -> tuple:
+    """The output rows [lo, hi) for which product i reads at least one input row (not padding):
+    the other rows of its q block are zero and contribute nothing."""
+    if plan.products == 1:
+        return 0, plan.out[0]
+    pad, size, dh = plan.geom.pad[0], plan.spatial[0], plan.geom.dilation[0]
+    shift = i * plan.fold * dh
+    lo, hi = max(0, pad - shift), min(plan.out[0], pad + size - shift)
+    return lo, max(lo, hi)
+
+
 def row_product(q, wq, plan: RowPlan, out, ws: Workspace):
-    """out (H_out * n * W_out, O) = sum over the products i of q_i @ wq[i]; rows ordered (ho, n, wo)."""
-    rows = out.shape[0]
-    np.matmul(q[_row_slice(plan, 0, 0, rows)], wq[0], out=out)
-    if plan.products > 1:
-        # Whole products, then one add each: row blocks that keep the partial sums in cache measured
-        # slower (BLAS's two threads run small products less efficiently than the adds cost).
-        part = ws.get(("rows", "part"), out.shape, out.dtype, np)
-        for i in range(1, plan.products):
-            np.matmul(q[_row_slice(plan, i, 0, rows)], wq[i], out=part)
-            np.add(out, part, out=out)
+    """out (H_out * n * W_out, O) = sum over the products i of q_i @ wq[i]; rows ordered (ho, n, wo).
+
+    Each product runs over its live rows only (see _live_rows: with padding, the outer kernel rows
+    read padding for the first and last output rows), which a product over all rows initialises."""
+    ho, block = plan.out[0], plan.block
+    spans = [_live_rows(plan, i) for i in range(plan.products)]
+    first = next((i for i, span in enumerate(spans) if span == (0, ho)), None)
+    if first is None:
+        out.fill(0)
+    else:
+        np.matmul(q[_row_slice(plan, first, 0, ho * block)], wq[first], out=out)
+    part = None
+    for i, (lo, hi) in enumerate(spans):
+        if i == first or hi <= lo:
+            continue
+        if part is None:
+            # Whole products, then one add each: row blocks that keep the partial sums in cache
+            # measured slower (BLAS's two threads run small products less efficiently).
+            part = ws.get(("rows", "part", out.shape), out.shape, out.dtype, np)
+        rows = slice(lo * block, hi * block)
+        np.matmul(q[_row_slice(plan, i, rows.start, rows.stop)], wq[i], out=part[rows])
+        np.add(out[rows], part[rows], out=out[rows])
     return out
 
 
 def row_weight_product(q, dy_rows, plan: RowPlan):
-    """The weight gradient (kh/fold, width, O): q_i^T @ dy_rows for each product i."""
-    rows = dy_rows.shape[0]
+    """The weight gradient (kh/fold, width, O): q_i^T @ dy_rows for each product i (over its live rows)."""
     dwq = np.empty((plan.products, plan.width, dy_rows.shape[1]), dy_rows.dtype)
     for i in range(plan.products):
-        np.matmul(q[_row_slice(plan, i, 0, rows)].T, dy_rows, out=dwq[i])
+        lo, hi = _live_rows(plan, i)
+        if hi <= lo:
+            dwq[i] = 0
+            continue
+        rows = slice(lo * plan.block, hi * plan.block)
+        np.matmul(q[_row_slice(plan, i, rows.start, rows.stop)].T, dy_rows[rows], out=dwq[i])
     return dwq

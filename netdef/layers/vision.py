@@ -1,9 +1,12 @@
 """Vision layers: Convolution, Deconvolution, Im2col, Pooling, LRN and SPP, with Caffe's semantics.
 
 Convolutions are matrix products over chunks of the batch on the column matrix of im2col.py (as many
-samples per product as keep it cache-sized). Pooling and LRN on the CPU are vectorized NumPy (one array
-operation per kernel offset, never a loop over pixels or samples); on a GPU the same functions run the
-CUDA kernels in kernels/*.cu, of which the NumPy functions here are the twins (``max_pool_forward`` ...
+samples per product as keep it cache-sized). On the CPU, stride-1 2-D convolutions of one group with
+enough input channels take the row-product path instead (im2col.RowPlan: kh products over row-shifted
+views of a rows-first copy of the input, expanded over the kernel columns only), forward and backward.
+Pooling and LRN on the CPU are vectorized NumPy (one unit-stride array operation per kernel offset over
+stride-phase planes, never a loop over pixels or samples); on a GPU the same functions run the CUDA
+kernels in kernels/*.cu, of which the NumPy functions here are the twins (``max_pool_forward`` ...
 ``lrn_across_backward``).
 """
 from __future__ import annotations
@@ -272,7 +275,7 @@ class ConvolutionLayer(_ConvolutionBase):
         # which needs pad <= extent - 1 (a larger pad only adds outputs that read nothing but padding).
         # With few input channels (a first layer) the channel-last copies of this path cost more than
         # the products save: the column path is faster there.
-        return (xp is np and _cols.ROW_PRODUCTS and self.num_spatial == 2 and self.group == 1
+        return (not use_kernels(xp) and _cols.ROW_PRODUCTS and self.num_spatial == 2 and self.group == 1
                 and g.stride == (1, 1) and all(p <= e - 1 for p, e in zip(g.pad, g.extent))
                 and g.kernel[1] * self.channels >= _cols.ROW_MIN_WIDTH)
 
@@ -286,7 +289,7 @@ class ConvolutionLayer(_ConvolutionBase):
                             geom.dilation)
             one = row_plan(1, self.channels, self.in_spatial, geom)
             one_back = row_plan(1, self.num_output, self.out_spatial, back)
-            per_sample = max(one.q_bytes_per_sample, one_back.q_bytes_per_sample) * np.dtype(dtype).itemsize
+            per_sample = max(one.q_cells_per_sample, one_back.q_cells_per_sample) * np.dtype(dtype).itemsize
             size = max(1, min(self.num, ROW_BUDGET // max(1, per_sample)))
             count = -(-self.num // size)
             size = -(-self.num // count)
@@ -599,15 +602,17 @@ class Pool2D:
         return xp.where(code < 0, -1, flat).astype(np.int32)
 
     # ---- forward / backward
-    def forward(self, x, train: bool = True):
-        """Pooled (N, C, H_out, W_out) array; keeps what backward needs."""
+    def forward(self, x, train: bool = True, out=None):
+        """Pooled (N, C, H_out, W_out) array; keeps what backward needs. The CPU paths for small windows
+        write into ``out`` when it is a C-contiguous array of that shape and dtype (saving a fresh
+        allocation per call), other paths return a new array."""
         if self.method == _Pool.MAX:
-            y, mask = max_pool_forward(x, self)
+            y, mask = max_pool_forward(x, self, out)
             self.state = ("max", mask)
             return y
         if self.method == _Pool.AVE:
             self.state = ("ave",)
-            return ave_pool_forward(x, self)
+            return ave_pool_forward(x, self, out)
         return self._stochastic_forward(x, train)
 
     def backward(self, dy, x_shape, out):
@@ -754,21 +759,30 @@ class _Phases:
         n = count * self.plane
         return [q[a, b, first:first + n] for a, b, first in self.offsets]
 
-    def zeros(self, ws: Workspace, key, count, dtype):
-        """A zeroed (na, nb, P*hq*wq + slack) gradient accumulator for ``count`` planes."""
-        return ws.get((key, count), (self.na, self.nb, count * self.plane + self.slack), dtype, np, clear=True)
+    def gradient(self, ws: Workspace, key, count, dtype):
+        """An accumulator (na, nb, P*hq*wq + slack) for the phase planes' gradients of ``count`` planes,
+        with its contents undefined: ``target`` initialises each plane with its first contribution."""
+        return ws.get((key, count), (self.na, self.nb, count * self.plane + self.slack), dtype, np), set()
 
-    def add(self, dq, k: int, values):
-        """dq's run for window offset ``k`` += ``values`` (P*hq*wq,)."""
+    def target(self, dq, k: int, count: int):
+        """(run, fresh): dq's (P*hq*wq,) run for window offset ``k``. ``fresh``: the first offset of its
+        phase plane, which the caller WRITES (the rest of that plane is zeroed here); later offsets of
+        the plane are ADDED. This saves clearing whole planes and one add per plane."""
+        dq, started = dq
         a, b, first = self.offsets[k]
-        run = dq[a, b, first:first + values.shape[0]]
-        np.add(run, values, out=run)
+        n = count * self.plane
+        if (a, b) in started:
+            return dq[a, b, first:first + n], False
+        started.add((a, b))
+        dq[a, b, :first] = 0
+        dq[a, b, first + n:] = 0
+        return dq[a, b, first:first + n], True
 
     def merge(self, dq, out):
         """Write the phase planes' gradients (na, nb, P*hq*wq + slack) back to ``out`` (P, H, W)."""
         if not self.complete:
             out[...] = 0
-        planes = self._planes(dq, out.shape[0])
+        planes = self._planes(dq[0], out.shape[0])
         for a, b, dst, src in self._regions():
             np.copyto(out[src], planes[(a, b, slice(None)) + dst])
         return out
@@ -795,7 +809,15 @@ def _phases(p: Pool2D) -> _Phases:
     return p._phase_layout
 
 
-def max_pool_forward(x, p: Pool2D):
+def _pool_target(out, shape, dtype):
+    """``out`` when the CPU pooling passes can write into it, else a new array."""
+    if (isinstance(out, np.ndarray) and out.shape == shape and out.dtype == dtype and out.flags.c_contiguous
+            and out.flags.writeable):
+        return out
+    return np.empty(shape, dtype)
+
+
+def max_pool_forward(x, p: Pool2D, out=None):
     """MAX pooling of (N, C, H, W): (top, mask). Twin of the CUDA kernel ``max_pool_forward``.
 
     The mask is ("flat", h*W + w) from the kernel, or the winning window offset i*kw + j (-1: none)
@@ -813,6 +835,10 @@ def max_pool_forward(x, p: Pool2D):
     if p._many_cells():
         win = window_view(p._buffer(x, lowest), p.geom, p.out, "windows")
         win = np.ascontiguousarray(win).reshape(shape + (ncells,))
+        nan = np.isnan(win)
+        if nan.any():
+            # As Caffe's strict comparison: a NaN cell never wins (argmax would pick it).
+            win = np.where(nan, -np.inf, win)
         code = np.argmax(win, axis=-1)
         best = np.take_along_axis(win, code[..., None], axis=-1)[..., 0]
         none = ~(best > lowest)
@@ -824,10 +850,10 @@ def max_pool_forward(x, p: Pool2D):
     ph = _phases(p)
     planes = shape[0] * shape[1]
     x3 = x.reshape(planes, *x.shape[2:])
-    top = np.empty(shape, x.dtype)
+    top = _pool_target(out, shape, x.dtype)
     top3 = top.reshape(planes, *p.out)
     code_dtype = np.int8 if ncells < 127 else np.int32
-    code = np.empty(planes * ph.plane, dtype=code_dtype)
+    code = p.ws.get("code", (planes * ph.plane,), code_dtype, np)
     for start, stop in ph.blocks(planes, x.itemsize):
         count = stop - start
         cells = ph.windows(ph.split(x3[start:stop], lowest, p.ws), count)
@@ -900,13 +926,17 @@ def max_pool_backward(dy, mask, x_shape, p: Pool2D, out):
             codes = m.reshape(-1)[start * ph.plane:stop * ph.plane]
             # Zero outside the outputs: the codes there are arbitrary, the products are not.
             dy_full = ph.full(p.ws, "dy", dy3[start:stop])
-            dq = ph.zeros(p.ws, "dq", count, dy.dtype)
+            dq = ph.gradient(p.ws, "dq", count, dy.dtype)
             hit = p.ws.get(("hit", count), dy_full.shape, bool, np)
             tmp = p.ws.get(("tmp", count), dy_full.shape, dy.dtype, np)
             for k in range(len(ph.offsets)):
                 np.equal(codes, k, out=hit)
-                np.multiply(dy_full, hit, out=tmp)
-                ph.add(dq, k, tmp)
+                run, fresh = ph.target(dq, k, count)
+                if fresh:
+                    np.multiply(dy_full, hit, out=run)
+                else:
+                    np.multiply(dy_full, hit, out=tmp)
+                    np.add(run, tmp, out=run)
             ph.merge(dq, out3[start:stop])
         return out
     acc = p._zero_acc(dy, x_shape) if p._needs_buffer() else out
@@ -933,7 +963,7 @@ def max_pool_backward(dy, mask, x_shape, p: Pool2D, out):
     return out
 
 
-def ave_pool_forward(x, p: Pool2D):
+def ave_pool_forward(x, p: Pool2D, out=None):
     """AVE pooling: the sum over the window's real cells divided by the window clipped to the padded
     input. Twin of the CUDA kernel ``ave_pool_forward``."""
     xp = backend.get_array_module(x)
@@ -950,7 +980,7 @@ def ave_pool_forward(x, p: Pool2D):
     ph = _phases(p)
     planes = shape[0] * shape[1]
     x3 = x.reshape(planes, *x.shape[2:])
-    top = np.empty(shape, x.dtype)
+    top = _pool_target(out, shape, x.dtype)
     top3 = top.reshape(planes, *p.out)
     for start, stop in ph.blocks(planes, x.itemsize):
         count = stop - start
@@ -985,9 +1015,13 @@ def ave_pool_backward(dy, x_shape, p: Pool2D, out):
         out3 = out.reshape(planes, *x_shape[2:])
         for start, stop in ph.blocks(planes, dy.itemsize):
             share_full = ph.full(p.ws, "share", share3[start:stop])
-            dq = ph.zeros(p.ws, "dq", stop - start, dy.dtype)
+            dq = ph.gradient(p.ws, "dq", stop - start, dy.dtype)
             for k in range(len(ph.offsets)):
-                ph.add(dq, k, share_full)
+                run, fresh = ph.target(dq, k, stop - start)
+                if fresh:
+                    np.copyto(run, share_full)
+                else:
+                    np.add(run, share_full, out=run)
             ph.merge(dq, out3[start:stop])
         return out
     acc = p._zero_acc(dy, x_shape) if p._needs_buffer() else out
@@ -1083,7 +1117,8 @@ class PoolingLayer(Layer):
             t.reshape(n, c, *out)
 
     def forward(self, bottom, top):
-        top[0].data = self.pool.forward(bottom[0].data, train=self.phase == TRAIN)
+        y = top[0].data if top[0].has_data else None
+        top[0].data = self.pool.forward(bottom[0].data, train=self.phase == TRAIN, out=y)
         if len(top) > 1:
             top[1].data = max_mask_flat(self.pool.state[1], self.pool).astype(top[1].dtype)
 

@@ -511,6 +511,73 @@ def test_max_pooling_nothing_beats_minus_flt_max():
         assert bottom[0].diff.sum() == 1.0 and bottom[0].diff[0, 0, 0, 3] == 1.0
 
 
+def naive_max_pool(x, kernel, stride, pad, out):
+    """Caffe's MAX pooling loop: from -FLT_MAX, a cell wins by strict >, so the first maximum in
+    row-major order wins and NaN never does. (top, mask as flat h*W + w, -1 where no cell won)."""
+    n, c, h, w = x.shape
+    lowest = -np.finfo(np.float32).max
+    top = np.full((n, c) + out, lowest)
+    mask = np.full((n, c) + out, -1)
+    for oh, ow in itertools.product(range(out[0]), range(out[1])):
+        h0, w0 = oh * stride[0] - pad[0], ow * stride[1] - pad[1]
+        for i, j in itertools.product(range(max(h0, 0), min(h0 + kernel[0], h)), range(max(w0, 0), min(w0 + kernel[1], w))):
+            wins = x[:, :, i, j] > top[:, :, oh, ow]
+            top[:, :, oh, ow] = np.where(wins, x[:, :, i, j], top[:, :, oh, ow])
+            mask[:, :, oh, ow] = np.where(wins, i * w + j, mask[:, :, oh, ow])
+    return top, mask
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("fields,shape", [
+    (dict(kernel_size=3, stride=2), (2, 3, 9, 11)),
+    (dict(kernel_size=3, stride=2, pad=1), (2, 3, 8, 7)),
+    (dict(kernel_size=2, stride=2), (2, 3, 8, 9)),
+    (dict(kernel_h=3, kernel_w=2, stride_h=1, stride_w=3, pad_h=1, pad_w=0), (2, 3, 6, 10)),
+    (dict(kernel_size=6, stride=3, pad=2), (2, 3, 10, 9)),                 # many cells
+], ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()) if isinstance(v, dict) else str(v))
+def test_max_pooling_matches_caffe_loop(monkeypatch, fields, shape, dtype):
+    """Ties everywhere (small integers), NaN, -inf and -FLT_MAX cells, windows of NaN only, and plane
+    blocks of a few planes: top, mask and bottom gradient as Caffe's loop gives them."""
+    monkeypatch.setattr(vision, "_POOL_BLOCK_BYTES", 2000)
+    rng = np.random.default_rng(7)
+    x = rng.integers(-3, 3, shape).astype(float)
+    special = rng.random(shape)
+    x[special < 0.08] = np.nan
+    x[(special >= 0.08) & (special < 0.12)] = -np.inf
+    x[(special >= 0.12) & (special < 0.14)] = -np.finfo(np.float32).max
+    x[0, 0, :4, :4] = np.nan  # whole windows of NaN
+    layer, bottom, top = build(pool_text(pool="MAX", **fields), [x], 2, dtype=dtype)
+    layer.forward(bottom, top)
+    p = layer.pool
+    expected, mask = naive_max_pool(x.astype(dtype), p.kernel, p.stride, p.pad, p.out)
+    np.testing.assert_array_equal(top[0].data, expected)
+    np.testing.assert_array_equal(top[1].data, mask)
+    dy = rng.standard_normal(top[0].shape).astype(dtype)
+    top[0].diff = dy
+    layer.backward(top, [True], bottom)
+    dx = np.zeros((shape[0] * shape[1], shape[2] * shape[3]))
+    flat_mask, flat_dy = mask.reshape(len(dx), -1), dy.reshape(len(dx), -1)
+    for plane in range(len(dx)):
+        live = flat_mask[plane] >= 0
+        np.add.at(dx[plane], flat_mask[plane][live], flat_dy[plane][live])
+    np.testing.assert_allclose(bottom[0].diff, dx.reshape(shape), rtol=1e-6)
+
+
+@pytest.mark.parametrize("pool", ["MAX", "AVE"])
+def test_pooling_forward_writes_into_its_top(pool):
+    """The CPU passes write into the top's existing array: a second forward overwrites all of it."""
+    layer, bottom, top = build(pool_text(pool=pool, kernel_size=3, stride=2), [normal(2, 3, 9, 9)], 1)
+    layer.forward(bottom, top)
+    first = top[0].data
+    x = normal(2, 3, 9, 9)
+    bottom[0].data[...] = x
+    layer.forward(bottom, top)
+    assert top[0].data is first
+    fresh, fresh_bottom, fresh_top = build(pool_text(pool=pool, kernel_size=3, stride=2), [x], 1)
+    fresh.forward(fresh_bottom, fresh_top)
+    np.testing.assert_array_equal(top[0].data, fresh_top[0].data)
+
+
 def test_ave_pooling_divisor_counts_padding_not_overhang():
     x = np.ones((1, 1, 4, 4))
     layer, bottom, top = build(pool_text(pool="AVE", kernel_size=3, stride=2, pad=1), [x], 1)
