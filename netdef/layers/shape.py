@@ -116,6 +116,19 @@ class EltwiseLayer(Layer):
 
 
 # ---------------------------------------------------------------------------------------------
+def _axis_or_legacy_dim(layer, param, legacy_field: str, num_axes: int) -> int:
+    """Concat's and Slice's axis: ``axis`` (negative counts from the end) or the legacy non-negative
+    ``concat_dim``/``slice_dim``, never both."""
+    if param.HasField(legacy_field):
+        if param.HasField("axis"):
+            raise layer.error(f"give either axis or {legacy_field}, not both")
+        axis = int(getattr(param, legacy_field))
+        if axis >= num_axes:
+            raise layer.error(f"{legacy_field} {axis} out of range for {num_axes} axes")
+        return axis
+    return _canonical(layer, param.axis, num_axes)
+
+
 @register_layer("Concat")
 class ConcatLayer(Layer):
     """Concatenates inputs along one axis.
@@ -128,16 +141,7 @@ class ConcatLayer(Layer):
     exact_num_top = 1
 
     def _axis(self, bottom):
-        p = self.layer_param.concat_param
-        n = bottom[0].num_axes
-        if p.HasField("concat_dim"):
-            if p.HasField("axis"):
-                raise self.error("give either axis or concat_dim, not both")
-            axis = int(p.concat_dim)
-            if axis >= n:
-                raise self.error(f"concat_dim {axis} out of range for {n} axes")
-            return axis
-        return _canonical(self, p.axis, n)
+        return _axis_or_legacy_dim(self, self.layer_param.concat_param, "concat_dim", bottom[0].num_axes)
 
     def reshape(self, bottom, top):
         _no_in_place(self, bottom, top)
@@ -192,16 +196,7 @@ class SliceLayer(Layer):
     min_top = 1
 
     def _axis(self, bottom):
-        p = self.layer_param.slice_param
-        n = bottom[0].num_axes
-        if p.HasField("slice_dim"):
-            if p.HasField("axis"):
-                raise self.error("give either axis or slice_dim, not both")
-            axis = int(p.slice_dim)
-            if axis >= n:
-                raise self.error(f"slice_dim {axis} out of range for {n} axes")
-            return axis
-        return _canonical(self, p.axis, n)
+        return _axis_or_legacy_dim(self, self.layer_param.slice_param, "slice_dim", bottom[0].num_axes)
 
     def reshape(self, bottom, top):
         _no_in_place(self, bottom, top)
