@@ -97,6 +97,22 @@ class LossLayer(Layer):
                              f"{bottom[0].shape} vs {bottom[1].shape}")
         top[0].reshape(())
 
+    def reshape_one_label_per_item(self, bottom, top):
+        """reshape() of the losses whose bottom 1 holds one class label per item (N x C scores)."""
+        LossLayer.reshape(self, bottom, top)
+        if bottom[1].count != bottom[1].shape[0]:
+            raise self.error(f"labels must be one value per item, got shape {bottom[1].shape}")
+
+    def _scores_and_labels(self, bottom):
+        """bottom 0 as an (N, C) matrix and bottom 1 as checked integer labels; sets ``self.num``."""
+        x = bottom[0].data
+        self.num = bottom[0].shape[0]
+        scores = x.reshape(self.num, -1)
+        labels = _as_int_labels(bottom[1].data.reshape(-1))
+        xp = _xp(x)
+        self._check_label_range(xp, labels, xp.ones(labels.shape, dtype=bool), scores.shape[1])
+        return scores, labels
+
     def _refuse_label_gradients(self, propagate_down):
         for i in self.label_bottoms:
             if i < len(propagate_down) and propagate_down[i]:
@@ -300,18 +316,12 @@ class HingeLossLayer(LossLayer):
     def setup(self, bottom, top):
         self.norm = self.layer_param.hinge_loss_param.norm
 
-    def reshape(self, bottom, top):
-        super().reshape(bottom, top)
-        if bottom[1].count != bottom[1].shape[0]:
-            raise self.error(f"labels must be one value per item, got shape {bottom[1].shape}")
+    reshape = LossLayer.reshape_one_label_per_item
 
     def forward(self, bottom, top):
         x = bottom[0].data
         xp = _xp(x)
-        self.num = bottom[0].shape[0]
-        xm = x.reshape(self.num, -1)
-        labels = _as_int_labels(bottom[1].data.reshape(-1))
-        self._check_label_range(xp, labels, xp.ones(labels.shape, dtype=bool), xm.shape[1])
+        xm, labels = self._scores_and_labels(bottom)
         # sign_nk = -t_nk; Caffe negates the label entry and keeps the others.
         sign = xp.where(xp.arange(xm.shape[1])[None, :] == labels[:, None], -1.0, 1.0).astype(x.dtype)
         margin = xp.maximum(0, 1 + sign * xm)
@@ -343,18 +353,12 @@ class MultinomialLogisticLossLayer(LossLayer):
     dp[n, label_n] = -loss_weight / (N * max(p[n, label_n], 1e-20)); every other entry 0.
     """
 
-    def reshape(self, bottom, top):
-        super().reshape(bottom, top)
-        if bottom[1].count != bottom[1].shape[0]:
-            raise self.error(f"labels must be one value per item, got shape {bottom[1].shape}")
+    reshape = LossLayer.reshape_one_label_per_item
 
     def forward(self, bottom, top):
         x = bottom[0].data
         xp = _xp(x)
-        self.num = bottom[0].shape[0]
-        xm = x.reshape(self.num, -1)
-        labels = _as_int_labels(bottom[1].data.reshape(-1))
-        self._check_label_range(xp, labels, xp.ones(labels.shape, dtype=bool), xm.shape[1])
+        xm, labels = self._scores_and_labels(bottom)
         self.p_true = xp.maximum(xp.take_along_axis(xm, labels[:, None], axis=1)[:, 0], LOG_THRESHOLD)
         self.labels = labels
         top[0].data = -xp.log(self.p_true).sum() / self.num
