@@ -2,8 +2,9 @@
 
 ``it`` is the iteration about to be applied (0 for the first update). Caffe computes in a mix of
 float32 (``Dtype``) and double: ``std::pow(float, int)`` promotes to double (step, exp, multistep and
-Adam's bias correction), ``std::pow(float, float)`` and ``std::exp(float)`` stay float (inv, poly,
-sigmoid); the rate is stored as float. The functions here repeat those roundings, so the rates equal
+Adam's bias correction), ``std::pow(float, float)`` and ``std::exp(float)`` stay float (poly,
+sigmoid); inv's recorded rates are those of a power taken in double and rounded once to float
+(they depend on the C library Caffe was built against); the rate is stored as float. The functions here repeat those roundings, so the rates equal
 Caffe's bit for bit (the oracle arrays hold Caffe's float32 rates).
 
     fixed      base_lr
@@ -66,7 +67,10 @@ def learning_rate(param: pb.SolverParameter, it: int, current_step: int = 0) -> 
     elif policy == "exp":
         rate = f32(float(base) * float(gamma) ** it)
     elif policy == "inv":
-        rate = base * np.power(f32(1) + gamma * f32(it), -power, dtype=np.float32)
+        # The power in double, rounded once to float: this reproduces Caffe's recorded rates on
+        # every iteration of the oracle (a float32 power of a float32 base misses by an ulp at
+        # it=2, and what NumPy's float32 power returns differs between NumPy releases).
+        rate = base * f32((1.0 + float(gamma) * it) ** -float(power))
     elif policy == "multistep":
         if current_step < len(param.stepvalue) and it >= param.stepvalue[current_step]:
             current_step += 1
