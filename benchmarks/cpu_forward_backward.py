@@ -88,7 +88,7 @@ def median_ms(fn, iters: int, warmup: int = 3) -> float:
     return 1000 * statistics.median(times)
 
 
-def time_netdef(text: str, shape: tuple, iters: int) -> tuple[float, dict]:
+def time_netdef(text: str, shape: tuple, iters: int, per_layer: bool = False) -> tuple[float, dict]:
     netdef.set_random_seed(0)
     net = netdef.Net(text, netdef.TRAIN)
     rng = np.random.default_rng(0)
@@ -100,13 +100,21 @@ def time_netdef(text: str, shape: tuple, iters: int) -> tuple[float, dict]:
         net.forward_backward()
 
     ms = median_ms(step, iters)
-    per_layer = {}
-    for li, layer in enumerate(net.layers):
-        fwd = median_ms(lambda: net.forward_range(li, li), max(3, iters // 2), warmup=1)
-        net._fill_loss_diffs(0, len(net.layers) - 1)
-        bwd = median_ms(lambda: net.backward_range(li, li), max(3, iters // 2), warmup=1)
-        per_layer[layer.name] = (fwd, bwd)
-    return ms, per_layer
+    layers = {}
+    for li, layer in enumerate(net.layers if per_layer else ()):
+        # Each timed backward follows its forward, as in training (a layer may keep work from its
+        # forward for the backward); medians over the repetitions after one warm-up.
+        fwd, bwd = [], []
+        for _ in range(max(3, iters // 2) + 1):
+            start = time.perf_counter()
+            net.forward_range(li, li)
+            fwd.append(time.perf_counter() - start)
+            net._fill_loss_diffs(0, len(net.layers) - 1)
+            start = time.perf_counter()
+            net.backward_range(li, li)
+            bwd.append(time.perf_counter() - start)
+        layers[layer.name] = (1000 * statistics.median(fwd[1:]), 1000 * statistics.median(bwd[1:]))
+    return ms, layers
 
 
 def time_torch(torch, build, shape: tuple, iters: int) -> float:
@@ -161,7 +169,7 @@ def main() -> None:
         if key.strip() not in cases:
             parser.error(f"--nets: unknown net {key!r} (choose from {', '.join(cases)})")
     for name, text, shape, build in (cases[key.strip()] for key in args.nets.split(",")):
-        ours, per_layer = time_netdef(text, shape, args.iters)
+        ours, per_layer = time_netdef(text, shape, args.iters, args.per_layer)
         theirs = time_torch(torch, build, shape, args.iters) if torch is not None else float("nan")
         ratio = ours / theirs if torch is not None else float("nan")
         print(f"{name:<16}{shape[0]:>6}{ours:>12.2f}{theirs:>11.2f}{ratio:>14.2f}")

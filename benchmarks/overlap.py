@@ -7,10 +7,13 @@ backprop, N ranks with layer-wise overlap, across bucket sizes and progress mode
 
 The model (``model_text``): DummyData 3x32x32 images (no dataset), four 3x3/5x5 convolutions with
 ReLU and max pooling, then fully connected layers fc6 4096 -> 1024, fc7 1024 -> 1024, fc8 -> 10:
-22.5 MB of float32 gradients, 75% of them in fc6 (AlexNet's fc6 is 9216 -> 4096, 151 MB: one
-exchange of that per iteration does not fit the time budget of a 2-core machine). The fully
-connected layers finish backward first, so most of the bytes are ready early and the
-convolutions' backward (most of the compute) is there to hide them behind.
+24.9 MB (23.7 MiB) of float32 gradients, 67% of them in fc6 (AlexNet's fc6 is 9216 -> 4096, 151 MB:
+over the emulated 1 Gbit/s link that alone takes 2.4 s per iteration, and a 2-core machine cannot
+compute enough to hide it within a benchmark's time budget). The fully connected layers finish
+backward first, so most of the bytes are ready early and the convolutions' backward (most of the
+compute) is there to hide them behind; batch 128 per rank makes that backward (~0.46 s) longer
+than the 1 Gbit/s exchange (~0.38 s), and one iteration 0.75-1.2 s (2026-11-22, with the
+convolution code of that day: faster layers need a larger ``--batch`` to stay in that regime).
 
 What runs (every figure is a median over ``--rounds`` x ``--iters`` timed iterations; the rounds
 interleave the configurations, so that load from other work on the machine hits them alike):
@@ -19,9 +22,10 @@ interleave the configurations, so that load from other work on the machine hits 
   the same work per iteration as N ranks, on the same cores.
 - N ranks (``--ranks``, each ``--batch`` images and 1 BLAS thread), overlap off: the exchange starts
   after backward ends (POLL driver: the buckets are started and waited for on the training thread).
-- N ranks, overlap on, for each progress mode (``--modes``) and bucket size (``--buckets``, MB).
-  MPI_ASYNC runs in a launch of its own (MPICH's progress thread is switched on before MPI
-  starts); with Open MPI (``--emulated``) it does not exist and is left out.
+- N ranks, overlap on, for each progress mode (``--modes``: POLL, THREAD, MPI_ASYNC, and AUTO shown
+  with the driver it chose on this transport) and bucket size (``--buckets``, MB). MPI_ASYNC runs
+  in a launch of its own (MPICH's progress thread is switched on before MPI starts); with Open MPI
+  (``--emulated``) it does not exist and is left out.
 
 Definitions (printed with the table):
 
@@ -426,13 +430,14 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=96, help="images per rank (default 96)")
+    parser.add_argument("--batch", type=int, default=128, help="images per rank (default 128)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="BLAS threads of the 1-process run (default: the cores)")
     parser.add_argument("--fc6", type=int, default=1024, help="fc6 outputs (default 1024)")
     parser.add_argument("--fc7", type=int, default=1024, help="fc7 outputs (default 1024)")
     parser.add_argument("--buckets", default="1,4,16,64", help="bucket sizes in MB (default 1,4,16,64)")
-    parser.add_argument("--modes", default="POLL,THREAD,MPI_ASYNC", help="progress modes (default all three)")
+    parser.add_argument("--modes", default="POLL,THREAD,MPI_ASYNC,AUTO",
+                        help="progress modes (default POLL,THREAD,MPI_ASYNC,AUTO)")
     parser.add_argument("--rounds", type=int, default=6, help="rounds over the configurations (default 6)")
     parser.add_argument("--iters", type=int, default=2, help="timed iterations per configuration and round (default 2)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed iterations first (the first lays out buckets)")
@@ -488,7 +493,10 @@ def main(argv=None) -> int:
                 if not isinstance(results.get(name), list):
                     results[name] = []
                 results[name].extend(records)
-    rows = build_rows(args, results)
+    resolved = {}
+    for info in infos.values():
+        resolved.update(info.get("progress_resolved", {}))
+    rows = build_rows(args, results, resolved)
     print_report(args, launcher, rows, infos, started)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"args": vars(args), "infos": infos, "results": results,
@@ -514,7 +522,7 @@ def paired_ratio(on: list[dict], off: list[dict]) -> tuple[float, float, float]:
     return statistics.median(ratios), q1, q3
 
 
-def build_rows(args, results) -> list[dict]:
+def build_rows(args, results, resolved=None) -> list[dict]:
     rows = []
     images = args.ranks * args.batch
 
@@ -541,7 +549,9 @@ def build_rows(args, results) -> list[dict]:
             if name not in results:
                 continue
             m = measured(name)
-            row = {"label": f"{args.ranks} ranks, overlap, {mode}", "bucket": f"{b:g}MB", "m": m, "images": images}
+            actual = (resolved or {}).get(name, mode)
+            shown = mode if actual in ("", mode) else f"{mode}={actual}"
+            row = {"label": f"{args.ranks} ranks, overlap, {shown}", "bucket": f"{b:g}MB", "m": m, "images": images}
             off = offs.get(b)
             if m is not None and off is not None and off["wait_s"] > 0:
                 row["hidden"] = 1 - m["wait_s"] / off["wait_s"]

@@ -283,10 +283,11 @@ class AllreduceExchange(ExchangeRule):
         self._hook_order: list[int] = []
         self._active = False
         self._in_flight = 0                         # buckets started during this backward
-        # Between any two layers of backward (those without parameters too), let the driver move
-        # the started exchanges along (POLL tests them there).
+        # Between any two layers of backward (those without parameters too), let a polling driver
+        # move the started exchanges along.
         self._layer_hooks = (net.register_layer_hooks(after_backward=self._after_layer)
-                             if self.driver is not None and self.options.overlap else None)
+                             if self.driver is not None and self.options.overlap
+                             and self.driver.polls_between_layers else None)
 
     def describe(self) -> str:
         return (f"{self.name} (overlap {'on' if self.options.overlap else 'off'}, buckets of at most "

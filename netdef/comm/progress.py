@@ -17,8 +17,9 @@ final wait, and nothing overlaps. The drivers, one per ``NetdefDistributedParame
 - ``MPI_ASYNC``: ``Iallreduce`` and no polling: MPICH's own progress thread
   (``MPIR_CVAR_ASYNC_PROGRESS=1``, set before MPI starts) moves the exchange. That thread spins,
   so it needs a spare core per rank. With a library other than MPICH it degrades to POLL.
-- ``AUTO``: POLL between ranks that share memory, THREAD over a network (``choose_mode`` has the
-  measurements behind it).
+- ``AUTO``: over a network THREAD; between ranks that share memory ``DEFERRED`` (netdef's own, not
+  in the enum): the buckets are started as they fill, with no MPI call during backward, and the
+  wait before the update does the work (``choose_mode`` has the measurements behind it).
 
 Each driver records, per bucket, when it started (``started_at``) and when its completion was
 first seen (``done_at``).
@@ -69,19 +70,21 @@ _THREAD_SERIALIZED = 2  # MPI_THREAD_SERIALIZED in MPICH and Open MPI
 def choose_mode(comm, requested: str = "AUTO", environ=None) -> str:
     """The driver to use: ``requested``, with AUTO resolved and MPI_ASYNC checked.
 
-    AUTO is POLL when the ranks exchange through shared memory (``shared_memory_only``), THREAD
+    AUTO is DEFERRED when the ranks exchange through shared memory (``shared_memory_only``), THREAD
     when they exchange over a network (and the library gives a thread level of at least
     SERIALIZED; else POLL). Measured with ``benchmarks/overlap.py`` (2 ranks on a 2-core machine,
-    22.5 MB of gradients, iterations of about 0.8 s; figures in benchmarks/README.md):
+    conv layers + fc6 4096x1024, 24.9 MB of gradients, 0.65-0.75 s iterations; benchmarks/README.md):
 
-    - Over shared memory the exchange is memory copies by the CPUs that also compute, ~10 ms an
-      iteration: overlap cannot make that time disappear on busy cores, every mode is within the
-      noise of exchanging after backward, and POLL needs no thread (and no thread support).
-      MPI_ASYNC doubles the compute time (MPICH's progress thread spins on a core backprop needs).
-    - Over TCP at 1 Gbit/s (a tc-limited loopback), the exchange (~380 ms) waits on the link:
-      THREAD leaves 0-8 ms of it exposed and the iteration takes 0.74-0.76 of exchanging after
-      backward; POLL, which moves the exchange only between layers, leaves ~240 ms exposed (0.89).
-      At 10 Gbit/s the emulated link's cost is mostly CPU time and every mode is within noise.
+    - Shared memory (MPICH): the exchange is ~8 ms of copies by the same two cores that compute.
+      Moving it into backward costs backprop more than it saves (caches, memory bandwidth): POLL
+      1.00-1.06x and THREAD 1.02-1.04x the iteration time of exchanging after backward; DEFERRED
+      1.01x (0.99-1.02), as exchanging after backward. MPI_ASYNC 2.04-2.08x (MPICH's progress thread
+      spins on a core backprop needs).
+    - TCP at 1 Gbit/s (a tc-limited loopback, Open MPI): the exchange (~383 ms) waits on the link.
+      THREAD leaves 1-17 ms of it exposed: 0.73-0.75x the iteration time of exchanging after
+      backward; POLL, which moves the exchange only between layers, leaves ~250 ms: 0.88-0.91x.
+    - TCP at 10 Gbit/s: the exchange (~41 ms) is mostly CPU time on this machine; THREAD hides the
+      wait, backprop grows by about as much: every mode is within noise (0.99-1.03x).
 
     MPI_ASYNC falls back to POLL when the library is not MPICH or its progress thread is not on
     (``MPIR_CVAR_ASYNC_PROGRESS`` must be set before MPI starts; ``create_communicator`` does it).
@@ -94,16 +97,18 @@ def choose_mode(comm, requested: str = "AUTO", environ=None) -> str:
         return "MPI_ASYNC"
     if requested == "AUTO":
         if shared_memory_only(comm, env):
-            return "POLL"
+            return "DEFERRED"
         return "THREAD" if getattr(comm, "thread_level", _THREAD_SERIALIZED) >= _THREAD_SERIALIZED else "POLL"
     return requested
 
 
 class ProgressDriver:
     """Starts bucket exchanges and sees them through. A bucket has ``buffer`` (a NumPy array summed
-    in place over the ranks), ``started_at`` and ``done_at``."""
+    in place over the ranks), ``started_at`` and ``done_at``. ``polls_between_layers``: whether
+    ``poke()`` does anything, so that the exchange rule calls it after every layer's backward."""
 
     mode = "NONE"
+    polls_between_layers = False
 
     def __init__(self, comm, clock=time.perf_counter):
         self.comm = comm
@@ -127,6 +132,7 @@ class PollDriver(ProgressDriver):
     """Iallreduce on the training thread; ``Testsome`` between layers; ``Wait`` in order at the end."""
 
     mode = "POLL"
+    polls_between_layers = True
 
     def __init__(self, comm, clock=time.perf_counter):
         super().__init__(comm, clock)
@@ -160,13 +166,20 @@ class PollDriver(ProgressDriver):
         self._buckets, self._requests = [], []
 
 
-class MPIAsyncDriver(PollDriver):
-    """Iallreduce, then nothing until the final wait: the MPI library's progress thread works."""
+class DeferredDriver(PollDriver):
+    """Iallreduce as each bucket fills, then no MPI call until the final wait, which does the work."""
 
-    mode = "MPI_ASYNC"
+    mode = "DEFERRED"
+    polls_between_layers = False
 
     def poke(self) -> None:
         pass
+
+
+class MPIAsyncDriver(DeferredDriver):
+    """Iallreduce, then nothing until the final wait: the MPI library's progress thread works."""
+
+    mode = "MPI_ASYNC"
 
 
 _STOP = object()
@@ -290,9 +303,10 @@ class ThreadDriver(ProgressDriver):
                 self._cond.notify_all()
 
 
-DRIVERS = {"POLL": PollDriver, "THREAD": ThreadDriver, "MPI_ASYNC": MPIAsyncDriver}
+DRIVERS = {"POLL": PollDriver, "THREAD": ThreadDriver, "MPI_ASYNC": MPIAsyncDriver, "DEFERRED": DeferredDriver}
 
 
 def make_driver(comm, mode: str, clock=time.perf_counter) -> ProgressDriver:
-    """The driver for a resolved mode (see ``choose_mode``)."""
-    return DRIVERS[mode_name(mode)](comm, clock)
+    """The driver for a resolved mode (see ``choose_mode``; DEFERRED is one too)."""
+    name = str(mode).strip().upper()
+    return DRIVERS[name if name == "DEFERRED" else mode_name(mode)](comm, clock)

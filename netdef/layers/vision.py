@@ -800,7 +800,7 @@ class _Phases:
 
 
 # Plane blocks of the CPU pooling passes take about this many bytes of phase planes.
-_POOL_BLOCK_BYTES = 1 << 20
+_POOL_BLOCK_BYTES = 512 << 10
 
 
 def _phases(p: Pool2D) -> _Phases:

@@ -238,6 +238,30 @@ def test_overlap_off_registers_no_layer_hook():
     assert rule._layer_hooks is None and not net._layer_hooks
 
 
+@pytest.mark.parametrize("mode, local_size, resolved", [("THREAD", 1, "THREAD"), ("AUTO", 2, "DEFERRED")])
+def test_drivers_that_do_not_poll_register_no_layer_hook(mode, local_size, resolved):
+    net = make_net()
+    comm = ScriptedComm(2)
+    comm.local_size = local_size  # 2: both ranks on this machine
+    rule = ex.AllreduceExchange(comm, net, ex.ExchangeOptions(progress=mode))
+    try:
+        assert rule.progress_mode == resolved
+        assert rule._layer_hooks is None and not net._layer_hooks
+    finally:
+        rule.close()
+
+
+def test_deferred_driver_leaves_the_work_to_the_wait():
+    comm = ScriptedComm(size=2)
+    driver = make_driver(comm, "deferred")
+    assert driver.mode == "DEFERRED" and not driver.polls_between_layers
+    driver.start(FakeBucket(2))
+    driver.poke()
+    assert [e[0] for e in comm.log] == ["start"]
+    driver.wait_all()
+    assert [e[0] for e in comm.log] == ["start", "done"]
+
+
 def test_allreduce_on_one_rank_touches_nothing():
     net = make_net()
     expected = reference_gradients(net)
@@ -316,15 +340,15 @@ class FakeComm(Communicator):
         self.size, self.local_size, self.thread_level, self.library = size, local_size, thread_level, library
 
 
-def test_auto_polls_over_shared_memory_and_uses_a_thread_over_a_network():
-    assert choose_mode(FakeComm(), "AUTO", environ={}) == "POLL"
+def test_auto_defers_over_shared_memory_and_uses_a_thread_over_a_network():
+    assert choose_mode(FakeComm(), "AUTO", environ={}) == "DEFERRED"
     assert choose_mode(FakeComm(local_size=1), "AUTO", environ={}) == "THREAD"
     assert choose_mode(FakeComm(local_size=1, thread_level=1), "AUTO", environ={}) == "POLL"  # FUNNELED
     # One machine, but the library is told to keep off shared memory.
     assert choose_mode(FakeComm(), "AUTO", environ={"OMPI_MCA_btl": "tcp,self"}) == "THREAD"
     assert choose_mode(FakeComm(), "AUTO", environ={"OMPI_MCA_btl": "^vader,sm"}) == "THREAD"
-    assert choose_mode(FakeComm(), "AUTO", environ={"OMPI_MCA_btl": "self,vader,tcp"}) == "POLL"
-    assert choose_mode(FakeComm(), "AUTO", environ={"OMPI_MCA_btl": "^tcp"}) == "POLL"
+    assert choose_mode(FakeComm(), "AUTO", environ={"OMPI_MCA_btl": "self,vader,tcp"}) == "DEFERRED"
+    assert choose_mode(FakeComm(), "AUTO", environ={"OMPI_MCA_btl": "^tcp"}) == "DEFERRED"
     assert choose_mode(FakeComm(), "AUTO", environ={"MPIR_CVAR_NOLOCAL": "1"}) == "THREAD"
     assert choose_mode(FakeComm(local_size=1), "THREAD", environ={}) == "THREAD"
     assert choose_mode(FakeComm(), "POLL", environ={"OMPI_MCA_btl": "tcp,self"}) == "POLL"
@@ -338,7 +362,7 @@ def test_mpi_async_needs_mpich_with_its_progress_thread():
 
 
 def test_choose_mode():
-    assert choose_mode(Communicator(), "AUTO") == "POLL"
+    assert choose_mode(Communicator(), "AUTO") == "DEFERRED"
     assert choose_mode(Communicator(), "thread") == "THREAD"
     assert choose_mode(Communicator(), "MPI_ASYNC") == "POLL"  # not MPICH with its progress thread
     assert mode_name(2) == "THREAD"
@@ -346,7 +370,7 @@ def test_choose_mode():
         mode_name("fast")
 
 
-@pytest.mark.parametrize("mode", ["POLL", "THREAD", "MPI_ASYNC"])
+@pytest.mark.parametrize("mode", ["POLL", "THREAD", "MPI_ASYNC", "DEFERRED"])
 def test_drivers_complete_every_bucket(mode):
     comm = ScriptedComm(size=2)
     driver = make_driver(comm, mode)
