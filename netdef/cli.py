@@ -50,6 +50,7 @@ def cmd_train(args) -> int:
     from netdef.comm import create_communicator
     from netdef.comm.distributed import options_from, run_guarded
     from netdef.solver.solver import read_solver_param
+    from netdef.threads import share_cores
 
     solver_path = args.solver or args.solver_positional
     if not solver_path:
@@ -65,6 +66,8 @@ def cmd_train(args) -> int:
     if comm.rank > 0:
         log.setLevel(logging.WARNING)  # only rank 0 logs progress; every rank reports its errors
         args._progress = None
+    if comm.size > 1:
+        log.info("%s", share_cores(comm))
     return run_guarded(comm, _train, args, param, path, comm, options)
 
 

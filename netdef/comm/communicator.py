@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from .. import backend
+from ..threads import own_cores
 from .launch import LaunchInfo, detect_launch
 
 
@@ -46,6 +47,11 @@ class Communicator:
     description = "single process"
 
     # -------------------------------------------------------------------------------- blocking
+    def local_core_count(self) -> int:
+        """How many distinct cores the ranks on this machine may run on together (the union of their
+        CPU affinity sets), for sharing them out (``netdef.threads.share_cores``)."""
+        return len(own_cores())
+
     def broadcast(self, array, root: int = 0) -> None:
         """Overwrite ``array`` (in place) with root's."""
 
@@ -113,7 +119,11 @@ class MPICommunicator(Communicator):
         self.thread_level = MPI.Query_thread()
         shared = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.local_size = shared.Get_size()
+        self._local_cores = set().union(*shared.allgather(own_cores()))
         shared.Free()
+
+    def local_core_count(self) -> int:
+        return len(self._local_cores)
 
     @staticmethod
     def _host(array):

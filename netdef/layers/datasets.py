@@ -39,6 +39,7 @@ from ..data.errors import DataError
 from ..data.image import read_image, read_image_list
 from ..data.transform import DataTransformer
 from ..proto import netdef_pb2 as pb
+from ..threads import yield_cores_to_compute
 from .base import Layer, LayerError, register_layer
 
 _STATE_MAGIC = b"netdef-data-state 1\n"
@@ -96,6 +97,7 @@ def _stop_all() -> None:
 
 
 def _producer(ref, stop: threading.Event, out: queue.Queue) -> None:
+    yield_cores_to_compute()  # decode on what the layers' BLAS threads leave idle
     try:
         _produce(ref, stop, out)
     finally:

@@ -1,0 +1,215 @@
+"""Whole training iterations of Caffe's LeNet from an LMDB: netdef alone, netdef on 2 MPI ranks, and
+a plain PyTorch loop over the same records. Prints images per second and the ratios.
+
+    python benchmarks/lenet_training.py [--iterations 300] [--rounds 3] [--ranks 2]
+
+What runs (each configuration ``--rounds`` times, the rounds interleaved so that load from other
+work on the machine hits them alike; figures are medians):
+
+- ``netdef 1 process``: ``netdef train`` on models/lenet's net (batch 64), the library's default
+  BLAS threads, data from the LMDB through the Data layer's prefetch thread.
+- ``netdef N ranks``: ``mpiexec -n N netdef train`` with the per-rank batch 64 / N (same images per
+  iteration), netdef's defaults (each rank's share of the cores, ``netdef/threads.py``).
+- ``netdef N ranks, BLAS default``: the same with every rank's BLAS at the library's default thread
+  count (what netdef did before it shared the cores out), shown with ``--oversubscribed``.
+- ``PyTorch loop``: the same net, initialisation aside, trained by a plain loop (read 64 records
+  from the LMDB cursor, decode the Datums, scale, forward, backward, SGD with momentum 0.9,
+  weight decay 5e-4 and the ``inv`` rate), torch's default threads.
+
+Throughput: iterations are timed from the log's ``Iteration N (x iter/s ...)`` lines (display
+every 50 iterations), leaving out the first window (start-up, first allocations); PyTorch's loop
+times the same windows itself. Images per second = iterations/s x images per iteration.
+
+The data: the first 8,000 images of the MNIST test set (../shared/data/mnist, ``--mnist``) written
+to an LMDB by ``netdef convert-mnist``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DISPLAY = 50
+IMAGES_PER_ITERATION = 64
+LAUNCHER_VARIABLES = ("PMI_", "OMPI_", "PMIX_", "MPI_LOCAL", "HYDRA_", "MPIR_CVAR")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
+
+
+def clean_environment() -> dict:
+    """This environment without launcher variables and without user thread settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARIABLES) and k not in THREAD_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def prepare(work: pathlib.Path, mnist: pathlib.Path) -> None:
+    sys.path.insert(0, str(REPO))
+    from netdef.data.convert import write_idx
+    from netdef.data.idx import read_idx
+
+    if (work / "mnist_train_lmdb").exists():
+        return
+    images = read_idx(mnist / "t10k-images-idx3-ubyte.gz")[:8000]
+    labels = read_idx(mnist / "t10k-labels-idx1-ubyte.gz")[:8000]
+    write_idx(work / "train-images.idx", images)
+    write_idx(work / "train-labels.idx", labels)
+    subprocess.run([sys.executable, "-m", "netdef.cli", "convert-mnist", "train-images.idx", "train-labels.idx",
+                    "mnist_train_lmdb"], cwd=work, env=clean_environment(), check=True, capture_output=True)
+
+
+def write_solver(work: pathlib.Path, batch: int, iterations: int) -> pathlib.Path:
+    """models/lenet's net with the train batch set to ``batch`` and no test phase."""
+    net = (REPO / "models" / "lenet" / "lenet_train_test.prototxt").read_text()
+    net, count = re.subn(r"(source: \"mnist_train_lmdb\" batch_size: )64", rf"\g<1>{batch}", net)
+    if count != 1:
+        raise SystemExit("models/lenet/lenet_train_test.prototxt: the train Data layer's batch_size 64 not found")
+    (work / f"net_b{batch}.prototxt").write_text(net)
+    solver = work / f"solver_b{batch}.prototxt"
+    solver.write_text(f'net: "net_b{batch}.prototxt"\nbase_lr: 0.01\nmomentum: 0.9\nweight_decay: 0.0005\n'
+                      f'lr_policy: "inv"\ngamma: 0.0001\npower: 0.75\ndisplay: {DISPLAY}\nmax_iter: {iterations}\n'
+                      f'snapshot_after_train: false\nrandom_seed: 1\nsolver_mode: CPU\n')
+    return solver
+
+
+def netdef_iterations_per_second(command: list[str], work: pathlib.Path, env: dict) -> float:
+    done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=1200)
+    log = done.stdout + done.stderr
+    if done.returncode != 0:
+        sys.stderr.write(log[-3000:])
+        raise SystemExit(f"failed: {' '.join(command)}")
+    rates = [float(m) for m in re.findall(r"Iteration \d+ \(([\d.eE+-]+) iter/s", log)]
+    if len(rates) < 3:
+        raise SystemExit(f"too few timed windows in the log of {' '.join(command)} (raise --iterations)")
+    thread_lines = re.findall(r"Compute threads per rank: .*", log)
+    if thread_lines:
+        print(f"    ({thread_lines[0]})")
+    # rates[0] is iteration 0 (no window); rates[1] holds start-up. The rest are steady windows.
+    return statistics.median(rates[2:])
+
+
+def torch_iterations_per_second(work: pathlib.Path, iterations: int) -> float:
+    import lmdb
+    import numpy as np
+    import torch
+    from torch import nn
+
+    sys.path.insert(0, str(REPO))
+    from netdef.proto import netdef_pb2 as pb
+
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Conv2d(1, 20, 5), nn.MaxPool2d(2, 2), nn.Conv2d(20, 50, 5), nn.MaxPool2d(2, 2),
+                          nn.Flatten(), nn.Linear(800, 500), nn.ReLU(), nn.Linear(500, 10))
+    params = [{"params": [m.weight for m in model if hasattr(m, "weight")], "lr": 0.01},
+              {"params": [m.bias for m in model if hasattr(m, "bias")], "lr": 0.02}]
+    optimizer = torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=0.0005)
+    base_lrs = [0.01, 0.02]
+    loss_fn = nn.CrossEntropyLoss()
+    env = lmdb.open(str(work / "mnist_train_lmdb"), readonly=True, lock=False)
+    datum = pb.Datum()
+    rates = []
+    with env.begin() as txn:
+        cursor = txn.cursor()
+        cursor.first()
+        window_start = time.perf_counter()
+        for it in range(iterations):
+            images = np.empty((IMAGES_PER_ITERATION, 1, 28, 28), np.float32)
+            labels = np.empty(IMAGES_PER_ITERATION, np.int64)
+            for i in range(IMAGES_PER_ITERATION):
+                datum.ParseFromString(cursor.value())
+                images[i, 0] = np.frombuffer(datum.data, np.uint8).reshape(28, 28)
+                labels[i] = datum.label
+                if not cursor.next():
+                    cursor.first()
+            images *= np.float32(0.00390625)
+            rate = (1 + 0.0001 * it) ** -0.75
+            for group, base in zip(optimizer.param_groups, base_lrs):
+                group["lr"] = base * rate
+            optimizer.zero_grad()
+            loss = loss_fn(model(torch.from_numpy(images)), torch.from_numpy(labels))
+            loss.backward()
+            optimizer.step()
+            if (it + 1) % DISPLAY == 0:
+                now = time.perf_counter()
+                rates.append(DISPLAY / (now - window_start))
+                window_start = now
+    env.close()
+    return statistics.median(rates[1:])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mnist", default=str(REPO.parent / "shared" / "data" / "mnist"))
+    parser.add_argument("--iterations", type=int, default=300, help="iterations per run (default 300)")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each configuration (default 3)")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--oversubscribed", action="store_true",
+                        help="also run the ranks with the BLAS library's default thread count")
+    parser.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
+    parser.add_argument("--worker-torch", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker_torch:
+        print(torch_iterations_per_second(pathlib.Path(args.worker_torch), args.iterations))
+        return 0
+    if IMAGES_PER_ITERATION % args.ranks:
+        parser.error(f"--ranks must divide {IMAGES_PER_ITERATION}")
+    mnist = pathlib.Path(args.mnist)
+    if not (mnist / "t10k-images-idx3-ubyte.gz").exists():
+        parser.error(f"no MNIST files in {mnist} (--mnist)")
+    mpiexec = pathlib.Path(sys.executable).parent / "mpiexec"
+    mpiexec = str(mpiexec) if mpiexec.exists() else shutil.which("mpiexec")
+    if mpiexec is None:
+        parser.error("no mpiexec (pip install mpich)")
+
+    work = pathlib.Path(tempfile.mkdtemp(prefix="netdef-lenet-training-"))
+    prepare(work, mnist)
+    one = write_solver(work, IMAGES_PER_ITERATION, args.iterations)
+    per_rank = write_solver(work, IMAGES_PER_ITERATION // args.ranks, args.iterations)
+    netdef_cmd = [sys.executable, "-m", "netdef.cli", "train"]
+    env = clean_environment()
+    configs = {"netdef 1 process": (netdef_cmd + [one.name], env),
+               f"netdef {args.ranks} ranks": ([mpiexec, "-n", str(args.ranks)] + netdef_cmd + [per_rank.name], env)}
+    if args.oversubscribed:
+        cores = str(len(os.sched_getaffinity(0)))
+        configs[f"netdef {args.ranks} ranks, BLAS default"] = (
+            configs[f"netdef {args.ranks} ranks"][0], dict(env, OPENBLAS_NUM_THREADS=cores, OMP_NUM_THREADS=cores))
+    results: dict[str, list[float]] = {name: [] for name in configs}
+    if not args.no_torch:
+        results["PyTorch loop"] = []
+    print(f"LeNet, {IMAGES_PER_ITERATION} images per iteration, {args.iterations} iterations per run, "
+          f"{args.rounds} rounds, {os.cpu_count()} cores; data: {work / 'mnist_train_lmdb'}")
+    for round_index in range(args.rounds):
+        for name, (command, run_env) in configs.items():
+            rate = netdef_iterations_per_second(command, work, run_env)
+            results[name].append(rate)
+            print(f"  round {round_index + 1}: {name:<34} {rate:7.2f} iter/s")
+        if not args.no_torch:
+            done = subprocess.run([sys.executable, __file__, "--worker-torch", str(work),
+                                   "--iterations", str(args.iterations)], env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.stderr.write(done.stderr[-3000:])
+                raise SystemExit("the PyTorch loop failed")
+            rate = float(done.stdout.strip().splitlines()[-1])
+            results["PyTorch loop"].append(rate)
+            print(f"  round {round_index + 1}: {'PyTorch loop':<34} {rate:7.2f} iter/s")
+    print(f"\n{'configuration':<36}{'iter/s':>8}{'images/s':>10}{'vs netdef 1 process':>22}")
+    base = statistics.median(results["netdef 1 process"])
+    for name, rates in results.items():
+        median = statistics.median(rates)
+        print(f"{name:<36}{median:8.2f}{median * IMAGES_PER_ITERATION:10.0f}{median / base:21.2f}x")
+    if "PyTorch loop" in results:
+        print(f"\nnetdef 1 process / PyTorch loop, images per second: "
+              f"{base / statistics.median(results['PyTorch loop']):.2f}x")
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

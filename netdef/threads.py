@@ -1,0 +1,106 @@
+"""How many threads compute uses: each rank's share of the cores, and data threads that yield to it.
+
+NumPy's BLAS (OpenBLAS in its wheels) starts one thread per core of the machine in every process. Under
+MPI several ranks share a machine, and so 2 ranks on 2 cores ran 4 BLAS threads that spin while they
+wait for each other and take turns on 2 cores: Caffe's LeNet at batch 32 per rank trained at 4.2-4.4
+iterations/s with the library defaults and at 45-48 with one BLAS thread per rank (issue 7; 1 process at
+batch 64: 32-35). ``share_cores`` gives each rank its share instead:
+
+    threads per rank = max(1, cores the machine's ranks may run on together // ranks on the machine),
+                       at most the cores this rank itself may run on
+
+("may run on": the CPU affinity sets, so a launcher's binding (Open MPI binds ranks to cores by default,
+``srun --cpu-bind``) or ``taskset`` around ``mpiexec`` are respected). A thread count the user chose
+wins: when one of ``USER_THREAD_VARIABLES`` is set, the libraries keep what it says. One process alone
+keeps the libraries' default (every core).
+
+A data layer's prefetch thread decodes the next batch while the layers compute; on a machine whose
+cores all run BLAS threads it would take a core from one of them, and the others wait for that one at
+the end of every matrix product. ``yield_cores_to_compute`` lowers the calling thread's scheduling
+priority (Linux: nice 19 for that thread only), so it runs on what compute leaves idle.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping
+
+# Variables through which a user sets the thread count of OpenMP or a BLAS library himself.
+USER_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
+
+DATA_THREAD_NICENESS = 19
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadPlan:
+    """``threads`` for the BLAS/OpenMP pools of this process (None: leave the libraries' choice), and
+    ``reason``, the log's explanation."""
+
+    threads: int | None
+    reason: str
+
+
+def own_cores() -> set[int]:
+    """The CPUs this process may run on (its affinity set; all of them where there is no such notion)."""
+    if hasattr(os, "sched_getaffinity"):  # Linux; macOS and Windows have no affinity call in os
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
+
+
+def plan_compute_threads(local_ranks: int, local_cores: int, own_core_count: int,
+                         environ: Mapping[str, str] | None = None) -> ThreadPlan:
+    """The thread plan for one of ``local_ranks`` processes on a machine whose ranks may run on
+    ``local_cores`` distinct cores together, this one on ``own_core_count`` of them."""
+    env = os.environ if environ is None else environ
+    chosen = [f"{name}={env[name]}" for name in USER_THREAD_VARIABLES if env.get(name, "").strip()]
+    if chosen:
+        return ThreadPlan(None, f"{', '.join(chosen)} from the environment")
+    if local_ranks <= 1:
+        return ThreadPlan(None, f"the BLAS library's default ({own_core_count} cores, 1 process on this machine)")
+    threads = max(1, min(own_core_count, local_cores // local_ranks))
+    return ThreadPlan(threads, f"{local_cores} cores shared by {local_ranks} ranks on this machine "
+                               f"(set OMP_NUM_THREADS to choose)")
+
+
+def apply_thread_plan(plan: ThreadPlan):
+    """Limit the BLAS and OpenMP pools loaded in this process to ``plan.threads`` (nothing when None).
+    Returns threadpoolctl's limiter (its ``restore_original_limits()`` undoes it), or None."""
+    if plan.threads is None:
+        return None
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=plan.threads)
+
+
+def blas_threads() -> int | None:
+    """The thread count of the first BLAS library loaded in this process (None when none is)."""
+    from threadpoolctl import threadpool_info
+
+    for pool in threadpool_info():
+        if pool.get("user_api") == "blas":
+            return int(pool["num_threads"])
+    return None
+
+
+def share_cores(comm) -> str:
+    """Give this rank of ``comm`` (a Communicator) its share of the machine's cores for BLAS and OpenMP
+    (see the module docstring). Every rank calls it once, before training; returns the log line."""
+    plan = plan_compute_threads(comm.local_size, comm.local_core_count(), len(own_cores()))
+    apply_thread_plan(plan)
+    threads = blas_threads()
+    count = "no BLAS library loaded" if threads is None else f"{threads} BLAS thread{'s' if threads != 1 else ''}"
+    return f"Compute threads per rank: {count} ({plan.reason})"
+
+
+def yield_cores_to_compute() -> None:
+    """Lower the calling thread's scheduling priority so that it runs on cores compute leaves idle
+    (Linux only: there a thread has a nice value of its own; elsewhere this does nothing)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import threading
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), DATA_THREAD_NICENESS)
+    except OSError:
+        pass  # not permitted in this sandbox or container: the thread keeps its priority

@@ -1,0 +1,37 @@
+"""Real MPI runs: each rank takes its share of the machine's cores for BLAS unless the user chose."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.comm.fixtures import mpi_available, run_netdef, write_case
+
+AVAILABLE, WHY_NOT = mpi_available()
+pytestmark = pytest.mark.skipif(not AVAILABLE, reason=WHY_NOT)
+
+NO_USER_CHOICE = {"OMP_NUM_THREADS": "", "OPENBLAS_NUM_THREADS": "", "MKL_NUM_THREADS": ""}
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def test_ranks_share_the_cores_by_default(tmp_path):
+    solver = write_case(tmp_path, "threads", batch=4, max_iter=2)
+    done = run_netdef(["train", str(solver)], 2, tmp_path, env=NO_USER_CHOICE)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-3000:]
+    share = max(1, cores() // 2)
+    expected = f"{share} BLAS thread{'s' if share != 1 else ''} ({cores()} cores shared by 2 ranks on this machine"
+    assert f"Compute threads per rank: {expected}" in log
+
+
+def test_the_users_thread_count_wins(tmp_path):
+    solver = write_case(tmp_path, "threads", batch=4, max_iter=2)
+    done = run_netdef(["train", str(solver)], 2, tmp_path, env=dict(NO_USER_CHOICE, OMP_NUM_THREADS="2"))
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-3000:]
+    threads = min(2, cores())  # OpenBLAS starts no more threads than there are cores
+    assert (f"Compute threads per rank: {threads} BLAS thread{'s' if threads != 1 else ''} (OMP_NUM_THREADS=2 from "
+            f"the environment)") in log

@@ -1,0 +1,60 @@
+"""Compute threads: each rank's share of the cores, a user's own setting winning, data threads yielding."""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import pytest
+
+from netdef.threads import ThreadPlan, own_cores, plan_compute_threads, yield_cores_to_compute
+
+
+def test_ranks_share_the_cores_of_their_machine():
+    assert plan_compute_threads(2, 2, 2, environ={}).threads == 1
+    assert plan_compute_threads(4, 16, 16, environ={}).threads == 4
+    assert plan_compute_threads(3, 16, 16, environ={}).threads == 5   # the remainder stays idle
+    assert plan_compute_threads(8, 2, 2, environ={}).threads == 1     # oversubscribed: never fewer than 1
+
+
+def test_a_rank_bound_to_fewer_cores_than_its_share_uses_those():
+    # Open MPI binds each rank to a core by default: 16 cores, 4 ranks, each may run on 1.
+    assert plan_compute_threads(4, 16, 1, environ={}).threads == 1
+    # taskset -c 0-3 mpiexec -n 4: every rank may run on the same 4 cores.
+    assert plan_compute_threads(4, 4, 4, environ={}).threads == 1
+
+
+def test_one_process_keeps_the_library_default():
+    plan = plan_compute_threads(1, 8, 8, environ={})
+    assert plan.threads is None and "default" in plan.reason
+
+
+@pytest.mark.parametrize("variable", ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"])
+def test_a_thread_count_from_the_user_wins(variable):
+    plan = plan_compute_threads(2, 2, 2, environ={variable: "2"})
+    assert plan == ThreadPlan(None, f"{variable}=2 from the environment")
+    # An empty variable is no choice.
+    assert plan_compute_threads(2, 2, 2, environ={variable: ""}).threads == 1
+
+
+def test_own_cores_are_this_process_affinity():
+    cores = own_cores()
+    assert cores and all(isinstance(c, int) for c in cores)
+    if hasattr(os, "sched_getaffinity"):
+        assert cores == set(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread has its own nice value only on Linux")
+def test_a_data_thread_yields_to_compute_and_the_rest_of_the_process_does_not():
+    seen = {}
+
+    def body():
+        yield_cores_to_compute()
+        seen["thread"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    worker = threading.Thread(target=body)
+    worker.start()
+    worker.join()
+    assert seen["thread"] == 19
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
