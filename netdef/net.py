@@ -20,6 +20,7 @@ import numpy as np
 from . import backend, weights as _weights
 from .blob import Blob
 from .layers.base import TEST, TRAIN, LayerError, layer_class
+from .layers.data import MemoryDataLayer
 from .proto import io as proto_io
 from .proto import netdef_pb2 as pb
 from .splits import insert_splits
@@ -460,6 +461,67 @@ class Net:
         self.loss = self.forward_range(s, e)
         names = set(self.outputs) | set(blobs or ())
         return collections.OrderedDict((n, self.blobs[n].data) for n in self.blobs if n in names)
+
+    def forward_all(self, blobs=None, **kwargs):
+        """pycaffe's forward_all: run the inputs in ``kwargs`` (arrays of any length, batched by the
+        net's batch size, the last batch padded) and return {output name: all its rows}."""
+        outputs = collections.OrderedDict()
+        for batch in self._batches(kwargs):
+            for name, data in self.forward(blobs=blobs, **batch).items():
+                outputs.setdefault(name, []).append(backend.to_host(data).copy())
+        return self._unpadded(outputs, kwargs)
+
+    def forward_backward_all(self, blobs=None, diffs=None, **kwargs):
+        """pycaffe's forward_backward_all: forward_all and backward over the same batches (top diffs
+        from ``kwargs`` too); returns ({output: rows}, {input diff: rows})."""
+        forward_in = {k: v for k, v in kwargs.items() if k in self.inputs}
+        backward_in = {k: v for k, v in kwargs.items() if k not in forward_in}
+        outputs, input_diffs = collections.OrderedDict(), collections.OrderedDict()
+        forward_batches = self._batches(forward_in)
+        backward_batches = self._batches(backward_in) if backward_in else [{}] * len(forward_batches)
+        if len(backward_batches) != len(forward_batches):
+            raise ValueError("forward_backward_all: the inputs and the top diffs have different lengths")
+        for fwd, bwd in zip(forward_batches, backward_batches):
+            for name, data in self.forward(blobs=blobs, **fwd).items():
+                outputs.setdefault(name, []).append(backend.to_host(data).copy())
+            for name, diff in self.backward(diffs=diffs, **bwd).items():
+                input_diffs.setdefault(name, []).append(backend.to_host(diff).copy())
+        return self._unpadded(outputs, kwargs), self._unpadded(input_diffs, kwargs)
+
+    def _batches(self, arrays: dict) -> list[dict]:
+        """Rows of ``arrays`` in chunks of the net's batch size (the first input's first axis), the
+        last chunk padded with zeros; one empty dict when there are no arrays."""
+        if not arrays:
+            return [{}]
+        batch = self.blobs[self.inputs[0]].shape[0] if self.inputs else None
+        lengths = {len(v) for v in arrays.values()}
+        if len(lengths) != 1:
+            raise ValueError(f"inputs of different lengths: {sorted(lengths)}")
+        total = lengths.pop()
+        batch = batch or total
+        chunks = []
+        for start in range(0, total, batch):
+            chunk = {}
+            for name, values in arrays.items():
+                part = np.asarray(values[start:start + batch])
+                if len(part) < batch:
+                    part = np.concatenate([part, np.zeros((batch - len(part),) + part.shape[1:], part.dtype)])
+                chunk[name] = part
+            chunks.append(chunk)
+        return chunks
+
+    @staticmethod
+    def _unpadded(collected: dict, arrays: dict) -> dict:
+        total = len(next(iter(arrays.values()))) if arrays else None
+        return collections.OrderedDict((name, np.concatenate(parts)[:total]) for name, parts in collected.items())
+
+    def set_input_arrays(self, data, labels) -> None:
+        """pycaffe's set_input_arrays: the arrays the first layer, a MemoryData layer, serves from."""
+        if not self.layers or not isinstance(self.layers[0], MemoryDataLayer):
+            first = f"{self.layers[0].type} layer {self.layers[0].name!r}" if self.layers else "no layer"
+            raise NetError(f"set_input_arrays may only be called if the first layer is a MemoryData layer "
+                           f"(net {self.name!r} starts with {first})")
+        self.layers[0].set_input_arrays(data, labels)
 
     # ====================================================================================== backward
     def register_backward_hook(self, hook: BackwardHook) -> None:
