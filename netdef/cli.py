@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 
@@ -251,14 +252,45 @@ def cmd_device_query(args) -> int:
 
 
 # ------------------------------------------------------------------------------------------ parser
+def _common_flags() -> argparse.ArgumentParser:
+    """Flags every verb takes (also before the verb: ``netdef --debug train ...``). Defaults are
+    suppressed so that a verb's parser does not overwrite what was given before the verb."""
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("code and diagnostics (every verb)")
+    _flag(group, "python_layers", choices=["allow", "deny"], default=argparse.SUPPRESS,
+          help="whether a net's Python layers may import their modules (default: $NETDEF_PYTHON_LAYERS, "
+               "else allow); deny refuses every Python layer, for models from elsewhere")
+    _flag(group, "python_path", action="append", metavar="DIR", default=argparse.SUPPRESS,
+          help="a folder to search for Python layers' modules (repeatable; added to $NETDEF_PYTHON_PATH). "
+               "The working directory is never searched unless named here")
+    _flag(group, "debug", action="store_true", default=argparse.SUPPRESS,
+          help="on an error, show the Python traceback instead of one line")
+    return common
+
+
+def _apply_python_trust(args) -> None:
+    """Hand --python_layers/--python_path to every net this process builds (the solver's included)
+    through the environment variables they stand for, which MPI ranks' own parsing repeats."""
+    from netdef.layers.python import PYTHON_LAYERS_ENV, PYTHON_PATH_ENV
+
+    if args.python_layers:
+        os.environ[PYTHON_LAYERS_ENV] = args.python_layers
+    folders = [os.path.abspath(f) for f in args.python_path or []]
+    if folders:
+        existing = [f for f in os.environ.get(PYTHON_PATH_ENV, "").split(os.pathsep) if f]
+        os.environ[PYTHON_PATH_ENV] = os.pathsep.join(existing + folders)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    common = _common_flags()
     parser = argparse.ArgumentParser(
-        prog="netdef",
+        prog="netdef", parents=[common],
         description="netdef: train, test and time Caffe-format networks (prototxt) on NumPy/CuPy, and "
                     "prepare their data. Flags follow Caffe's command line (-solver, --solver=...).")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
 
-    train = verbs.add_parser("train", help="train or fine-tune a model from a solver prototxt",
+    train = verbs.add_parser("train", parents=[common],
+                             help="train or fine-tune a model from a solver prototxt",
                              description="Train a model. Resume with --snapshot, fine-tune with --weights. "
                                          "Under mpiexec every rank runs this command (data parallel).")
     train.add_argument("solver_positional", nargs="?", metavar="SOLVER", help="the solver prototxt")
@@ -284,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(dist, "timeline", metavar="TRACE_JSON", help="write a Chrome trace (Perfetto) of every rank here")
     train.set_defaults(func=cmd_train)
 
-    test = verbs.add_parser("test", help="score a model: print each output's mean over --iterations batches")
+    test = verbs.add_parser("test", parents=[common],
+                            help="score a model: print each output's mean over --iterations batches")
     _flag(test, "model", help="the model prototxt (TEST phase)")
     _flag(test, "weights", help="the trained .caffemodel")
     _flag(test, "iterations", type=int, default=50, help="number of batches (default 50)")
@@ -293,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(test, "level", type=int, default=0, help="level of the net state")
     test.set_defaults(func=cmd_test)
 
-    timing = verbs.add_parser("time", help="benchmark forward and backward, per layer")
+    timing = verbs.add_parser("time", parents=[common],
+                              help="benchmark forward and backward, per layer")
     _flag(timing, "model", help="the model prototxt")
     _flag(timing, "iterations", type=int, default=50, help="number of timed iterations (default 50)")
     _flag(timing, "phase", default="TRAIN", choices=["TRAIN", "TEST", "train", "test"], help="net phase")
@@ -302,14 +336,16 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(timing, "level", type=int, default=0, help="level of the net state")
     timing.set_defaults(func=cmd_time)
 
-    mnist = verbs.add_parser("convert-mnist", help="IDX image and label files (gzipped or not) to a DB of Datums")
+    mnist = verbs.add_parser("convert-mnist", parents=[common],
+                             help="IDX image and label files (gzipped or not) to a DB of Datums")
     mnist.add_argument("images")
     mnist.add_argument("labels")
     mnist.add_argument("output_db")
     _flag(mnist, "backend", default="lmdb", choices=["lmdb", "leveldb"], help="the DB type")
     mnist.set_defaults(func=cmd_convert_mnist)
 
-    imageset = verbs.add_parser("convert-imageset", help="a list of images ('path label' lines) to a DB of Datums")
+    imageset = verbs.add_parser("convert-imageset", parents=[common],
+                                help="a list of images ('path label' lines) to a DB of Datums")
     imageset.add_argument("root_folder")
     imageset.add_argument("listfile")
     imageset.add_argument("db_name")
@@ -323,23 +359,27 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(imageset, "check_size", action="store_true", help="check that all images have the same size")
     imageset.set_defaults(func=cmd_convert_imageset)
 
-    mean = verbs.add_parser("compute-image-mean", help="the mean image of a DB, as a .binaryproto")
+    mean = verbs.add_parser("compute-image-mean", parents=[common],
+                            help="the mean image of a DB, as a .binaryproto")
     mean.add_argument("input_db")
     mean.add_argument("output_file")
     _flag(mean, "backend", default="lmdb", choices=["lmdb", "leveldb"], help="the DB type")
     mean.set_defaults(func=cmd_compute_image_mean)
 
-    digits = verbs.add_parser("prepare-digits", help="write scikit-learn's bundled 8x8 digits as IDX files and "
-                                                     "LMDBs (offline data for a first run)")
+    digits = verbs.add_parser("prepare-digits", parents=[common],
+                              help="write scikit-learn's bundled 8x8 digits as IDX files and "
+                                    "LMDBs (offline data for a first run)")
     digits.add_argument("folder")
     digits.set_defaults(func=cmd_prepare_digits)
 
-    download = verbs.add_parser("download-mnist", help="download the four MNIST files (needs the internet)")
+    download = verbs.add_parser("download-mnist", parents=[common],
+                                help="download the four MNIST files (needs the internet)")
     download.add_argument("folder")
     _flag(download, "url", default="", help="base address of a mirror holding the four .gz files")
     download.set_defaults(func=cmd_download_mnist)
 
-    query = verbs.add_parser("device-query", help="show the GPU that --gpu would use")
+    query = verbs.add_parser("device-query", parents=[common],
+                             help="show the GPU that --gpu would use")
     _flag(query, "gpu_id", type=int, default=0, help="GPU id")
     query.set_defaults(func=cmd_device_query)
     return parser
@@ -349,13 +389,15 @@ def main(argv: list[str] | None = None) -> int:
     from netdef import logs
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # The common flags' defaults, given here because each verb's parser suppresses its own.
+    args = parser.parse_args(argv, namespace=argparse.Namespace(python_layers=None, python_path=None, debug=False))
     if not args.verb:
         parser.print_help()
         return 1
     progress = logs.ProgressLine() if (args.verb == "train" and sys.stderr.isatty()) else None
     args._progress = progress
     logs.configure(progress=progress)
+    _apply_python_trust(args)
     try:
         return args.func(args)
     except KeyboardInterrupt:
@@ -368,4 +410,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # `python -m netdef.cli` puts the working directory first on sys.path (as `python -P` would not):
+    # drop it, so that a model's Python layer cannot import a module that merely lies there.
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        del sys.path[0]
     sys.exit(main())

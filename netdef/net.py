@@ -20,6 +20,7 @@ import numpy as np
 from . import backend, weights as _weights
 from .blob import Blob
 from .layers.base import TEST, TRAIN, LayerError, layer_class
+from .layers.python import PythonLayerPolicy
 from .proto import io as proto_io
 from .proto import netdef_pb2 as pb
 from .splits import insert_splits
@@ -79,9 +80,14 @@ class Net:
         net.backward()                         # parameter gradients in net.params[name][i].diff
 
     ``model`` is a prototxt path, prototxt text or a NetParameter.
+
+    ``python_layers`` ("allow" or "deny"; default: ``NETDEF_PYTHON_LAYERS``, else allow) says whether
+    Python layers may import their modules; ``python_path`` (a folder or several) adds folders to
+    search for those modules, after ``NETDEF_PYTHON_PATH``'s. The working directory is never searched.
     """
 
-    def __init__(self, model, phase=None, weights=None, *, stages=(), level: int = 0, base_dir=None, **legacy):
+    def __init__(self, model, phase=None, weights=None, *, stages=(), level: int = 0, base_dir=None,
+                 python_layers: str | None = None, python_path=(), **legacy):
         # pycaffe also accepts Net(model, weights_path, phase).
         if isinstance(phase, (str, os.PathLike)) and str(phase).upper() not in ("TRAIN", "TEST"):
             weights, phase = phase, weights
@@ -89,6 +95,7 @@ class Net:
             model = legacy.pop("param")
         if legacy:
             raise TypeError(f"unexpected arguments: {', '.join(legacy)}")
+        self.python_policy = PythonLayerPolicy.resolve(python_layers, python_path)
         param, text, self.source = proto_io.read_net_param(model)
         # Relative file names inside layers (data sources, mean files) are tried in the working
         # directory first, as Caffe does, then in this folder: the definition's own by default.
@@ -237,7 +244,7 @@ class Net:
 
     def _instantiate(self, cls, layer_param, where: str):
         try:
-            layer = cls(layer_param)
+            layer = cls(layer_param, self.python_policy) if cls.runs_user_code else cls(layer_param)
         except (LayerError, ValueError, ImportError, AttributeError, TypeError) as exc:
             detail = exc.detail if isinstance(exc, LayerError) else str(exc)
             raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}): {detail}") from None

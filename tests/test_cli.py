@@ -186,3 +186,66 @@ def test_progress_line_on_a_terminal(workdir):
     screen = b"".join(chunks).decode(errors="replace")
     assert proc.returncode == 0
     assert re.search(r"\[[#.]{30}\] \d+/30 iters +[\d.]+ iter/s +\d+:\d\d left", screen)
+
+
+# ------------------------------------------------------------------------------ Python layer trust
+PY_NET = """
+layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "scale" type: "Python" bottom: "x" top: "y" python_param { module: "beside_model" layer: "Twice" } }
+"""
+
+# Importing it leaves a file behind: the proof that a refused module's code never ran.
+PY_MODULE = """
+import pathlib
+pathlib.Path("MODULE_RAN").write_text("imported")
+import netdef
+
+
+class Twice(netdef.Layer):
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = 2 * bottom[0].data
+"""
+
+
+@pytest.fixture
+def model_with_python_layer(tmp_path):
+    (tmp_path / "py.prototxt").write_text(PY_NET)
+    (tmp_path / "beside_model.py").write_text(PY_MODULE)
+    return tmp_path
+
+
+def test_python_layer_module_is_not_imported_from_the_working_directory(model_with_python_layer):
+    done = netdef("time", "--model=py.prototxt", "--iterations=1", cwd=model_with_python_layer, check=False)
+    assert done.returncode == 1
+    assert "layer 'scale' (Python): cannot find python_param.module 'beside_model'" in done.stderr
+    assert "--python_path" in done.stderr and "Traceback" not in done.stderr
+    assert not (model_with_python_layer / "MODULE_RAN").exists()
+
+
+def test_python_path_flag_names_the_folder_and_the_log_names_the_file(model_with_python_layer):
+    done = netdef("time", "--model=py.prototxt", "--iterations=1", "--python_path=.", cwd=model_with_python_layer)
+    assert f"Python layer scale: beside_model.Twice from {model_with_python_layer / 'beside_model.py'}" in done.stderr
+    assert (model_with_python_layer / "MODULE_RAN").exists()
+
+
+@pytest.mark.parametrize("how", ["flag", "flag before the verb", "environment"])
+def test_python_layers_deny_refuses_with_one_line(model_with_python_layer, how):
+    args = ["time", "--model=py.prototxt", "--iterations=1", "--python_path=."]
+    env = dict(os.environ)
+    if how == "flag":
+        args.append("--python_layers=deny")
+    elif how == "flag before the verb":
+        args.insert(0, "--python_layers=deny")
+    else:
+        env["NETDEF_PYTHON_LAYERS"] = "deny"
+    done = subprocess.run(NETDEF + args, cwd=model_with_python_layer, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert re.search(r"py\.prototxt:3: layer 'scale' \(Python\): refused to import module 'beside_model': Python "
+                     r"layers are denied", lines[0])
+    assert not (model_with_python_layer / "MODULE_RAN").exists()

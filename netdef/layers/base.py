@@ -85,6 +85,9 @@ class Layer:
     is_loss = False
     #: Whether the net may create missing tops automatically (Caffe's AutoTopBlobs).
     auto_top_blobs = False
+    #: A factory that imports a user's module (the Python layer): the net passes it its
+    #: PythonLayerPolicy as a second argument, so that a definition never runs code the user refused.
+    runs_user_code = False
 
     def __init__(self, layer_param: pb.LayerParameter | None = None):
         self.layer_param = layer_param if layer_param is not None else pb.LayerParameter()
