@@ -26,6 +26,7 @@ import atexit
 import base64
 import json
 import os
+import stat
 import queue
 import threading
 import weakref
@@ -694,25 +695,53 @@ class HDF5OutputLayer(Layer):
     bottom[0]: N x C x H x W, stored as dataset "data" (num x channels x height x width, Caffe's
                legacy 4-axis shape).
     bottom[1]: N x ..., stored as dataset "label" (also as num x channels x height x width).
-    The file is created (truncated) at setup. Each forward appends its N rows to both datasets;
-    Caffe writes one batch only (a second forward fails there), so a one-batch run gives Caffe's
-    file. No tops; no backward.
+    No tops; no backward. Each forward appends its N rows to both datasets; Caffe writes one batch
+    only (a second forward fails there), so a one-batch run gives Caffe's file.
+
+    A definition from elsewhere must not destroy the user's files, so unlike Caffe (which truncates the
+    file at setup) nothing is written until the first forward, and an existing file is replaced only
+    when it is an HDF5 file that this layer wrote (it carries the root attribute ``netdef_hdf5_output``)
+    or is empty. Anything else (a non-HDF5 file, someone's HDF5 data set, a FIFO or device) is refused
+    at setup, naming the file: the user removes it or chooses another ``file_name``.
     """
 
     exact_num_bottom = 2
     exact_num_top = 0
+    #: Root attribute of the files this layer writes: the mark that lets a later run replace them.
+    OUTPUT_MARK = "netdef_hdf5_output"
 
     def setup(self, bottom, top):
-        h5py = _h5py()
         self.file_name = self.layer_param.hdf5_output_param.file_name
         if not self.file_name:
             raise self.error("hdf5_output_param.file_name is empty")
-        try:
-            with h5py.File(self.file_name, "w"):
-                pass
-        except OSError as exc:
-            raise self.error(f"failed to open HDF5 file {self.file_name} ({exc})") from None
+        self._check_replaceable()
         self.rows_written = 0
+
+    def _check_replaceable(self) -> None:
+        """Raise unless ``file_name`` is absent, empty, or an HDF5 file that this layer wrote."""
+        path = self.file_name
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise self.error(f"cannot check the output file {path} before writing it ({exc.strerror})") from None
+        refusal = f"refusing to replace {path}: it exists and is "
+        remedy = "; remove it or choose another hdf5_output_param.file_name"
+        if not stat.S_ISREG(info.st_mode):
+            raise self.error(refusal + "not a regular file" + remedy)
+        if info.st_size == 0:
+            return
+        h5py = _h5py()
+        if not h5py.is_hdf5(path):
+            raise self.error(refusal + "not an HDF5 file" + remedy)
+        try:
+            with h5py.File(path, "r") as h5:
+                marked = bool(h5.attrs.get(self.OUTPUT_MARK, False))
+        except OSError as exc:
+            raise self.error(refusal + f"an HDF5 file that cannot be opened ({exc})" + remedy) from None
+        if not marked:
+            raise self.error(refusal + "an HDF5 file that netdef's HDF5Output did not write (a data set?)" + remedy)
 
     def reshape(self, bottom, top):
         """Nothing: no tops."""
@@ -727,8 +756,11 @@ class HDF5OutputLayer(Layer):
         for name, blob in (("data", data_blob), ("label", label_blob)):
             legacy = (blob.num, blob.channels, blob.height, blob.width)
             arrays[name] = np.asarray(backend.to_host(blob.data)).reshape(legacy)
+        if self.rows_written == 0:
+            self._check_replaceable()  # again: the file may have appeared since setup
         try:
-            with h5py.File(self.file_name, "a") as h5:
+            with h5py.File(self.file_name, "w" if self.rows_written == 0 else "a") as h5:
+                h5.attrs[self.OUTPUT_MARK] = 1
                 for name, arr in arrays.items():
                     if name not in h5:
                         h5.create_dataset(name, data=arr, maxshape=(None,) + arr.shape[1:], chunks=True)
