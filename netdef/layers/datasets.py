@@ -39,6 +39,7 @@ from ..data.db import open_db
 from ..data.errors import DataError
 from ..data.image import read_image, read_image_list
 from ..data.transform import DataTransformer
+from ..files import TEXT_LIST_LIMIT, InputFileError, check_input_file, read_input_file
 from ..proto import netdef_pb2 as pb
 from .base import Layer, LayerError, register_layer
 
@@ -476,8 +477,8 @@ class ImageDataLayer(DataSourceLayer):
             raise self.error("new_height and new_width must be set at the same time")
         try:
             entries = read_image_list(source)
-        except OSError as exc:
-            raise self.error(f"cannot open image list {p.source!r} ({exc.strerror or exc})") from None
+        except InputFileError as exc:
+            raise self.error(f"cannot open {exc}") from None
         names = [name for name, _ in entries]
         labels = [label for _, label in entries]
         if not names:
@@ -586,10 +587,11 @@ class HDF5DataLayer(DataSourceLayer):
         self.batch_size = int(p.batch_size)
         self.datasets = list(self.layer_param.top)
         try:
-            with open(source, encoding="utf-8") as handle:
-                files = handle.read().split()
-        except OSError as exc:
-            raise self.error(f"failed to open source file {p.source!r} ({exc.strerror or exc})") from None
+            files = read_input_file(source, "HDF5Data source list", TEXT_LIST_LIMIT).decode("utf-8").split()
+        except InputFileError as exc:
+            raise self.error(f"failed to open {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise self.error(f"HDF5Data source list {source}: not UTF-8 text (at byte {exc.start})") from None
         if not files:
             raise self.error(f"must have at least 1 HDF5 filename listed in {p.source}")
         base = os.path.dirname(p.source)
@@ -603,6 +605,7 @@ class HDF5DataLayer(DataSourceLayer):
         rows, shapes = [], None
         for f in self.files:
             try:
+                check_input_file(f, "HDF5 file")
                 with h5py.File(f, "r") as h5:
                     file_rows, file_shapes = None, []
                     for name in self.datasets:
@@ -647,9 +650,10 @@ class HDF5DataLayer(DataSourceLayer):
             h5py = _h5py()
             path = self.files[fi]
             try:
+                check_input_file(path, "HDF5 file")
                 with h5py.File(path, "r") as h5:
                     arrays = [np.asarray(h5[name][...], dtype=self.dtype) for name in self.datasets]
-            except (OSError, KeyError) as exc:
+            except (OSError, KeyError, InputFileError) as exc:
                 raise DataError(f"failed reading HDF5 file {path} ({exc})") from None
             self._cache = (fi, arrays)
         return self._cache[1]
