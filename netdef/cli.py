@@ -2,6 +2,10 @@
 
 Each verb is one function that parses nothing and decides little: it calls the library. Flags keep
 Caffe's names and also accept Caffe's single-dash spelling (``-solver x``, ``--solver=x``).
+
+A failure ends the command with one line on stderr, ``netdef: error: ...`` naming the file, layer or
+field, and exit status 1; ``--debug`` shows the traceback instead. Under MPI each failing rank prints
+its own line and the job is aborted.
 """
 from __future__ import annotations
 
@@ -12,6 +16,39 @@ import sys
 import time
 
 log = logging.getLogger("netdef")
+
+
+class CommandLineError(ValueError):
+    """Flags that do not make sense together or out of range; the message names the flag."""
+
+
+def _expected_errors() -> tuple[type, ...]:
+    """Failures that bad input, a bad definition or a full machine cause, and that the user can fix from
+    the one-line message: netdef's own errors (all ValueErrors, LayerError, the solver's NonFiniteError),
+    the system's (OSError, MemoryError), a missing optional package (ImportError) and lmdb's errors.
+    Anything else is a bug, reported as an internal error."""
+    import lmdb
+
+    from netdef.layers.base import LayerError
+    from netdef.solver.solver import NonFiniteError
+
+    return (ValueError, LayerError, NonFiniteError, OSError, MemoryError, ImportError, RuntimeError, lmdb.Error)
+
+
+def _one_line(exc: BaseException, expected: bool) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, MemoryError):
+        text = f"out of memory: {text}"
+    if expected:
+        return f"netdef: error: {text}"
+    return (f"netdef: internal error: {type(exc).__name__}: {text} (a bug; run again with --debug for the "
+            f"traceback and please report it)")
+
+
+def _positive_iterations(args, verb: str) -> int:
+    if args.iterations < 1:
+        raise CommandLineError(f"netdef {verb}: --iterations must be at least 1, got {args.iterations}")
+    return args.iterations
 
 
 def _flag(parser, name: str, **kwargs):
@@ -54,19 +91,19 @@ def cmd_train(args) -> int:
 
     solver_path = args.solver or args.solver_positional
     if not solver_path:
-        raise SystemExit("netdef train: give the solver prototxt (netdef train SOLVER or --solver=SOLVER)")
+        raise CommandLineError("netdef train: give the solver prototxt (netdef train SOLVER or --solver=SOLVER)")
     if args.snapshot and args.weights:
-        raise SystemExit("netdef train: give --snapshot (resume) or --weights (fine-tune), not both")
+        raise CommandLineError("netdef train: give --snapshot (resume) or --weights (fine-tune), not both")
     param, path = read_solver_param(solver_path)
-    if args.iterations:
-        param.max_iter = args.iterations
+    if args.iterations is not None:
+        param.max_iter = _positive_iterations(args, "train")
     options = options_from(param, exchange=args.exchange, overlap=args.overlap, bucket_bytes=args.bucket_bytes,
                            progress=args.progress, timeline=args.timeline)
     comm = create_communicator(async_progress=options.progress == "MPI_ASYNC")
     if comm.rank > 0:
         log.setLevel(logging.WARNING)  # only rank 0 logs progress; every rank reports its errors
         args._progress = None
-    return run_guarded(comm, _train, args, param, path, comm, options)
+    return run_guarded(comm, _train, args, param, path, comm, options, debug=args.debug)
 
 
 def _train(args, param, path, comm, options) -> int:
@@ -100,15 +137,19 @@ def cmd_test(args) -> int:
     import netdef
 
     if not args.model:
-        raise SystemExit("netdef test: --model is required")
+        raise CommandLineError("netdef test: --model is required")
+    if not args.weights:
+        # Caffe's own refusal: scoring the fillers' random weights would print a meaningless accuracy.
+        raise CommandLineError("netdef test: Need model weights to score (--weights=MODEL.caffemodel)")
+    iterations = _positive_iterations(args, "test")
     _set_device(args.gpu)
     net = netdef.Net(args.model, netdef.TEST, weights=args.weights or None, stages=_stages(args), level=args.level)
-    log.info("Running for %d iterations.", args.iterations)
+    log.info("Running for %d iterations.", iterations)
     weights = net.blob_loss_weights
     totals: dict[str, np.ndarray] = {}
     order: list[str] = []
     loss = 0.0
-    for i in range(args.iterations):
+    for i in range(iterations):
         outputs = net.forward()
         loss += net.loss
         for name, value in outputs.items():
@@ -120,10 +161,10 @@ def cmd_test(args) -> int:
                     totals[key] = 0.0
                     order.append(key)
                 totals[key] += v
-    loss /= args.iterations
+    loss /= iterations
     log.info("Loss: %g", loss)
     for key in order:
-        mean = totals[key] / args.iterations
+        mean = totals[key] / iterations
         name = key.split("[")[0]
         weight = weights.get(name, 0.0)
         suffix = f" (* {weight:g} = {weight * mean:g} loss)" if weight else ""
@@ -136,7 +177,8 @@ def cmd_time(args) -> int:
     import netdef
 
     if not args.model:
-        raise SystemExit("netdef time: --model is required")
+        raise CommandLineError("netdef time: --model is required")
+    _positive_iterations(args, "time")
     _set_device(args.gpu)
     phase = netdef.TRAIN if args.phase.upper() == "TRAIN" else netdef.TEST
     net = netdef.Net(args.model, phase, stages=_stages(args), level=args.level)
@@ -297,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(train, "solver", help="the solver prototxt (same as the positional SOLVER)")
     _flag(train, "snapshot", help="resume from this .solverstate (or .solverstate.h5)")
     _flag(train, "weights", help="fine-tune from these .caffemodel files (comma separated)")
-    _flag(train, "iterations", type=int, default=0, help="override the solver's max_iter")
+    _flag(train, "iterations", type=int, help="override the solver's max_iter (at least 1)")
     _flag(train, "gpu", help="GPU id to run on (default: the solver's solver_mode/device_id)")
     _flag(train, "sigint_effect", default="stop", choices=["stop", "snapshot", "none"],
           help="what Ctrl-C (SIGINT) does: stop (snapshot if enabled, then exit), snapshot, none")
@@ -403,9 +445,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         log.error("Interrupted")
         return 130
-    except (ValueError, OSError, RuntimeError, KeyError) as exc:
-        # Definition and data errors already name the file, line, layer or blob: show them plainly.
-        log.error("%s", exc)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line (or a traceback with --debug)
+        if args.debug:
+            raise
+        if progress is not None:
+            progress.clear()
+        # netdef's errors already name the file, line, layer, blob or field: show them plainly.
+        sys.stderr.write(_one_line(exc, isinstance(exc, _expected_errors())) + "\n")
         return 1
 
 

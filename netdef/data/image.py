@@ -126,7 +126,7 @@ def read_image(path, height: int = 0, width: int = 0, is_color: bool = True) -> 
     try:
         raw = read_input_file(path, "image", IMAGE_FILE_LIMIT)
     except InputFileError as exc:
-        raise ImageError(f"could not open or find file: {exc}") from None
+        raise ImageError(str(exc)) from None
     img = decode_image(raw, color=bool(is_color), name=path)
     if height > 0 and width > 0:
         img = resize(img, height, width)
