@@ -143,6 +143,8 @@ class Net:
                 defined.append((file_index, layer))
         filtered = [layer for _, layer in defined]
         origins = [i for i, _ in defined]
+        for file_index, layer in defined:
+            self._check_top_names(layer, self._where(file_index))
         try:
             with_splits, origin_of = insert_splits(filtered)
         except ValueError as exc:
@@ -186,6 +188,16 @@ class Net:
         self._setup_params(with_splits, file_index_of)
         self._decide_backward()
         self._compute_hook_points()
+
+    @staticmethod
+    def _check_top_names(layer_param, where: str) -> None:
+        """One layer cannot produce the same blob twice (split insertion and in-place rules assume it)."""
+        seen = set()
+        for top_name in layer_param.top:
+            if top_name in seen:
+                raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}) names top blob "
+                               f"{top_name!r} twice; each top of a layer needs its own name")
+            seen.add(top_name)
 
     @staticmethod
     def _layer_class(layer_param, where: str) -> type:
@@ -257,11 +269,17 @@ class Net:
 
     @staticmethod
     def _set_up(layer, layer_param, bottoms: list[Blob], tops: list[Blob], where: str) -> None:
+        shapes = ", ".join(f"{n} {tuple(b.shape)}" for n, b in zip(layer_param.bottom, bottoms))
+        for name, blob in zip(layer_param.bottom, bottoms):
+            if blob.count == 0:
+                # Layers divide by a bottom's item count or batch size; an empty blob is always a mistake
+                # in the definition (an input or data shape with a zero dimension).
+                raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}): bottom blob {name!r} "
+                               f"is empty (shape {tuple(blob.shape)}); every dimension must be at least 1")
         try:
             layer.setup_layer(bottoms, tops)
         except (LayerError, ValueError, IndexError, KeyError, NotImplementedError, TypeError, ZeroDivisionError,
-                OSError) as exc:
-            shapes = ", ".join(f"{n} {tuple(b.shape)}" for n, b in zip(layer_param.bottom, bottoms))
+                OSError, MemoryError) as exc:
             detail = exc.detail if isinstance(exc, LayerError) else str(exc)
             raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}) with bottoms [{shapes}]: "
                            f"{detail}") from None
