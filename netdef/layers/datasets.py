@@ -36,7 +36,7 @@ import numpy as np
 from .. import backend
 from ..data.datum import datum_to_array, parse_datum
 from ..data.db import open_db
-from ..data.errors import DataError
+from ..data.errors import HDF5_EXTENSIONS, IMAGE_EXTENSIONS, DataError, listed_name
 from ..data.image import read_image, read_image_list
 from ..data.transform import DataTransformer
 from ..files import TEXT_LIST_LIMIT, InputFileError, check_input_file, read_input_file
@@ -508,7 +508,11 @@ class ImageDataLayer(DataSourceLayer):
         try:
             return read_image(path, p.new_height, p.new_width, p.is_color)
         except DataError as exc:
-            raise DataError(f"{exc} (line {int(i) + 1} of {self.source_name})") from None
+            where = f"line {int(i) + 1} of {self.source_name}"
+            if listed_name(self.names[int(i)], IMAGE_EXTENSIONS) is None:
+                raise DataError(f"{where}: not a readable image's name (an image list holds 'path/image.png "
+                                f"label' lines)") from None
+            raise DataError(f"{exc} ({where})") from None
 
     def start_position(self):
         p = self.layer_param.image_data_param
@@ -603,7 +607,10 @@ class HDF5DataLayer(DataSourceLayer):
                 f = os.path.join(base, f)
             self.files.append(f)
         rows, shapes = [], None
-        for f in self.files:
+        for line, f in enumerate(self.files, 1):
+            if not os.path.exists(f) and listed_name(f, HDF5_EXTENSIONS) is None:
+                raise self.error(f"entry {line} of {source}: no such file, nor an HDF5 file's name (the source "
+                                 f"list holds one path/file.h5 per line)")
             try:
                 check_input_file(f, "HDF5 file")
                 with h5py.File(f, "r") as h5:

@@ -524,3 +524,30 @@ def test_data_reads_leveldb_when_plyvel_is_there(tmp_path):
     for net in (train, test):
         np.testing.assert_array_equal(epoch_labels(net, 2), [0, 1, 2, 3, 4, 0])
     np.testing.assert_array_equal(train.blobs["data"].data[0, 0], [[12, 13], [14, 15]])
+
+
+# --------------------------------------------------------------- other files' contents stay out
+SECRET = "root:x:0:0:secret-token:/root:/bin/bash"
+
+
+@pytest.mark.parametrize("layer", ["ImageData", "HDF5Data"])
+def test_a_list_that_is_not_a_list_is_not_quoted(tmp_path, layer):
+    """source may name any file (a model from elsewhere: /etc/passwd): its lines must not reach the message."""
+    other = tmp_path / "passwd"
+    other.write_text(SECRET + "\n" + SECRET.replace("root", "daemon") + "\n")
+    param = ("image_data_param" if layer == "ImageData" else "hdf5_data_param")
+    with pytest.raises(netdef.NetError) as info:
+        netdef.Net(f'''layer {{ name: "src" type: "{layer}" top: "data" top: "label"
+                   {param} {{ source: "{other}" batch_size: 1 }} }}''', netdef.TRAIN)
+    message = str(info.value)
+    assert "secret-token" not in message and "/bin/bash" not in message
+    assert re.search(rf"(line|entry) 1 of {re.escape(str(other))}", message)
+
+
+def test_a_missing_image_with_an_image_name_is_still_named(tmp_path):
+    lst = write_images(tmp_path / "imgs", [np.zeros((3, 3), np.uint8)])
+    with open(lst, "a") as handle:
+        handle.write("gone.png 0\n")
+    net = image_net(lst, 2, f'root_folder: "{tmp_path / "imgs"}/"')
+    with pytest.raises(netdef.LayerError, match=r"gone\.png: no such file \(line 2 of"):
+        net.forward()
