@@ -10,10 +10,29 @@ be built (shapes only) without touching memory. Rules layers follow:
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
 from . import backend
+
+
+class BlobTooLargeError(MemoryError):
+    """A blob that could never fit in this machine's memory (a typo such as ``num_output: 4000000000``)."""
+
+
+def _check_fits_in_memory(blob: "Blob") -> None:
+    # NumPy's zeros() of more than the machine's memory may succeed (the kernel overcommits) and the
+    # process is then killed while a filler writes it; refusing it here gives an error naming the blob.
+    needed = blob.count * np.dtype(blob.dtype).itemsize
+    if needed > _physical_memory_bytes():
+        what = f"blob {blob.name!r}" if blob.name else "a parameter blob"
+        raise BlobTooLargeError(f"{what} of shape {blob.shape} needs {needed} bytes, more than this machine's "
+                                f"memory ({_physical_memory_bytes()} bytes)")
+
+
+def _physical_memory_bytes() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _as_shape(shape) -> tuple:
@@ -87,6 +106,8 @@ class Blob:
 
     # ------------------------------------------------------------------ contents
     def _fresh(self):
+        if self._xp is np:
+            _check_fits_in_memory(self)
         return self._xp.zeros(self._shape, dtype=self.dtype)
 
     def _checked(self, value, what: str):

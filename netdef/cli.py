@@ -2,15 +2,53 @@
 
 Each verb is one function that parses nothing and decides little: it calls the library. Flags keep
 Caffe's names and also accept Caffe's single-dash spelling (``-solver x``, ``--solver=x``).
+
+A failure ends the command with one line on stderr, ``netdef: error: ...`` naming the file, layer or
+field, and exit status 1; ``--debug`` shows the traceback instead. Under MPI each failing rank prints
+its own line and the job is aborted.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 
 log = logging.getLogger("netdef")
+
+
+class CommandLineError(ValueError):
+    """Flags that do not make sense together or out of range; the message names the flag."""
+
+
+def _expected_errors() -> tuple[type, ...]:
+    """Failures that bad input, a bad definition or a full machine cause, and that the user can fix from
+    the one-line message: netdef's own errors (all ValueErrors, LayerError, the solver's NonFiniteError),
+    the system's (OSError, MemoryError), a missing optional package (ImportError) and lmdb's errors.
+    Anything else is a bug, reported as an internal error."""
+    import lmdb
+
+    from netdef.layers.base import LayerError
+    from netdef.solver.solver import NonFiniteError
+
+    return (ValueError, LayerError, NonFiniteError, OSError, MemoryError, ImportError, RuntimeError, lmdb.Error)
+
+
+def _one_line(exc: BaseException, expected: bool) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, MemoryError):
+        text = f"out of memory: {text}"
+    if expected:
+        return f"netdef: error: {text}"
+    return (f"netdef: internal error: {type(exc).__name__}: {text} (a bug; run again with --debug for the "
+            f"traceback and please report it)")
+
+
+def _positive_iterations(args, verb: str) -> int:
+    if args.iterations < 1:
+        raise CommandLineError(f"netdef {verb}: --iterations must be at least 1, got {args.iterations}")
+    return args.iterations
 
 
 def _flag(parser, name: str, **kwargs):
@@ -54,12 +92,12 @@ def cmd_train(args) -> int:
 
     solver_path = args.solver or args.solver_positional
     if not solver_path:
-        raise SystemExit("netdef train: give the solver prototxt (netdef train SOLVER or --solver=SOLVER)")
+        raise CommandLineError("netdef train: give the solver prototxt (netdef train SOLVER or --solver=SOLVER)")
     if args.snapshot and args.weights:
-        raise SystemExit("netdef train: give --snapshot (resume) or --weights (fine-tune), not both")
+        raise CommandLineError("netdef train: give --snapshot (resume) or --weights (fine-tune), not both")
     param, path = read_solver_param(solver_path)
-    if args.iterations:
-        param.max_iter = args.iterations
+    if args.iterations is not None:
+        param.max_iter = _positive_iterations(args, "train")
     options = options_from(param, exchange=args.exchange, overlap=args.overlap, bucket_bytes=args.bucket_bytes,
                            progress=args.progress, timeline=args.timeline)
     comm = create_communicator(async_progress=options.progress == "MPI_ASYNC")
@@ -68,7 +106,7 @@ def cmd_train(args) -> int:
         args._progress = None
     if comm.size > 1:
         log.info("%s", share_cores(comm))
-    return run_guarded(comm, _train, args, param, path, comm, options)
+    return run_guarded(comm, _train, args, param, path, comm, options, debug=args.debug)
 
 
 def _train(args, param, path, comm, options) -> int:
@@ -102,15 +140,19 @@ def cmd_test(args) -> int:
     import netdef
 
     if not args.model:
-        raise SystemExit("netdef test: --model is required")
+        raise CommandLineError("netdef test: --model is required")
+    if not args.weights:
+        # Caffe's own refusal: scoring the fillers' random weights would print a meaningless accuracy.
+        raise CommandLineError("netdef test: Need model weights to score (--weights=MODEL.caffemodel)")
+    iterations = _positive_iterations(args, "test")
     _set_device(args.gpu)
     net = netdef.Net(args.model, netdef.TEST, weights=args.weights or None, stages=_stages(args), level=args.level)
-    log.info("Running for %d iterations.", args.iterations)
+    log.info("Running for %d iterations.", iterations)
     weights = net.blob_loss_weights
     totals: dict[str, np.ndarray] = {}
     order: list[str] = []
     loss = 0.0
-    for i in range(args.iterations):
+    for i in range(iterations):
         outputs = net.forward()
         loss += net.loss
         for name, value in outputs.items():
@@ -122,10 +164,10 @@ def cmd_test(args) -> int:
                     totals[key] = 0.0
                     order.append(key)
                 totals[key] += v
-    loss /= args.iterations
+    loss /= iterations
     log.info("Loss: %g", loss)
     for key in order:
-        mean = totals[key] / args.iterations
+        mean = totals[key] / iterations
         name = key.split("[")[0]
         weight = weights.get(name, 0.0)
         suffix = f" (* {weight:g} = {weight * mean:g} loss)" if weight else ""
@@ -138,7 +180,8 @@ def cmd_time(args) -> int:
     import netdef
 
     if not args.model:
-        raise SystemExit("netdef time: --model is required")
+        raise CommandLineError("netdef time: --model is required")
+    _positive_iterations(args, "time")
     _set_device(args.gpu)
     phase = netdef.TRAIN if args.phase.upper() == "TRAIN" else netdef.TEST
     net = netdef.Net(args.model, phase, stages=_stages(args), level=args.level)
@@ -254,21 +297,52 @@ def cmd_device_query(args) -> int:
 
 
 # ------------------------------------------------------------------------------------------ parser
+def _common_flags() -> argparse.ArgumentParser:
+    """Flags every verb takes (also before the verb: ``netdef --debug train ...``). Defaults are
+    suppressed so that a verb's parser does not overwrite what was given before the verb."""
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("code and diagnostics (every verb)")
+    _flag(group, "python_layers", choices=["allow", "deny"], default=argparse.SUPPRESS,
+          help="whether a net's Python layers may import their modules (default: $NETDEF_PYTHON_LAYERS, "
+               "else allow); deny refuses every Python layer, for models from elsewhere")
+    _flag(group, "python_path", action="append", metavar="DIR", default=argparse.SUPPRESS,
+          help="a folder to search for Python layers' modules (repeatable; added to $NETDEF_PYTHON_PATH). "
+               "The working directory is never searched unless named here")
+    _flag(group, "debug", action="store_true", default=argparse.SUPPRESS,
+          help="on an error, show the Python traceback instead of one line")
+    return common
+
+
+def _apply_python_trust(args) -> None:
+    """Hand --python_layers/--python_path to every net this process builds (the solver's included)
+    through the environment variables they stand for, which MPI ranks' own parsing repeats."""
+    from netdef.layers.python import PYTHON_LAYERS_ENV, PYTHON_PATH_ENV
+
+    if args.python_layers:
+        os.environ[PYTHON_LAYERS_ENV] = args.python_layers
+    folders = [os.path.abspath(f) for f in args.python_path or []]
+    if folders:
+        existing = [f for f in os.environ.get(PYTHON_PATH_ENV, "").split(os.pathsep) if f]
+        os.environ[PYTHON_PATH_ENV] = os.pathsep.join(existing + folders)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    common = _common_flags()
     parser = argparse.ArgumentParser(
-        prog="netdef",
+        prog="netdef", parents=[common],
         description="netdef: train, test and time Caffe-format networks (prototxt) on NumPy/CuPy, and "
                     "prepare their data. Flags follow Caffe's command line (-solver, --solver=...).")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
 
-    train = verbs.add_parser("train", help="train or fine-tune a model from a solver prototxt",
+    train = verbs.add_parser("train", parents=[common],
+                             help="train or fine-tune a model from a solver prototxt",
                              description="Train a model. Resume with --snapshot, fine-tune with --weights. "
                                          "Under mpiexec every rank runs this command (data parallel).")
     train.add_argument("solver_positional", nargs="?", metavar="SOLVER", help="the solver prototxt")
     _flag(train, "solver", help="the solver prototxt (same as the positional SOLVER)")
     _flag(train, "snapshot", help="resume from this .solverstate (or .solverstate.h5)")
     _flag(train, "weights", help="fine-tune from these .caffemodel files (comma separated)")
-    _flag(train, "iterations", type=int, default=0, help="override the solver's max_iter")
+    _flag(train, "iterations", type=int, help="override the solver's max_iter (at least 1)")
     _flag(train, "gpu", help="GPU id to run on (default: the solver's solver_mode/device_id)")
     _flag(train, "sigint_effect", default="stop", choices=["stop", "snapshot", "none"],
           help="what Ctrl-C (SIGINT) does: stop (snapshot if enabled, then exit), snapshot, none")
@@ -287,7 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(dist, "timeline", metavar="TRACE_JSON", help="write a Chrome trace (Perfetto) of every rank here")
     train.set_defaults(func=cmd_train)
 
-    test = verbs.add_parser("test", help="score a model: print each output's mean over --iterations batches")
+    test = verbs.add_parser("test", parents=[common],
+                            help="score a model: print each output's mean over --iterations batches")
     _flag(test, "model", help="the model prototxt (TEST phase)")
     _flag(test, "weights", help="the trained .caffemodel")
     _flag(test, "iterations", type=int, default=50, help="number of batches (default 50)")
@@ -296,7 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(test, "level", type=int, default=0, help="level of the net state")
     test.set_defaults(func=cmd_test)
 
-    timing = verbs.add_parser("time", help="benchmark forward and backward, per layer")
+    timing = verbs.add_parser("time", parents=[common],
+                              help="benchmark forward and backward, per layer")
     _flag(timing, "model", help="the model prototxt")
     _flag(timing, "iterations", type=int, default=50, help="number of timed iterations (default 50)")
     _flag(timing, "phase", default="TRAIN", choices=["TRAIN", "TEST", "train", "test"], help="net phase")
@@ -305,14 +381,16 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(timing, "level", type=int, default=0, help="level of the net state")
     timing.set_defaults(func=cmd_time)
 
-    mnist = verbs.add_parser("convert-mnist", help="IDX image and label files (gzipped or not) to a DB of Datums")
+    mnist = verbs.add_parser("convert-mnist", parents=[common],
+                             help="IDX image and label files (gzipped or not) to a DB of Datums")
     mnist.add_argument("images")
     mnist.add_argument("labels")
     mnist.add_argument("output_db")
     _flag(mnist, "backend", default="lmdb", choices=["lmdb", "leveldb"], help="the DB type")
     mnist.set_defaults(func=cmd_convert_mnist)
 
-    imageset = verbs.add_parser("convert-imageset", help="a list of images ('path label' lines) to a DB of Datums")
+    imageset = verbs.add_parser("convert-imageset", parents=[common],
+                                help="a list of images ('path label' lines) to a DB of Datums")
     imageset.add_argument("root_folder")
     imageset.add_argument("listfile")
     imageset.add_argument("db_name")
@@ -326,23 +404,27 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(imageset, "check_size", action="store_true", help="check that all images have the same size")
     imageset.set_defaults(func=cmd_convert_imageset)
 
-    mean = verbs.add_parser("compute-image-mean", help="the mean image of a DB, as a .binaryproto")
+    mean = verbs.add_parser("compute-image-mean", parents=[common],
+                            help="the mean image of a DB, as a .binaryproto")
     mean.add_argument("input_db")
     mean.add_argument("output_file")
     _flag(mean, "backend", default="lmdb", choices=["lmdb", "leveldb"], help="the DB type")
     mean.set_defaults(func=cmd_compute_image_mean)
 
-    digits = verbs.add_parser("prepare-digits", help="write scikit-learn's bundled 8x8 digits as IDX files and "
-                                                     "LMDBs (offline data for a first run)")
+    digits = verbs.add_parser("prepare-digits", parents=[common],
+                              help="write scikit-learn's bundled 8x8 digits as IDX files and "
+                                    "LMDBs (offline data for a first run)")
     digits.add_argument("folder")
     digits.set_defaults(func=cmd_prepare_digits)
 
-    download = verbs.add_parser("download-mnist", help="download the four MNIST files (needs the internet)")
+    download = verbs.add_parser("download-mnist", parents=[common],
+                                help="download the four MNIST files (needs the internet)")
     download.add_argument("folder")
     _flag(download, "url", default="", help="base address of a mirror holding the four .gz files")
     download.set_defaults(func=cmd_download_mnist)
 
-    query = verbs.add_parser("device-query", help="show the GPU that --gpu would use")
+    query = verbs.add_parser("device-query", parents=[common],
+                             help="show the GPU that --gpu would use")
     _flag(query, "gpu_id", type=int, default=0, help="GPU id")
     query.set_defaults(func=cmd_device_query)
     return parser
@@ -352,23 +434,33 @@ def main(argv: list[str] | None = None) -> int:
     from netdef import logs
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # The common flags' defaults, given here because each verb's parser suppresses its own.
+    args = parser.parse_args(argv, namespace=argparse.Namespace(python_layers=None, python_path=None, debug=False))
     if not args.verb:
         parser.print_help()
         return 1
     progress = logs.ProgressLine() if (args.verb == "train" and sys.stderr.isatty()) else None
     args._progress = progress
     logs.configure(progress=progress)
+    _apply_python_trust(args)
     try:
         return args.func(args)
     except KeyboardInterrupt:
         log.error("Interrupted")
         return 130
-    except (ValueError, OSError, RuntimeError, KeyError) as exc:
-        # Definition and data errors already name the file, line, layer or blob: show them plainly.
-        log.error("%s", exc)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line (or a traceback with --debug)
+        if args.debug:
+            raise
+        if progress is not None:
+            progress.clear()
+        # netdef's errors already name the file, line, layer, blob or field: show them plainly.
+        sys.stderr.write(_one_line(exc, isinstance(exc, _expected_errors())) + "\n")
         return 1
 
 
 if __name__ == "__main__":
+    # `python -m netdef.cli` puts the working directory first on sys.path (as `python -P` would not):
+    # drop it, so that a model's Python layer cannot import a module that merely lies there.
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        del sys.path[0]
     sys.exit(main())

@@ -1,4 +1,13 @@
-"""Writing files atomically: a reader sees the old file or the new one, never a torn one.
+"""Reading input files within bounds, and writing files atomically.
+
+Reading. Every file netdef reads by name (prototxts, weights, solver states, mean files, images, lists,
+IDX files, HDF5 files) goes through ``open_input_file`` / ``read_input_file`` first: only a regular file
+is read (``/dev/zero`` would be read until memory runs out, a FIFO would block forever), and only when
+its size fits what its format can hold (a protobuf message is less than 2 GiB). The file is opened
+without blocking and checked on the open descriptor, so a path swapped for a FIFO between a check and
+the open cannot block either. The errors name the file and say what it is instead.
+
+Writing: a reader sees the old file or the new one, never a torn one.
 
 Every writer here puts the new contents into a temporary file beside the target (same folder, so the
 final rename stays on one filesystem and is atomic), flushes it to disk, renames it over the target
@@ -20,10 +29,73 @@ import os
 import secrets
 import stat
 
-__all__ = ["bytes_to_temp", "hdf5_to_temp", "remove_quietly", "replace", "temp_beside",
+__all__ = ["IMAGE_FILE_LIMIT", "InputFileError", "PROTOBUF_LIMIT", "TEXT_LIST_LIMIT", "bytes_to_temp", "check_input_file", "hdf5_to_temp",
+           "open_input_file", "read_input_file", "remove_quietly", "replace", "temp_beside",
            "write_bytes_atomically", "write_hdf5_atomically"]
 
 _NAME_ATTEMPTS = 100
+
+#: protobuf parses no message of 2 GiB or more, so no binary or text protobuf file can be larger.
+PROTOBUF_LIMIT = 2**31 - 1
+#: Text lists (image lists, HDF5 source lists) and single images: far more than any real one.
+TEXT_LIST_LIMIT = 2**30
+IMAGE_FILE_LIMIT = 2**30
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+class InputFileError(ValueError):
+    """An input file that netdef will not read: missing, unreadable, not a regular file or too large.
+    The message names the file, what it was read as, and what is wrong."""
+
+
+def open_input_file(path, what: str, limit: int | None = None):
+    """``path`` opened for binary reading (a file object), once it is known to be a regular file of at
+    most ``limit`` bytes. ``what`` says what the file was to be (``"weights file"``) in errors."""
+    path = os.fspath(path)
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; it changes nothing for a regular file.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise InputFileError(f"{what} {path}: {_reason(exc)}") from None
+    try:
+        info = os.fstat(fd)
+        for is_kind, kind in _KINDS:
+            if is_kind(info.st_mode):
+                raise InputFileError(f"{what} {path}: is {kind}, not a regular file")
+        if not stat.S_ISREG(info.st_mode):
+            raise InputFileError(f"{what} {path}: not a regular file")
+        if limit is not None and info.st_size > limit:
+            raise InputFileError(f"{what} {path}: {info.st_size} bytes, more than such a file can hold "
+                                 f"({limit} bytes)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_input_file(path, what: str, limit: int) -> bytes:
+    """The bytes of ``path``, read as ``open_input_file`` allows; never more than ``limit`` bytes,
+    even when the file grows while it is read."""
+    with open_input_file(path, what, limit) as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise InputFileError(f"{what} {os.fspath(path)}: grew past {limit} bytes while being read")
+    return data
+
+
+def check_input_file(path, what: str, limit: int | None = None) -> None:
+    """Raise InputFileError unless ``path`` is a regular file of at most ``limit`` bytes: for files that
+    a library opens by name itself (h5py, gzip, lmdb)."""
+    open_input_file(path, what, limit).close()
+
+
+def _reason(exc: OSError) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return "no such file"
+    return exc.strerror or str(exc)
 
 
 def temp_beside(path) -> str:

@@ -21,6 +21,7 @@ from . import backend, weights as _weights
 from .blob import Blob
 from .layers.base import TEST, TRAIN, LayerError, layer_class
 from .layers.data import MemoryDataLayer
+from .layers.python import PythonLayerPolicy
 from .proto import io as proto_io
 from .proto import netdef_pb2 as pb
 from .splits import insert_splits
@@ -80,9 +81,14 @@ class Net:
         net.backward()                         # parameter gradients in net.params[name][i].diff
 
     ``model`` is a prototxt path, prototxt text or a NetParameter.
+
+    ``python_layers`` ("allow" or "deny"; default: ``NETDEF_PYTHON_LAYERS``, else allow) says whether
+    Python layers may import their modules; ``python_path`` (a folder or several) adds folders to
+    search for those modules, after ``NETDEF_PYTHON_PATH``'s. The working directory is never searched.
     """
 
-    def __init__(self, model, phase=None, weights=None, *, stages=(), level: int = 0, base_dir=None, **legacy):
+    def __init__(self, model, phase=None, weights=None, *, stages=(), level: int = 0, base_dir=None,
+                 python_layers: str | None = None, python_path=(), **legacy):
         # pycaffe also accepts Net(model, weights_path, phase).
         if isinstance(phase, (str, os.PathLike)) and str(phase).upper() not in ("TRAIN", "TEST"):
             weights, phase = phase, weights
@@ -90,6 +96,7 @@ class Net:
             model = legacy.pop("param")
         if legacy:
             raise TypeError(f"unexpected arguments: {', '.join(legacy)}")
+        self.python_policy = PythonLayerPolicy.resolve(python_layers, python_path)
         param, text, self.source = proto_io.read_net_param(model)
         # Relative file names inside layers (data sources, mean files) are tried in the working
         # directory first, as Caffe does, then in this folder: the definition's own by default.
@@ -137,6 +144,8 @@ class Net:
                 defined.append((file_index, layer))
         filtered = [layer for _, layer in defined]
         origins = [i for i, _ in defined]
+        for file_index, layer in defined:
+            self._check_top_names(layer, self._where(file_index))
         try:
             with_splits, origin_of = insert_splits(filtered)
         except ValueError as exc:
@@ -180,6 +189,16 @@ class Net:
         self._setup_params(with_splits, file_index_of)
         self._decide_backward()
         self._compute_hook_points()
+
+    @staticmethod
+    def _check_top_names(layer_param, where: str) -> None:
+        """One layer cannot produce the same blob twice (split insertion and in-place rules assume it)."""
+        seen = set()
+        for top_name in layer_param.top:
+            if top_name in seen:
+                raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}) names top blob "
+                               f"{top_name!r} twice; each top of a layer needs its own name")
+            seen.add(top_name)
 
     @staticmethod
     def _layer_class(layer_param, where: str) -> type:
@@ -238,7 +257,7 @@ class Net:
 
     def _instantiate(self, cls, layer_param, where: str):
         try:
-            layer = cls(layer_param)
+            layer = cls(layer_param, self.python_policy) if cls.runs_user_code else cls(layer_param)
         except (LayerError, ValueError, ImportError, AttributeError, TypeError) as exc:
             detail = exc.detail if isinstance(exc, LayerError) else str(exc)
             raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}): {detail}") from None
@@ -251,11 +270,17 @@ class Net:
 
     @staticmethod
     def _set_up(layer, layer_param, bottoms: list[Blob], tops: list[Blob], where: str) -> None:
+        shapes = ", ".join(f"{n} {tuple(b.shape)}" for n, b in zip(layer_param.bottom, bottoms))
+        for name, blob in zip(layer_param.bottom, bottoms):
+            if blob.count == 0:
+                # Layers divide by a bottom's item count or batch size; an empty blob is always a mistake
+                # in the definition (an input or data shape with a zero dimension).
+                raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}): bottom blob {name!r} "
+                               f"is empty (shape {tuple(blob.shape)}); every dimension must be at least 1")
         try:
             layer.setup_layer(bottoms, tops)
         except (LayerError, ValueError, IndexError, KeyError, NotImplementedError, TypeError, ZeroDivisionError,
-                OSError) as exc:
-            shapes = ", ".join(f"{n} {tuple(b.shape)}" for n, b in zip(layer_param.bottom, bottoms))
+                OSError, MemoryError) as exc:
             detail = exc.detail if isinstance(exc, LayerError) else str(exc)
             raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}) with bottoms [{shapes}]: "
                            f"{detail}") from None

@@ -90,8 +90,12 @@ def _fill_from(blob: Blob, values: np.ndarray) -> None:
 
 
 def _is_hdf5(path: pathlib.Path) -> bool:
-    with open(path, "rb") as handle:
-        return handle.read(8) == b"\x89HDF\r\n\x1a\n"
+    """Whether ``path`` starts with HDF5's signature; a WeightsError unless it is a regular file."""
+    try:
+        with files.open_input_file(path, "weights file") as handle:
+            return handle.read(8) == b"\x89HDF\r\n\x1a\n"
+    except files.InputFileError as exc:
+        raise WeightsError(str(exc)) from None
 
 
 def copy_from(net, path) -> None:

@@ -186,3 +186,147 @@ def test_progress_line_on_a_terminal(workdir):
     screen = b"".join(chunks).decode(errors="replace")
     assert proc.returncode == 0
     assert re.search(r"\[[#.]{30}\] \d+/30 iters +[\d.]+ iter/s +\d+:\d\d left", screen)
+
+
+# ------------------------------------------------------------------------------ Python layer trust
+PY_NET = """
+layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "scale" type: "Python" bottom: "x" top: "y" python_param { module: "beside_model" layer: "Twice" } }
+"""
+
+# Importing it leaves a file behind: the proof that a refused module's code never ran.
+PY_MODULE = """
+import pathlib
+pathlib.Path("MODULE_RAN").write_text("imported")
+import netdef
+
+
+class Twice(netdef.Layer):
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = 2 * bottom[0].data
+"""
+
+
+@pytest.fixture
+def model_with_python_layer(tmp_path):
+    (tmp_path / "py.prototxt").write_text(PY_NET)
+    (tmp_path / "beside_model.py").write_text(PY_MODULE)
+    return tmp_path
+
+
+def test_python_layer_module_is_not_imported_from_the_working_directory(model_with_python_layer):
+    done = netdef("time", "--model=py.prototxt", "--iterations=1", cwd=model_with_python_layer, check=False)
+    assert done.returncode == 1
+    assert "layer 'scale' (Python): cannot find python_param.module 'beside_model'" in done.stderr
+    assert "--python_path" in done.stderr and "Traceback" not in done.stderr
+    assert not (model_with_python_layer / "MODULE_RAN").exists()
+
+
+def test_python_path_flag_names_the_folder_and_the_log_names_the_file(model_with_python_layer):
+    done = netdef("time", "--model=py.prototxt", "--iterations=1", "--python_path=.", cwd=model_with_python_layer)
+    assert f"Python layer scale: beside_model.Twice from {model_with_python_layer / 'beside_model.py'}" in done.stderr
+    assert (model_with_python_layer / "MODULE_RAN").exists()
+
+
+@pytest.mark.parametrize("how", ["flag", "flag before the verb", "environment"])
+def test_python_layers_deny_refuses_with_one_line(model_with_python_layer, how):
+    args = ["time", "--model=py.prototxt", "--iterations=1", "--python_path=."]
+    env = dict(os.environ)
+    if how == "flag":
+        args.append("--python_layers=deny")
+    elif how == "flag before the verb":
+        args.insert(0, "--python_layers=deny")
+    else:
+        env["NETDEF_PYTHON_LAYERS"] = "deny"
+    done = subprocess.run(NETDEF + args, cwd=model_with_python_layer, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert re.search(r"py\.prototxt:3: layer 'scale' \(Python\): refused to import module 'beside_model': Python "
+                     r"layers are denied", lines[0])
+    assert not (model_with_python_layer / "MODULE_RAN").exists()
+
+
+# ----------------------------------------------------------------------------- one line per failure
+def one_error_line(done) -> str:
+    """The single line a failed command prints (after any log lines), asserting there is no traceback."""
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("netdef: ")]
+    assert len(errors) == 1, done.stderr
+    return errors[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["test", "--model=net.prototxt"], "netdef: error: netdef test: Need model weights to score"),
+    (["test", "--model=net.prototxt", "--weights=snap/tiny_iter_20.caffemodel", "--iterations=0"],
+     "netdef: error: netdef test: --iterations must be at least 1, got 0"),
+    (["test", "--model=net.prototxt", "--weights=snap/tiny_iter_20.caffemodel", "--iterations=-5"],
+     "netdef: error: netdef test: --iterations must be at least 1, got -5"),
+    (["time", "--model=net.prototxt", "--iterations=0"], "netdef: error: netdef time: --iterations must be at least 1"),
+    (["train", "solver.prototxt", "--iterations=0"], "netdef: error: netdef train: --iterations must be at least 1"),
+    (["train", "solver.prototxt", "--snapshot=a", "--weights=b"], "not both"),
+    (["test", "--model=net.prototxt", "--weights=/dev/zero"],
+     "netdef: error: weights file /dev/zero: is a character device, not a regular file"),
+    (["time", "--model=/dev/zero"], "netdef: error: prototxt /dev/zero: is a character device, not a regular file"),
+])
+def test_bad_command_lines_are_refused_with_one_line(workdir, args, message):
+    if not (workdir / "snap" / "tiny_iter_20.caffemodel").exists():
+        netdef("train", "solver.prototxt", cwd=workdir)
+    assert message in one_error_line(netdef(*args, cwd=workdir, check=False))
+
+
+def test_debug_shows_the_traceback(workdir):
+    done = netdef("--debug", "time", "--model=/dev/zero", cwd=workdir, check=False)
+    assert done.returncode == 1
+    assert "Traceback (most recent call last)" in done.stderr and "ProtoFileError" in done.stderr
+    after_verb = netdef("time", "--model=/dev/zero", "--debug", cwd=workdir, check=False)
+    assert "Traceback (most recent call last)" in after_verb.stderr
+
+
+def test_truncated_lmdb_is_one_line_naming_it(workdir, tmp_path):
+    import shutil
+
+    db = tmp_path / "train_lmdb"
+    shutil.copytree(workdir / "train_lmdb", db)
+    data = db / "data.mdb"
+    os.truncate(data, data.stat().st_size // 3)
+    line = one_error_line(netdef("compute-image-mean", db, tmp_path / "mean.binaryproto", cwd=tmp_path, check=False))
+    assert line.startswith(f"netdef: error: LMDB {db}: ") and "truncated?" in line
+
+
+def test_a_bug_is_reported_as_an_internal_error_in_one_line(model_with_python_layer):
+    (model_with_python_layer / "beside_model.py").write_text(PY_MODULE.replace("2 * bottom[0].data", "1 // 0"))
+    line = one_error_line(netdef("time", "--model=py.prototxt", "--iterations=1", "--python_path=.",
+                                 cwd=model_with_python_layer, check=False))
+    assert line.startswith("netdef: internal error: ZeroDivisionError: integer division or modulo by zero")
+    assert "--debug" in line
+
+
+def test_prepare_digits_without_scikit_learn_names_the_extra(tmp_path):
+    # sys.modules[name] = None is Python's documented way to make an import fail as if not installed.
+    script = ("import sys; sys.modules['sklearn'] = None; from netdef.cli import main; "
+              f"sys.exit(main(['prepare-digits', {str(tmp_path / 'digits')!r}]))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert 'pip install "netdef[digits]"' in one_error_line(done)
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_under_mpi_a_failing_rank_prints_one_line(tmp_path, debug):
+    from tests.comm.fixtures import mpi_available, run_netdef, write_case
+
+    available, why_not = mpi_available()
+    if not available:
+        pytest.skip(why_not)
+    solver = write_case(tmp_path, "fail", 4, 50, records=24, param_str="fail_rank=1 fail_iter=3 mode=raise")
+    run = run_netdef(["train", str(solver)] + (["--debug"] if debug else []), 2, tmp_path, timeout=60)
+    assert run.returncode != 0
+    lines = [line for line in run.stderr.splitlines() if line.startswith("netdef: error:")]
+    assert len(lines) == 1 and lines[0].startswith("netdef: error: rank 1 of 2 failed: RuntimeError: deliberate "
+                                                   "failure in layer 'scale'"), run.stderr
+    assert lines[0].endswith("aborting all 2 ranks")
+    assert ("Traceback (most recent call last)" in run.stderr) == debug

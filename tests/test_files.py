@@ -1,4 +1,5 @@
-"""netdef.files: atomic writes with a plain open()'s permissions, and nothing left behind on failure."""
+"""netdef.files: bounded reads of regular files only; atomic writes with a plain open()'s permissions, and
+nothing left behind on failure. The readers that use the helper refuse /dev/zero, FIFOs and folders."""
 from __future__ import annotations
 
 import os
@@ -129,3 +130,75 @@ def test_temp_beside_is_new_and_hidden_and_missing_folder_fails(tmp_path):
     assert os.listdir(tmp_path) == [os.path.basename(second)]
     with pytest.raises(FileNotFoundError):
         files.write_bytes_atomically(tmp_path / "no" / "such" / "folder", b"")
+
+
+# ------------------------------------------------------------------------------------- bounded reads
+@pytest.fixture
+def fifo(tmp_path):
+    """A FIFO with no writer: opening it for reading the ordinary way would block forever."""
+    path = tmp_path / "pipe"
+    os.mkfifo(path)
+    return path
+
+
+def test_read_input_file_reads_a_regular_file_within_its_limit(tmp_path):
+    path = tmp_path / "small.bin"
+    path.write_bytes(b"12345")
+    assert files.read_input_file(path, "test file", 5) == b"12345"
+    with pytest.raises(files.InputFileError, match=rf"test file {path}: 5 bytes, more than such a file can hold "
+                                                   r"\(4 bytes\)"):
+        files.read_input_file(path, "test file", 4)
+
+
+@pytest.mark.parametrize("special, kind", [("/dev/zero", "a character device"), ("fifo", r"a FIFO \(named pipe\)"),
+                                           ("folder", "a folder"), ("missing", None)])
+def test_read_input_file_refuses_what_is_not_a_regular_file(tmp_path, fifo, special, kind):
+    path = {"fifo": fifo, "folder": tmp_path, "missing": tmp_path / "nothing"}.get(special, special)
+    expected = f"is {kind}, not a regular file" if kind else "no such file"
+    with pytest.raises(files.InputFileError, match=rf"weights file {path}: {expected}"):
+        files.read_input_file(path, "weights file", files.PROTOBUF_LIMIT)
+    with pytest.raises(files.InputFileError):
+        files.check_input_file(path, "weights file")
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo"])
+def test_readers_of_named_files_refuse_devices_and_fifos(fifo, special):
+    import netdef
+    from netdef.data.datum import read_mean_file
+    from netdef.data.errors import DataError
+    from netdef.data.idx import IdxError, read_idx
+    from netdef.data.image import ImageError, read_image, read_image_list
+
+    path = str(fifo) if special == "fifo" else special
+    net_text = ('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }\n'
+                'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" inner_product_param { num_output: 2 } }')
+    refused = "not a regular file"
+    with pytest.raises(netdef.WeightsError, match=f"weights file {path}: is .*{refused}"):
+        netdef.Net(net_text, "TEST", weights=path)
+    with pytest.raises(proto_io.ProtoFileError, match=f"prototxt {path}: is .*{refused}"):
+        proto_io.read_text(path, pb.NetParameter)
+    with pytest.raises(proto_io.ProtoFileError, match=f"binary BlobProto file {path}: is .*{refused}"):
+        proto_io.read_binary(path, pb.BlobProto)
+    with pytest.raises(DataError, match=f"mean file {path}: is .*{refused}"):
+        read_mean_file(path)
+    with pytest.raises(IdxError, match=f"IDX file {path}: is .*{refused}"):
+        read_idx(path)
+    with pytest.raises(ImageError, match=f"image {path}: is .*{refused}"):
+        read_image(path)
+    with pytest.raises(files.InputFileError, match=f"image list {path}: is .*{refused}"):
+        read_image_list(path)
+
+
+def test_idx_reader_reads_no_more_than_its_header_announces(tmp_path):
+    import gzip
+
+    from netdef.data.idx import IdxError, read_idx
+
+    # A header announcing 2 x 3 bytes, then far more (a gzip bomb in miniature): refused, not read whole.
+    header = bytes([0, 0, 0x08, 2]) + (2).to_bytes(4, "big") + (3).to_bytes(4, "big")
+    with gzip.open(tmp_path / "bomb.idx.gz", "wb") as handle:
+        handle.write(header + bytes(10_000_000))
+    with pytest.raises(IdxError, match=r"header says \(2, 3\) \(6 bytes of data\) but the file holds more bytes"):
+        read_idx(tmp_path / "bomb.idx.gz")
+    (tmp_path / "ok.idx").write_bytes(header + bytes(range(6)))
+    assert read_idx(tmp_path / "ok.idx").tolist() == [[0, 1, 2], [3, 4, 5]]

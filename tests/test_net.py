@@ -300,3 +300,46 @@ def test_layer_hooks_wrap_every_forward_and_backward_in_order():
     events.clear()
     net.forward(data=x, label=y)
     assert events == []
+
+
+# ------------------------------------------------------------------------- malformed nets, named
+INPUT_2x3 = 'layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }\n'
+
+
+def test_the_same_top_twice_in_one_layer_is_named():
+    text = INPUT_2x3 + 'layer { name: "s" type: "Slice" bottom: "x" top: "a" top: "a" slice_param { axis: 1 } }'
+    with pytest.raises(NetError, match=r"^<prototxt string>:2: layer 's' \(Slice\) names top blob 'a' twice"):
+        netdef.Net(text, netdef.TEST)
+
+
+@pytest.mark.parametrize("dims", ["dim: 0 dim: 3", "dim: 2 dim: 0"])
+def test_an_empty_bottom_is_named_before_the_layer_sets_up(dims):
+    text = (f'layer {{ name: "in" type: "Input" top: "x" input_param {{ shape {{ {dims} }} }} }}\n'
+            'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" inner_product_param { num_output: 2 } }')
+    with pytest.raises(NetError, match=r"^<prototxt string>:2: layer 'ip' \(InnerProduct\): bottom blob 'x' is empty"):
+        netdef.Net(text, netdef.TEST)
+
+
+def test_a_parameter_larger_than_memory_is_refused_naming_the_layer():
+    text = INPUT_2x3 + ('layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" '
+                        'inner_product_param { num_output: 4000000000 } }')
+    with pytest.raises(NetError, match=r"^<prototxt string>:2: layer 'ip' \(InnerProduct\) with bottoms \[x \(2, 3\)\]: "
+                                       r".*4000000000"):
+        netdef.Net(text, netdef.TEST)
+
+
+def test_a_blob_larger_than_memory_is_refused_before_allocating():
+    from netdef.blob import Blob, BlobTooLargeError
+
+    blob = Blob(2_000_000, 3_000_000, name="huge")
+    with pytest.raises(BlobTooLargeError, match=r"blob 'huge' of shape \(2000000, 3000000\) needs \d+ bytes, more than "
+                                                r"this machine's memory"):
+        blob.data
+
+
+@pytest.mark.parametrize("typo, suggestion", [("InnerProdcut", "'InnerProduct'"), ("relu", "'ReLU'"),
+                                              ("Convolutoin", "'Convolution'")])
+def test_a_misspelt_layer_type_gets_a_suggestion(typo, suggestion):
+    text = INPUT_2x3 + f'layer {{ name: "l" type: "{typo}" bottom: "x" top: "y" }}'
+    with pytest.raises(NetError, match=rf"unknown layer type '{typo}' \(did you mean {suggestion}"):
+        netdef.Net(text, netdef.TEST)

@@ -381,10 +381,11 @@ def create_solver(solver, comm: Communicator | None = None, options: ExchangeOpt
 
 
 # ============================================================================================== failure
-def run_guarded(comm: Communicator, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)``; when it raises in a run of several ranks, print this rank's message and
-    traceback to stderr and abort the whole job (MPI_Abort), so that no rank waits forever in a
-    collective for this one. With one rank the exception propagates."""
+def run_guarded(comm: Communicator, fn, *args, debug: bool = False, **kwargs):
+    """``fn(*args, **kwargs)``; when it raises in a run of several ranks, print one line naming this rank
+    and the error to stderr (with the traceback before it when ``debug``) and abort the whole job
+    (MPI_Abort), so that no rank waits forever in a collective for this one. With one rank the
+    exception propagates."""
     if comm.size == 1:
         return fn(*args, **kwargs)
     try:
@@ -392,9 +393,9 @@ def run_guarded(comm: Communicator, fn, *args, **kwargs):
     except BaseException as exc:
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             raise
-        detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        message = str(exc) if not isinstance(exc, SystemExit) else str(exc.code)
-        sys.stderr.write(f"{detail}netdef: rank {comm.rank} of {comm.size} failed: {type(exc).__name__}: {message}\n"
-                         f"netdef: aborting all {comm.size} ranks\n")
+        detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)) if debug else ""
+        message = " ".join((str(exc) if not isinstance(exc, SystemExit) else str(exc.code)).split())
+        sys.stderr.write(f"{detail}netdef: error: rank {comm.rank} of {comm.size} failed: {type(exc).__name__}: "
+                         f"{message}; aborting all {comm.size} ranks\n")
         comm.abort(1)
         raise  # not reached

@@ -10,13 +10,13 @@
 from __future__ import annotations
 
 import gzip
+import logging
 import os
 import pathlib
 import shutil
 import tempfile
 import urllib.error
 import urllib.request
-import warnings
 
 import numpy as np
 
@@ -27,6 +27,8 @@ from .db import open_db
 from .errors import DataError
 from .idx import IdxError, read_idx
 from .image import read_image_list
+
+log = logging.getLogger("netdef")
 
 # Caffe commits its write transaction every 1000 records.
 _COMMIT_EVERY = 1000
@@ -109,7 +111,7 @@ def convert_imageset(root_folder, list_file, output_db, resize_height: int = 0, 
     Raw Datums hold the decoded image (BGR, C x H x W; resized when both sizes are > 0). With
     ``encoded`` (or an ``encode_type``) the Datum holds image file bytes: the file itself when there
     is no resize and its extension matches ``encode_type`` (or no encode_type is given), else the
-    image re-encoded. Unreadable images are skipped with a warning, as Caffe does. ``shuffle``
+    image re-encoded. Unreadable images are skipped with a logged error, as Caffe does. ``shuffle``
     permutes the list with netdef's generator. Returns the number of records written.
     """
     lines = read_image_list(list_file)
@@ -134,7 +136,7 @@ def convert_imageset(root_folder, list_file, output_db, resize_height: int = 0, 
             try:
                 datum = read_image_to_datum(root_folder + name, label, resize_height, resize_width, is_color, enc)
             except DataError as exc:
-                warnings.warn(f"convert_imageset: skipping {name}: {exc}", stacklevel=2)
+                log.error("Skipping line %d of %s: %s", line_id + 1, os.fspath(list_file), exc)
                 continue
             if check_size:
                 size = datum.channels * datum.height * datum.width
@@ -235,7 +237,8 @@ def digits_to_idx(folder, num_train: int = 1500) -> list:
     try:
         from sklearn.datasets import load_digits
     except ImportError:
-        raise ImportError("digits_to_idx needs scikit-learn: pip install scikit-learn") from None
+        raise ImportError('the digits data set comes with scikit-learn, an optional dependency: pip install '
+                          '"netdef[digits]" (or pip install scikit-learn)') from None
     digits = load_digits()
     values = np.asarray(digits.images, dtype=np.int64)
     images = ((values * 255 + 8) // 16).astype(np.uint8)

@@ -13,6 +13,7 @@ import os
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from ..files import IMAGE_FILE_LIMIT, PROTOBUF_LIMIT, InputFileError, read_input_file
 from ..proto import netdef_pb2 as pb
 from .errors import DataError
 from .image import decode_image, encode_image, read_image
@@ -137,8 +138,7 @@ def read_image_to_datum(filename, label: int, height: int = 0, width: int = 0, i
     image = read_image(filename, height, width, is_color)
     if encoding:
         if (image.shape[0] == 3) == bool(is_color) and not height and not width and _match_ext(filename, encoding):
-            with open(filename, "rb") as handle:
-                return encoded_datum(handle.read(), label)
+            return encoded_datum(read_input_file(filename, "image", IMAGE_FILE_LIMIT), label)
         return encoded_datum(encode_image(image, encoding), label)
     return image_to_datum(image, label)
 
@@ -183,10 +183,9 @@ def read_mean_file(path) -> np.ndarray:
     """A mean .binaryproto as an array (1 x C x H x W for compute_image_mean's files)."""
     path = os.fspath(path)
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except OSError as exc:
-        raise DataError(f"cannot read mean file {path} ({exc.strerror or exc})") from None
+        raw = read_input_file(path, "mean file", PROTOBUF_LIMIT)
+    except InputFileError as exc:
+        raise DataError(f"cannot read {exc}") from None
     blob = pb.BlobProto()
     try:
         blob.ParseFromString(raw)

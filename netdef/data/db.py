@@ -6,6 +6,12 @@ locking off, so read-only folders (fixtures, shared datasets) work and nothing i
 Writers buffer puts in a Transaction and write them on ``commit()``; an LMDB whose map is full is
 grown (doubled) and the commit retried, as Caffe's LMDBTransaction does.
 
+LMDB maps its data file into memory, and a page read beyond the end of a truncated file kills the
+process with SIGBUS, which no exception handler sees. So before opening an LMDB for reading, the data
+file's two meta pages are checked (see ``check_lmdb_data_file``) and the map is bounded by the file's
+size: every page LMDB may then touch lies inside the file, and a damaged page reference becomes
+lmdb's PageNotFoundError. Every lmdb exception is raised as a DBError naming the database.
+
     db = open_db("examples/mnist/mnist_train_lmdb")           # read
     with db.cursor() as cur:
         cur.seek_first()
@@ -18,10 +24,13 @@ grown (doubled) and the commit retried, as Caffe's LMDBTransaction does.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import struct
 import threading
 import weakref
 
+from ..files import InputFileError, check_input_file
 from .errors import DataError
 
 
@@ -210,38 +219,103 @@ def _lmdb():
     return lmdb
 
 
+# The meta pages that begin an LMDB data file (LMDB 0.9's MDB_page header and MDB_meta, 64-bit):
+_LMDB_MAGIC = 0xBEEFC0DE
+_LMDB_DATA_VERSION = 1
+_P_META = 0x08
+_FLAGS_AT = 10           # MDB_page.mp_flags (uint16)
+_MAGIC_AT = 16           # MDB_meta.mm_magic, mm_version (uint32 each)
+_PAGE_SIZE_AT = 40       # mm_dbs[FREE_DBI].md_pad holds the page size (uint32)
+_LAST_PAGE_AT = 136      # mm_last_pg, mm_txnid (uint64 each)
+_META_BYTES = 152
+_MIN_PAGE_SIZE = 512
+
+
+def check_lmdb_data_file(data_path: str, db_path: str) -> int:
+    """The size of an LMDB data file that can be mapped safely; a DBError naming ``db_path`` otherwise.
+
+    Checks what LMDB would trust without checking: a regular file, two meta pages with LMDB's magic
+    and version, a sane page size that divides the file size, and that the last page either meta page
+    claims in use lies inside the file (a truncated file fails this: reading past it is SIGBUS)."""
+    try:
+        check_input_file(data_path, "LMDB data file")
+    except InputFileError as exc:
+        raise DBError(f"LMDB {db_path}: {exc}") from None
+    size = os.path.getsize(data_path)
+    bad = f"LMDB {db_path}: {data_path} is not a usable LMDB data file"
+    with open(data_path, "rb") as handle:
+        first = handle.read(_META_BYTES)
+        if len(first) < _META_BYTES:
+            raise DBError(f"{bad}: {size} bytes, smaller than its meta pages")
+        page_size = struct.unpack_from("<I", first, _PAGE_SIZE_AT)[0]
+        if page_size < _MIN_PAGE_SIZE or page_size & (page_size - 1):
+            page_size = 0  # reported below with the magic check of the first page
+        handle.seek(page_size)
+        second = handle.read(_META_BYTES) if page_size else b""
+    for index, page in enumerate((first, second)):
+        if len(page) < _META_BYTES:
+            raise DBError(f"{bad}: {size} bytes, too short for its second meta page (truncated?)")
+        flags = struct.unpack_from("<H", page, _FLAGS_AT)[0]
+        magic, version = struct.unpack_from("<II", page, _MAGIC_AT)
+        if not flags & _P_META or magic != _LMDB_MAGIC or not page_size:
+            raise DBError(f"{bad}: meta page {index} lacks LMDB's signature (not an LMDB, or damaged)")
+        if version != _LMDB_DATA_VERSION:
+            raise DBError(f"{bad}: meta page {index} has LMDB data version {version}, netdef reads version "
+                          f"{_LMDB_DATA_VERSION}")
+        last_page = struct.unpack_from("<Q", page, _LAST_PAGE_AT)[0]
+        if (last_page + 1) * page_size > size:
+            raise DBError(f"{bad}: it is {size} bytes but its meta page {index} says pages up to {last_page} "
+                          f"of {page_size} bytes are in use ({(last_page + 1) * page_size} bytes): truncated?")
+    if size % page_size:
+        raise DBError(f"{bad}: {size} bytes is not a whole number of {page_size}-byte pages (truncated?)")
+    return size
+
+
+@contextlib.contextmanager
+def _lmdb_errors(path: str, doing: str):
+    """lmdb's exceptions (CorruptedError, PageNotFoundError, BadValsizeError...) as DBErrors naming the DB."""
+    lmdb = _lmdb()
+    try:
+        yield
+    except lmdb.Error as exc:
+        raise DBError(f"LMDB {path}: {doing} failed: {type(exc).__name__}: {exc}") from None
+
+
 class _LmdbCursor(Cursor):
     def __init__(self, db: LMDB):
         if db._env is None:
             raise DBError(f"{db.path}: the DB is closed")
         self._db = db  # keeps the environment in use while the cursor lives
-        self._txn = db._env.begin(write=False, buffers=False)
-        self._cur = self._txn.cursor()
+        self._path = db.path
+        with _lmdb_errors(self._path, "starting a read"):
+            self._txn = db._env.begin(write=False, buffers=False)
+            self._cur = self._txn.cursor()
         self.valid = False
         self.key = b""
         self.value = b""
 
-    def _load(self, ok: bool) -> bool:
-        self.valid = bool(ok)
-        if self.valid:
-            self.key, self.value = self._cur.key(), self._cur.value()
-        else:
-            self.key, self.value = b"", b""
+    def _move(self, move, *args) -> bool:
+        with _lmdb_errors(self._path, "reading"):
+            self.valid = bool(move(*args))
+            if self.valid:
+                self.key, self.value = self._cur.key(), self._cur.value()
+            else:
+                self.key, self.value = b"", b""
         return self.valid
 
     def seek_first(self) -> bool:
-        return self._load(self._cur.first())
+        return self._move(self._cur.first)
 
     def seek(self, key: bytes) -> bool:
         """Position at exactly ``key``; False (and not valid) when it is absent."""
-        return self._load(self._cur.set_key(bytes(key)))
+        return self._move(self._cur.set_key, bytes(key))
 
     def seek_range(self, key: bytes) -> bool:
         """Position at the first key >= ``key``."""
-        return self._load(self._cur.set_range(bytes(key)))
+        return self._move(self._cur.set_range, bytes(key))
 
     def next(self) -> bool:
-        return self._load(self._cur.next())
+        return self._move(self._cur.next)
 
     def close(self) -> None:
         if self._txn is not None:
@@ -269,26 +343,28 @@ class LMDB(_DB):
         def opener():
             try:
                 if mode == "r":
-                    return lmdb.open(path, subdir=subdir, readonly=True, lock=False)
+                    data_path = os.path.join(path, "data.mdb") if subdir else path
+                    if subdir and not os.path.exists(data_path):
+                        raise DBError(f"{path}: not an LMDB (the folder has no data.mdb)")
+                    # A map no larger than the file: LMDB then refuses pages past it (see the module's doc).
+                    size = check_lmdb_data_file(data_path, path)
+                    return lmdb.open(path, subdir=subdir, readonly=True, lock=False, map_size=size)
                 return lmdb.open(path, subdir=subdir, map_size=self.INITIAL_MAP_SIZE, create=True)
             except lmdb.Error as exc:
-                raise DBError(f"{path}: cannot open LMDB ({exc})") from None
+                raise DBError(f"{path}: cannot open LMDB ({type(exc).__name__}: {exc})") from None
 
         self._env = self._acquire(mode == "r", opener)
 
     def __len__(self) -> int:
-        return int(self._env.stat()["entries"])
+        with _lmdb_errors(self.path, "counting records"):
+            return int(self._env.stat()["entries"])
 
     def get(self, key: bytes) -> bytes | None:
-        with self._env.begin(write=False, buffers=False) as txn:
+        with _lmdb_errors(self.path, "reading"), self._env.begin(write=False, buffers=False) as txn:
             return txn.get(bytes(key))
 
     def cursor(self) -> _LmdbCursor:
-        lmdb = _lmdb()
-        try:
-            return _LmdbCursor(self)
-        except lmdb.Error as exc:
-            raise DBError(f"{self.path}: cannot read LMDB ({exc})") from None
+        return _LmdbCursor(self)
 
     def _write(self, items) -> None:
         lmdb = _lmdb()

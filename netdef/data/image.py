@@ -19,6 +19,7 @@ import re
 
 import numpy as np
 
+from ..files import IMAGE_FILE_LIMIT, TEXT_LIST_LIMIT, InputFileError, read_input_file
 from .errors import DataError
 
 
@@ -123,10 +124,9 @@ def read_image(path, height: int = 0, width: int = 0, is_color: bool = True) -> 
     grey channel), resized to height x width with bilinear interpolation when both are > 0."""
     path = os.fspath(path)
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except OSError as exc:
-        raise ImageError(f"could not open or find file {path} ({exc.strerror or exc})") from None
+        raw = read_input_file(path, "image", IMAGE_FILE_LIMIT)
+    except InputFileError as exc:
+        raise ImageError(str(exc)) from None
     img = decode_image(raw, color=bool(is_color), name=path)
     if height > 0 and width > 0:
         img = resize(img, height, width)
@@ -229,10 +229,14 @@ def read_image_list(path) -> list[tuple[str, int]]:
     """A Caffe image list file: "path label" per line, split at the LAST space (names may hold
     spaces); the label is read as C's atoi does. Blank lines are skipped."""
     out = []
-    with open(os.fspath(path), encoding="utf-8") as handle:
-        for line in handle.read().splitlines():
-            if not line.strip():
-                continue
-            cut = line.rfind(" ")
-            out.append((line[:cut] if cut >= 0 else line, _atoi(line[cut + 1:])))
+    raw = read_input_file(path, "image list", TEXT_LIST_LIMIT)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"image list {os.fspath(path)}: not UTF-8 text (at byte {exc.start})") from None
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        cut = line.rfind(" ")
+        out.append((line[:cut] if cut >= 0 else line, _atoi(line[cut + 1:])))
     return out

@@ -14,6 +14,8 @@ Parameter defaults live in the schema (``netdef.proto``), never in layer code. p
 """
 from __future__ import annotations
 
+import difflib
+
 from ..blob import Blob
 from ..proto import netdef_pb2 as pb
 
@@ -49,13 +51,19 @@ def register_layer(type_name: str):
 
 
 def layer_class(type_name: str) -> type:
-    """The class registered for ``type_name``; a KeyError that lists the known types otherwise."""
+    """The class registered for ``type_name``; a KeyError that suggests the nearest known types (or lists
+    them all when none is near) otherwise."""
     _load_builtin_layers()
     try:
         return _REGISTRY[type_name]
     except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
-        raise KeyError(f"unknown layer type {type_name!r} (known types: {known})") from None
+        pass
+    by_lower = {name.lower(): name for name in _REGISTRY}
+    near = difflib.get_close_matches(type_name.lower(), list(by_lower), n=3, cutoff=0.6)
+    if near:
+        suggestion = " or ".join(repr(by_lower[n]) for n in near)
+        raise KeyError(f"unknown layer type {type_name!r} (did you mean {suggestion}?)")
+    raise KeyError(f"unknown layer type {type_name!r} (known types: {', '.join(sorted(_REGISTRY))})")
 
 
 def registered_types() -> list[str]:
@@ -85,6 +93,9 @@ class Layer:
     is_loss = False
     #: Whether the net may create missing tops automatically (Caffe's AutoTopBlobs).
     auto_top_blobs = False
+    #: A factory that imports a user's module (the Python layer): the net passes it its
+    #: PythonLayerPolicy as a second argument, so that a definition never runs code the user refused.
+    runs_user_code = False
 
     def __init__(self, layer_param: pb.LayerParameter | None = None):
         self.layer_param = layer_param if layer_param is not None else pb.LayerParameter()

@@ -26,6 +26,7 @@ import atexit
 import base64
 import json
 import os
+import stat
 import queue
 import threading
 import weakref
@@ -35,9 +36,10 @@ import numpy as np
 from .. import backend
 from ..data.datum import datum_to_array, parse_datum
 from ..data.db import open_db
-from ..data.errors import DataError
+from ..data.errors import HDF5_EXTENSIONS, IMAGE_EXTENSIONS, DataError, listed_name
 from ..data.image import read_image, read_image_list
 from ..data.transform import DataTransformer
+from ..files import TEXT_LIST_LIMIT, InputFileError, check_input_file, read_input_file
 from ..proto import netdef_pb2 as pb
 from ..threads import yield_cores_to_compute
 from .base import Layer, LayerError, register_layer
@@ -477,8 +479,8 @@ class ImageDataLayer(DataSourceLayer):
             raise self.error("new_height and new_width must be set at the same time")
         try:
             entries = read_image_list(source)
-        except OSError as exc:
-            raise self.error(f"cannot open image list {p.source!r} ({exc.strerror or exc})") from None
+        except InputFileError as exc:
+            raise self.error(f"cannot open {exc}") from None
         names = [name for name, _ in entries]
         labels = [label for _, label in entries]
         if not names:
@@ -508,7 +510,11 @@ class ImageDataLayer(DataSourceLayer):
         try:
             return read_image(path, p.new_height, p.new_width, p.is_color)
         except DataError as exc:
-            raise DataError(f"{exc} (line {int(i) + 1} of {self.source_name})") from None
+            where = f"line {int(i) + 1} of {self.source_name}"
+            if listed_name(self.names[int(i)], IMAGE_EXTENSIONS) is None:
+                raise DataError(f"{where}: not a readable image's name (an image list holds 'path/image.png "
+                                f"label' lines)") from None
+            raise DataError(f"{exc} ({where})") from None
 
     def start_position(self):
         p = self.layer_param.image_data_param
@@ -587,10 +593,11 @@ class HDF5DataLayer(DataSourceLayer):
         self.batch_size = int(p.batch_size)
         self.datasets = list(self.layer_param.top)
         try:
-            with open(source, encoding="utf-8") as handle:
-                files = handle.read().split()
-        except OSError as exc:
-            raise self.error(f"failed to open source file {p.source!r} ({exc.strerror or exc})") from None
+            files = read_input_file(source, "HDF5Data source list", TEXT_LIST_LIMIT).decode("utf-8").split()
+        except InputFileError as exc:
+            raise self.error(f"failed to open {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise self.error(f"HDF5Data source list {source}: not UTF-8 text (at byte {exc.start})") from None
         if not files:
             raise self.error(f"must have at least 1 HDF5 filename listed in {p.source}")
         base = os.path.dirname(p.source)
@@ -602,8 +609,12 @@ class HDF5DataLayer(DataSourceLayer):
                 f = os.path.join(base, f)
             self.files.append(f)
         rows, shapes = [], None
-        for f in self.files:
+        for line, f in enumerate(self.files, 1):
+            if not os.path.exists(f) and listed_name(f, HDF5_EXTENSIONS) is None:
+                raise self.error(f"entry {line} of {source}: no such file, nor an HDF5 file's name (the source "
+                                 f"list holds one path/file.h5 per line)")
             try:
+                check_input_file(f, "HDF5 file")
                 with h5py.File(f, "r") as h5:
                     file_rows, file_shapes = None, []
                     for name in self.datasets:
@@ -648,9 +659,10 @@ class HDF5DataLayer(DataSourceLayer):
             h5py = _h5py()
             path = self.files[fi]
             try:
+                check_input_file(path, "HDF5 file")
                 with h5py.File(path, "r") as h5:
                     arrays = [np.asarray(h5[name][...], dtype=self.dtype) for name in self.datasets]
-            except (OSError, KeyError) as exc:
+            except (OSError, KeyError, InputFileError) as exc:
                 raise DataError(f"failed reading HDF5 file {path} ({exc})") from None
             self._cache = (fi, arrays)
         return self._cache[1]
@@ -696,25 +708,53 @@ class HDF5OutputLayer(Layer):
     bottom[0]: N x C x H x W, stored as dataset "data" (num x channels x height x width, Caffe's
                legacy 4-axis shape).
     bottom[1]: N x ..., stored as dataset "label" (also as num x channels x height x width).
-    The file is created (truncated) at setup. Each forward appends its N rows to both datasets;
-    Caffe writes one batch only (a second forward fails there), so a one-batch run gives Caffe's
-    file. No tops; no backward.
+    No tops; no backward. Each forward appends its N rows to both datasets; Caffe writes one batch
+    only (a second forward fails there), so a one-batch run gives Caffe's file.
+
+    A definition from elsewhere must not destroy the user's files, so unlike Caffe (which truncates the
+    file at setup) nothing is written until the first forward, and an existing file is replaced only
+    when it is an HDF5 file that this layer wrote (it carries the root attribute ``netdef_hdf5_output``)
+    or is empty. Anything else (a non-HDF5 file, someone's HDF5 data set, a FIFO or device) is refused
+    at setup, naming the file: the user removes it or chooses another ``file_name``.
     """
 
     exact_num_bottom = 2
     exact_num_top = 0
+    #: Root attribute of the files this layer writes: the mark that lets a later run replace them.
+    OUTPUT_MARK = "netdef_hdf5_output"
 
     def setup(self, bottom, top):
-        h5py = _h5py()
         self.file_name = self.layer_param.hdf5_output_param.file_name
         if not self.file_name:
             raise self.error("hdf5_output_param.file_name is empty")
-        try:
-            with h5py.File(self.file_name, "w"):
-                pass
-        except OSError as exc:
-            raise self.error(f"failed to open HDF5 file {self.file_name} ({exc})") from None
+        self._check_replaceable()
         self.rows_written = 0
+
+    def _check_replaceable(self) -> None:
+        """Raise unless ``file_name`` is absent, empty, or an HDF5 file that this layer wrote."""
+        path = self.file_name
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise self.error(f"cannot check the output file {path} before writing it ({exc.strerror})") from None
+        refusal = f"refusing to replace {path}: it exists and is "
+        remedy = "; remove it or choose another hdf5_output_param.file_name"
+        if not stat.S_ISREG(info.st_mode):
+            raise self.error(refusal + "not a regular file" + remedy)
+        if info.st_size == 0:
+            return
+        h5py = _h5py()
+        if not h5py.is_hdf5(path):
+            raise self.error(refusal + "not an HDF5 file" + remedy)
+        try:
+            with h5py.File(path, "r") as h5:
+                marked = bool(h5.attrs.get(self.OUTPUT_MARK, False))
+        except OSError as exc:
+            raise self.error(refusal + f"an HDF5 file that cannot be opened ({exc})" + remedy) from None
+        if not marked:
+            raise self.error(refusal + "an HDF5 file that netdef's HDF5Output did not write (a data set?)" + remedy)
 
     def reshape(self, bottom, top):
         """Nothing: no tops."""
@@ -729,8 +769,11 @@ class HDF5OutputLayer(Layer):
         for name, blob in (("data", data_blob), ("label", label_blob)):
             legacy = (blob.num, blob.channels, blob.height, blob.width)
             arrays[name] = np.asarray(backend.to_host(blob.data)).reshape(legacy)
+        if self.rows_written == 0:
+            self._check_replaceable()  # again: the file may have appeared since setup
         try:
-            with h5py.File(self.file_name, "a") as h5:
+            with h5py.File(self.file_name, "w" if self.rows_written == 0 else "a") as h5:
+                h5.attrs[self.OUTPUT_MARK] = 1
                 for name, arr in arrays.items():
                     if name not in h5:
                         h5.create_dataset(name, data=arr, maxshape=(None,) + arr.shape[1:], chunks=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import backend
+from ..files import PROTOBUF_LIMIT, read_input_file
 from ..proto import netdef_pb2 as pb
 from .base import Layer, register_layer
 
@@ -378,8 +379,7 @@ class MultinomialLogisticLossLayer(LossLayer):
 def read_blob_proto(path: str) -> np.ndarray:
     """A binary BlobProto file as a float64 array of its shape (legacy num/channels/height/width too)."""
     blob = pb.BlobProto()
-    with open(path, "rb") as f:
-        blob.ParseFromString(f.read())
+    blob.ParseFromString(read_input_file(path, "infogain matrix file", PROTOBUF_LIMIT))
     values = np.asarray(blob.double_data if len(blob.double_data) else blob.data, dtype=np.float64)
     if blob.HasField("shape"):
         shape = tuple(int(d) for d in blob.shape.dim)

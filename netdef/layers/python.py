@@ -2,20 +2,59 @@
 
     layer { type: "Python" python_param { module: "my_layers" layer: "MyLayer" param_str: "..." } }
 
-imports ``my_layers`` (from ``sys.path``, plus the current working directory, which Caffe's embedded
-interpreter also searches) and builds ``my_layers.MyLayer(layer_param)``. The class subclasses
+imports ``my_layers`` and builds ``my_layers.MyLayer(layer_param)``. The class subclasses
 ``netdef.Layer`` and implements setup/reshape/forward/backward, so a pycaffe layer works after
 replacing ``caffe`` by ``netdef``. Before ``setup`` the instance has ``param_str`` and ``phase``, and
 ``self.blobs.add_blob(*shape)`` adds a learnable blob, as in pycaffe.
+
+Trust model. Importing a module runs its code, so a model file from elsewhere must not choose what
+runs. A Python layer's module comes only from Python's own import path (PYTHONPATH, installed
+packages) and from folders the user names (``Net(python_path=...)``, ``NETDEF_PYTHON_PATH``,
+``netdef --python_path``), never implicitly from the working directory (Caffe's embedded interpreter
+searched it; netdef used to add it, which let ``netdef test`` on a downloaded model run a module lying
+beside it). ``python_layers="deny"`` (``NETDEF_PYTHON_LAYERS=deny``, ``--python_layers=deny``) refuses
+every Python layer before anything is imported. The log names the file each module was loaded from.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import logging
 import os
 import sys
 
 from ..blob import Blob
 from .base import Layer, LayerError, register_layer
+
+log = logging.getLogger("netdef")
+
+#: "allow" (the default) or "deny": whether nets may import Python layers' modules.
+PYTHON_LAYERS_ENV = "NETDEF_PYTHON_LAYERS"
+#: Folders (os.pathsep-separated) searched for Python layers' modules before sys.path.
+PYTHON_PATH_ENV = "NETDEF_PYTHON_PATH"
+_CHOICES = ("allow", "deny")
+
+
+@dataclasses.dataclass(frozen=True)
+class PythonLayerPolicy:
+    """Whether a net may import Python layers' modules, and the extra folders they may come from."""
+
+    allow: bool = True
+    folders: tuple[str, ...] = ()
+
+    @classmethod
+    def resolve(cls, python_layers: str | None = None, python_path=()) -> "PythonLayerPolicy":
+        """``python_layers`` ("allow"/"deny") where given, else ``NETDEF_PYTHON_LAYERS``, else allow;
+        the folders of ``NETDEF_PYTHON_PATH`` followed by ``python_path`` (one folder or several)."""
+        choice = python_layers if python_layers is not None else os.environ.get(PYTHON_LAYERS_ENV, "") or "allow"
+        if choice not in _CHOICES:
+            source = "python_layers" if python_layers is not None else PYTHON_LAYERS_ENV
+            raise ValueError(f"{source} must be 'allow' or 'deny', not {choice!r}")
+        if isinstance(python_path, (str, os.PathLike)):
+            python_path = [python_path]
+        from_env = [f for f in os.environ.get(PYTHON_PATH_ENV, "").split(os.pathsep) if f]
+        folders = tuple(os.path.abspath(os.fspath(f)) for f in [*from_env, *python_path])
+        return cls(allow=choice == "allow", folders=folders)
 
 
 class BlobVec(list):
@@ -28,11 +67,12 @@ class BlobVec(list):
         return blob
 
 
-def _import(module_name: str):
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path and "." not in sys.path:
-        # Appended, not prepended: the working directory must not shadow installed packages.
-        sys.path.append(cwd)
+def _import(module_name: str, folders: tuple[str, ...]):
+    # The named folders go in front of sys.path, exactly as PYTHONPATH would put them, so that a
+    # module can import its siblings; the user named them, so they are trusted for the process.
+    for folder in reversed(folders):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
     return importlib.import_module(module_name)
 
 
@@ -41,35 +81,51 @@ class PythonLayer(Layer):
     """Factory for ``type: "Python"``: constructing it returns an instance of the user's class named
     by ``python_param.module`` and ``python_param.layer`` (a ``netdef.Layer`` subclass); the shapes
     and semantics of its bottoms and tops are the user's. ``share_in_parallel`` is accepted and has
-    no effect (there is no multi-GPU training with shared Python layers here)."""
+    no effect (there is no multi-GPU training with shared Python layers here).
 
-    def __new__(cls, layer_param=None):
+    ``policy`` (a PythonLayerPolicy; default: from the environment) says whether the module may be
+    imported at all and which folders besides sys.path hold it."""
+
+    runs_user_code = True
+
+    def __new__(cls, layer_param=None, policy: PythonLayerPolicy | None = None):
         if layer_param is None:
             raise LayerError("a Python layer needs its LayerParameter (python_param.module and .layer)")
+        if policy is None:
+            policy = PythonLayerPolicy.resolve()
         name = layer_param.name
         param = layer_param.python_param
         where = f"layer {name!r} (Python)"
+
+        def error(detail: str) -> LayerError:
+            return LayerError(f"{where}: {detail}", detail=detail)
+
         if not param.module or not param.layer:
-            raise LayerError(f"{where}: python_param.module and python_param.layer must both be set")
+            raise error("python_param.module and python_param.layer must both be set")
+        if not policy.allow:
+            raise error(f"refused to import module {param.module!r}: Python layers are denied "
+                        f"(--python_layers=deny or {PYTHON_LAYERS_ENV}=deny)")
         try:
-            module = _import(param.module)
+            module = _import(param.module, policy.folders)
         except ModuleNotFoundError as exc:
             if exc.name is not None and param.module.split(".")[0] != exc.name.split(".")[0]:
-                raise LayerError(f"{where}: module {param.module!r} failed to import: {exc}") from exc
-            raise LayerError(f"{where}: cannot find python_param.module {param.module!r} on sys.path "
-                             f"or in the working directory {os.getcwd()!r}") from exc
+                raise error(f"module {param.module!r} failed to import: {exc}") from exc
+            searched = f"the folders {list(policy.folders)} and sys.path" if policy.folders else "sys.path"
+            raise error(f"cannot find python_param.module {param.module!r} in {searched}; the working "
+                        f"directory is not searched: name the module's folder with --python_path DIR, "
+                        f"{PYTHON_PATH_ENV} or Net(python_path=...)") from exc
         except Exception as exc:
-            raise LayerError(f"{where}: importing module {param.module!r} failed: "
-                             f"{type(exc).__name__}: {exc}") from exc
+            raise error(f"importing module {param.module!r} failed: {type(exc).__name__}: {exc}") from exc
+        origin = getattr(module, "__file__", None) or "a module without a file"
         user_cls = getattr(module, param.layer, None)
         if user_cls is None:
-            raise LayerError(f"{where}: module {param.module!r} ({getattr(module, '__file__', '?')}) "
-                             f"has no class {param.layer!r}")
+            raise error(f"module {param.module!r} ({origin}) has no class {param.layer!r}")
         if not (isinstance(user_cls, type) and issubclass(user_cls, Layer)):
-            raise LayerError(f"{where}: {param.module}.{param.layer} is not a subclass of netdef.Layer "
-                             f"(write `class {param.layer}(netdef.Layer)`)")
+            raise error(f"{param.module}.{param.layer} is not a subclass of netdef.Layer "
+                        f"(write `class {param.layer}(netdef.Layer)`)")
         if issubclass(user_cls, PythonLayer):
-            raise LayerError(f"{where}: {param.module}.{param.layer} must subclass netdef.Layer, not the Python factory")
+            raise error(f"{param.module}.{param.layer} must subclass netdef.Layer, not the Python factory")
+        log.info("Python layer %s: %s.%s from %s", name, param.module, param.layer, origin)
         instance = user_cls(layer_param)
         # The base constructor already read param_str and phase; pycaffe also offers add_blob.
         if not isinstance(instance.blobs, BlobVec):

@@ -11,7 +11,7 @@ import pathlib
 from google.protobuf import message as _message
 from google.protobuf import text_format
 
-from ..files import write_bytes_atomically
+from ..files import PROTOBUF_LIMIT, InputFileError, read_input_file, write_bytes_atomically
 from . import netdef_pb2 as pb
 
 
@@ -31,9 +31,9 @@ def _source_text(source) -> tuple[str, str]:
     if isinstance(source, os.PathLike) or (isinstance(source, str) and not looks_like_text_message(source)):
         path = pathlib.Path(source)
         try:
-            return path.read_text(encoding="utf-8"), str(path)
-        except FileNotFoundError:
-            raise ProtoFileError(f"{path}: no such file") from None
+            return read_input_file(path, "prototxt", PROTOBUF_LIMIT).decode("utf-8"), str(path)
+        except InputFileError as exc:
+            raise ProtoFileError(str(exc)) from None
         except UnicodeDecodeError as exc:
             raise ProtoFileError(f"{path}: not a text prototxt ({exc}); is it a binary file?") from None
     return source, "<prototxt string>"
@@ -79,9 +79,9 @@ def read_binary(path, message_type):
     """A ``message_type`` read from a binary protobuf file (``.caffemodel``, ``.binaryproto``...)."""
     path = pathlib.Path(path)
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ProtoFileError(f"{path}: no such file") from None
+        data = read_input_file(path, f"binary {message_type.__name__} file", PROTOBUF_LIMIT)
+    except InputFileError as exc:
+        raise ProtoFileError(str(exc)) from None
     message = message_type()
     try:
         message.ParseFromString(data)

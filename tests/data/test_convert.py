@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 import gzip
 import http.server
+import re
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -123,15 +125,17 @@ def test_convert_imageset_resize_gray_reencode_shuffle(tmp_path):
     assert sorted(k[9:] for k in keys) == [f"img{i:03d}.png" for i in range(5)]
 
 
-def test_convert_imageset_skips_unreadable_and_checks_size(tmp_path):
+def test_convert_imageset_skips_unreadable_and_checks_size(tmp_path, caplog):
     rng = np.random.default_rng(1)
     lst = write_images(tmp_path / "imgs", [rng.integers(0, 256, (4, 4, 3), dtype=np.uint8),
                                            rng.integers(0, 256, (5, 4, 3), dtype=np.uint8)])
     with open(lst, "a") as handle:
         handle.write("missing.png 1\n")
     root = str(tmp_path / "imgs") + "/"
-    with pytest.warns(UserWarning, match="missing.png"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a logged message, not a Python warning
         assert C.convert_imageset(root, lst, tmp_path / "a") == 2
+    assert re.search(rf"Skipping line 3 of {re.escape(str(lst))}: image .*missing.png: no such file", caplog.text)
     with pytest.raises(DataError, match="incorrect data field size"):
         C.convert_imageset(root, lst, tmp_path / "b", check_size=True)
 

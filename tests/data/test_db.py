@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import pathlib
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -101,3 +105,74 @@ def test_leveldb_round_trip_or_clear_error(tmp_path):
         assert cur.seek(b"00000001") and cur.value == b"v1"
         assert not cur.seek(b"00000001x")
     db.close()
+
+
+# ------------------------------------------------------------------------------ damaged LMDB files
+# Each case is read in a subprocess: a page read past the end of a mapped file is SIGBUS, which would
+# kill the test run itself; a clean refusal exits with status 3 after printing the DBError.
+READ_WHOLE_DB = """
+import sys
+from netdef.data.db import DBError, open_db
+try:
+    db = open_db(sys.argv[1])
+    print(len(db), sum(len(value) for _, value in db.items()))
+except DBError as exc:
+    print(f"DBError: {exc}")
+    sys.exit(3)
+"""
+
+
+def damaged_lmdb(tmp_path, damage) -> pathlib.Path:
+    """An LMDB of 300 records of 1000 bytes (about 100 pages), then ``damage(data.mdb path, size)``."""
+    rng = np.random.default_rng(5)
+    path = write_lmdb(tmp_path / "db", {b"%08d" % i: rng.bytes(1000) for i in range(300)})
+    data = path / "data.mdb"
+    damage(data, data.stat().st_size)
+    return path
+
+
+def read_in_subprocess(path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", READ_WHOLE_DB, str(path)], capture_output=True, text=True,
+                          timeout=60)
+
+
+def overwrite(data, offset: int, payload: bytes) -> None:
+    with open(data, "r+b") as handle:
+        handle.seek(offset)
+        handle.write(payload)
+
+
+DAMAGES = {
+    "truncated to a third": (lambda data, size: os.truncate(data, size // 3),
+                             r"meta page 1 says pages up to \d+ of \d+ bytes are in use .*truncated\?"),
+    "first meta page overwritten": (lambda data, size: overwrite(data, 0, b"\xff" * 64),
+                                    "meta page 0 lacks LMDB's signature"),
+    "not whole pages": (lambda data, size: overwrite(data, size, b"abc"),
+                        r"is not a whole number of \d+-byte pages"),
+    "shorter than a meta page": (lambda data, size: os.truncate(data, 100), "smaller than its meta pages"),
+    "garbage in the middle": (lambda data, size: overwrite(data, 40 * 4096, np.random.default_rng(1).bytes(40960)),
+                              r"LMDB .*db: reading failed: (CorruptedError|PageNotFoundError|BadValsizeError)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGES))
+def test_damaged_lmdb_is_a_clear_error_not_a_signal(tmp_path, case):
+    damage, message = DAMAGES[case]
+    path = damaged_lmdb(tmp_path, damage)
+    done = read_in_subprocess(path)
+    assert done.returncode == 3, f"exit status {done.returncode} (negative: killed by a signal)\n{done.stderr}"
+    assert re.search(message, done.stdout), done.stdout
+    assert str(path) in done.stdout
+
+
+def test_intact_lmdb_reads_whole_in_a_subprocess(tmp_path):
+    done = read_in_subprocess(damaged_lmdb(tmp_path, lambda data, size: None))
+    assert done.returncode == 0 and done.stdout.split() == ["300", "300000"]
+
+
+def test_lmdb_data_file_that_is_a_fifo_is_refused(tmp_path):
+    folder = tmp_path / "fifo_lmdb"
+    folder.mkdir()
+    os.mkfifo(folder / "data.mdb")
+    with pytest.raises(DBError, match=r"LMDB .*fifo_lmdb: LMDB data file .*data.mdb: is a FIFO"):
+        open_db(folder)

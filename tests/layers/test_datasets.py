@@ -3,6 +3,8 @@ against the Caffe-made LMDBs, transforms, prefetching and its errors, sharding, 
 from __future__ import annotations
 
 import gc
+import os
+import re
 import time
 
 import numpy as np
@@ -425,6 +427,70 @@ def test_hdf5_output_then_hdf5_data_round_trip(tmp_path):
     np.testing.assert_array_equal(reader.blobs["label"].data.reshape(8), np.concatenate([y1, y2]))
 
 
+def hdf5_output_net(out):
+    return netdef.Net(f'''
+        layer {{ name: "in" type: "Input" top: "data" top: "label"
+                 input_param {{ shape {{ dim: 2 dim: 3 }} shape {{ dim: 2 }} }} }}
+        layer {{ name: "out" type: "HDF5Output" bottom: "data" bottom: "label"
+                 hdf5_output_param {{ file_name: "{out}" }} }}''', netdef.TEST)
+
+
+def test_hdf5_output_writes_nothing_until_the_first_forward(tmp_path):
+    out = tmp_path / "features.h5"
+    net = hdf5_output_net(out)
+    assert not out.exists()
+    net.forward(data=np.ones((2, 3), np.float32), label=np.zeros(2, np.float32))
+    assert out.exists()
+
+
+def test_hdf5_output_replaces_only_its_own_files(tmp_path):
+    import h5py
+
+    out = tmp_path / "features.h5"
+    hdf5_output_net(out).forward(data=np.ones((2, 3), np.float32), label=np.zeros(2, np.float32))
+    before = out.read_bytes()
+    second = hdf5_output_net(out)  # building the net leaves the earlier output as it was
+    assert out.read_bytes() == before
+    second.forward(data=np.full((2, 3), 7, np.float32), label=np.ones(2, np.float32))
+    with h5py.File(out, "r") as h5:
+        np.testing.assert_array_equal(h5["data"][...].reshape(2, 3), np.full((2, 3), 7))  # replaced, not appended
+
+
+@pytest.mark.parametrize("kind", ["text file", "foreign HDF5", "fifo"])
+def test_hdf5_output_refuses_to_destroy_other_files(tmp_path, kind):
+    import h5py
+
+    target = tmp_path / "precious"
+    if kind == "text file":
+        target.write_text("my notes\n")
+        reason = "not an HDF5 file"
+    elif kind == "foreign HDF5":
+        write_h5_files(tmp_path / "h5", [3])
+        target = tmp_path / "h5" / "part0.h5"
+        reason = "an HDF5 file that netdef's HDF5Output did not write"
+    else:
+        os.mkfifo(target)
+        reason = "not a regular file"
+    before = None if kind == "fifo" else target.read_bytes()
+    with pytest.raises(netdef.NetError, match=rf"layer 'out' \(HDF5Output\).*refusing to replace {target}: it exists "
+                                              rf"and is {re.escape(reason)}.*remove it or choose another"):
+        hdf5_output_net(target)
+    if before is not None:
+        assert target.read_bytes() == before
+    if kind == "foreign HDF5":
+        with h5py.File(target, "r") as h5:
+            assert h5["data"].shape[0] == 3
+
+
+def test_hdf5_output_rechecks_at_the_first_forward(tmp_path):
+    out = tmp_path / "late.txt"
+    net = hdf5_output_net(out)
+    out.write_text("appeared after setup\n")
+    with pytest.raises(netdef.LayerError, match="not an HDF5 file"):
+        net.forward(data=np.ones((2, 3), np.float32), label=np.zeros(2, np.float32))
+    assert out.read_text() == "appeared after setup\n"
+
+
 def test_hdf5_errors(tmp_path):
     import h5py
 
@@ -458,3 +524,30 @@ def test_data_reads_leveldb_when_plyvel_is_there(tmp_path):
     for net in (train, test):
         np.testing.assert_array_equal(epoch_labels(net, 2), [0, 1, 2, 3, 4, 0])
     np.testing.assert_array_equal(train.blobs["data"].data[0, 0], [[12, 13], [14, 15]])
+
+
+# --------------------------------------------------------------- other files' contents stay out
+SECRET = "root:x:0:0:secret-token:/root:/bin/bash"
+
+
+@pytest.mark.parametrize("layer", ["ImageData", "HDF5Data"])
+def test_a_list_that_is_not_a_list_is_not_quoted(tmp_path, layer):
+    """source may name any file (a model from elsewhere: /etc/passwd): its lines must not reach the message."""
+    other = tmp_path / "passwd"
+    other.write_text(SECRET + "\n" + SECRET.replace("root", "daemon") + "\n")
+    param = ("image_data_param" if layer == "ImageData" else "hdf5_data_param")
+    with pytest.raises(netdef.NetError) as info:
+        netdef.Net(f'''layer {{ name: "src" type: "{layer}" top: "data" top: "label"
+                   {param} {{ source: "{other}" batch_size: 1 }} }}''', netdef.TRAIN)
+    message = str(info.value)
+    assert "secret-token" not in message and "/bin/bash" not in message
+    assert re.search(rf"(line|entry) 1 of {re.escape(str(other))}", message)
+
+
+def test_a_missing_image_with_an_image_name_is_still_named(tmp_path):
+    lst = write_images(tmp_path / "imgs", [np.zeros((3, 3), np.uint8)])
+    with open(lst, "a") as handle:
+        handle.write("gone.png 0\n")
+    net = image_net(lst, 2, f'root_folder: "{tmp_path / "imgs"}/"')
+    with pytest.raises(netdef.LayerError, match=r"gone\.png: no such file \(line 2 of"):
+        net.forward()

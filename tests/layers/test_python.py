@@ -1,7 +1,9 @@
-"""The "Python" layer type: user modules written into tmp_path, found through the working directory."""
+"""The "Python" layer type: user modules written into tmp_path, found through the folders the user names
+(NETDEF_PYTHON_PATH, Net(python_path=...)), never through the working directory; the deny policy."""
 from __future__ import annotations
 
 import itertools
+import logging
 import sys
 import textwrap
 
@@ -10,6 +12,7 @@ import pytest
 
 from netdef.blob import Blob
 from netdef.layers import python as python_module  # noqa: F401  (registers the type)
+from netdef.net import Net, NetError
 from netdef.layers.base import TEST, TRAIN, Layer, LayerError, layer_class
 from tests.helpers import build, check_gradients, default_dtype, make_layer, parse_layer
 
@@ -71,15 +74,32 @@ _names = itertools.count()
 
 
 @pytest.fixture
-def user_module(tmp_path, monkeypatch):
-    """Writes the user module into tmp_path under a fresh name and makes tmp_path the working
-    directory (the only place it can be found); sys.path and sys.modules are restored after."""
-    monkeypatch.chdir(tmp_path)
+def clean_import_state(monkeypatch):
+    """No trust settings from the caller's environment; sys.path restored after the test."""
+    monkeypatch.delenv(python_module.PYTHON_LAYERS_ENV, raising=False)
+    monkeypatch.delenv(python_module.PYTHON_PATH_ENV, raising=False)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".")])
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch, clean_import_state):
+    """Writes the user module into tmp_path/user under a fresh name, named to netdef by
+    NETDEF_PYTHON_PATH; sys.path and sys.modules are restored after."""
+    folder = tmp_path / "user"
+    folder.mkdir()
+    monkeypatch.setenv(python_module.PYTHON_PATH_ENV, str(folder))
     name = f"netdef_user_layers_{next(_names)}"
-    (tmp_path / f"{name}.py").write_text(USER_MODULE)
+    (folder / f"{name}.py").write_text(USER_MODULE)
     yield name
     sys.modules.pop(name, None)
+
+
+def module_in_working_directory(tmp_path, monkeypatch) -> str:
+    """A layer module lying in the working directory and nowhere else."""
+    name = f"netdef_cwd_layers_{next(_names)}"
+    (tmp_path / f"{name}.py").write_text(USER_MODULE)
+    monkeypatch.chdir(tmp_path)
+    return name
 
 
 def python_layer(module, cls, param_str=""):
@@ -149,6 +169,7 @@ def test_not_a_layer(user_module, cls):
 
 
 def test_broken_module_reports_its_error(tmp_path, user_module):
+    tmp_path = tmp_path / "user"
     (tmp_path / "netdef_broken_user_mod.py").write_text("import no_such_dependency_abc\n")
     try:
         with pytest.raises(LayerError, match=r"failed to import.*no_such_dependency_abc"):
@@ -166,17 +187,67 @@ def test_module_and_layer_required():
         make_layer(parse_layer('name: "py" type: "Python" python_param { module: "x" }'))
 
 
-def test_user_module_text_is_importable_as_a_package_module(tmp_path, monkeypatch):
-    """A dotted module path works too (sys.path entry for the package's parent)."""
+def test_user_module_text_is_importable_as_a_package_module(tmp_path, monkeypatch, clean_import_state):
+    """A dotted module path works too (the package's parent is the named folder)."""
     pkg = tmp_path / "netdef_user_pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "layers.py").write_text(textwrap.dedent(USER_MODULE))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv(python_module.PYTHON_PATH_ENV, str(tmp_path))
     try:
         layer = make_layer(python_layer("netdef_user_pkg.layers", "ScaleBy", "1"))
         assert type(layer).__name__ == "ScaleBy"
     finally:
         for name in ("netdef_user_pkg", "netdef_user_pkg.layers"):
             sys.modules.pop(name, None)
+
+
+# ------------------------------------------------------------------------------------ trust model
+def net_with_python_layer(module: str) -> str:
+    return ('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }\n'
+            f'layer {{ name: "py" type: "Python" bottom: "x" top: "y" python_param {{ module: "{module}" '
+            'layer: "ScaleBy" param_str: "2" } }\n')
+
+
+def test_working_directory_is_not_searched(tmp_path, monkeypatch, clean_import_state):
+    name = module_in_working_directory(tmp_path, monkeypatch)
+    with pytest.raises(LayerError, match=rf"cannot find python_param.module '{name}'.*working directory is not "
+                                         r"searched.*--python_path"):
+        make_layer(python_layer(name, "ScaleBy", "1"))
+    assert name not in sys.modules
+
+
+def test_net_python_path_argument_names_a_folder(tmp_path, monkeypatch, clean_import_state, caplog):
+    name = module_in_working_directory(tmp_path, monkeypatch)
+    try:
+        with caplog.at_level(logging.INFO, logger="netdef"):
+            net = Net(net_with_python_layer(name), "TEST", python_path=str(tmp_path))
+        assert type(net.layers[1]).__name__ == "ScaleBy"
+        assert f"Python layer py: {name}.ScaleBy from {tmp_path / (name + '.py')}" in caplog.text
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_deny_by_net_argument_refuses_before_importing(tmp_path, monkeypatch, clean_import_state):
+    name = module_in_working_directory(tmp_path, monkeypatch)
+    (tmp_path / f"{name}.py").write_text("raise SystemExit('this module must never run')\n")
+    with pytest.raises(NetError, match=rf"layer 'py' \(Python\): refused to import module '{name}': Python "
+                                       r"layers are denied"):
+        Net(net_with_python_layer(name), "TEST", python_layers="deny", python_path=str(tmp_path))
+    assert name not in sys.modules
+
+
+def test_deny_by_environment(user_module, monkeypatch):
+    monkeypatch.setenv(python_module.PYTHON_LAYERS_ENV, "deny")
+    with pytest.raises(LayerError, match="Python layers are denied"):
+        make_layer(python_layer(user_module, "ScaleBy", "1"))
+    assert user_module not in sys.modules
+    # The argument of Net is the caller's explicit choice and wins over the environment.
+    net = Net(net_with_python_layer(user_module), "TEST", python_layers="allow")
+    assert type(net.layers[1]).__name__ == "ScaleBy"
+
+
+def test_unknown_policy_value_is_refused(monkeypatch, clean_import_state):
+    monkeypatch.setenv(python_module.PYTHON_LAYERS_ENV, "sometimes")
+    with pytest.raises(ValueError, match="NETDEF_PYTHON_LAYERS must be 'allow' or 'deny', not 'sometimes'"):
+        Net(net_with_python_layer("x"), "TEST")

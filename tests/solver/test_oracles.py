@@ -12,7 +12,7 @@ from netdef.solver import LRPolicyError, get_solver, learning_rate
 from netdef.weights import proto_values
 from tests.helpers import CAFFE_REF, shared_path
 
-from .common import SOLVER_CASES, close_to_oracle, load_case, oracle_case_names, oracle_solver
+from .common import close_to_oracle, load_case, oracle_case_names, oracle_solver
 
 CASES = oracle_case_names()
 
@@ -85,7 +85,7 @@ def _caffe_snapshot_dir(case_name, fmt, tmp_path):
 def test_restore_caffe_snapshot(case_name, fmt, tmp_path, monkeypatch):
     """Caffe's four snapshot pairs read back as snapshot_expected.npz says, and steps 4..6 from
     there reproduce the uninterrupted Caffe run."""
-    expected = np.load(SOLVER_CASES / "snapshot_expected.npz")
+    expected = np.load(shared_path("fixtures", "caffe-ref", "solvers", "snapshot_expected.npz"))
     key = f"snap_{case_name}_{fmt}"
     case = load_case(case_name)
     _caffe_snapshot_dir(case_name, fmt, tmp_path)
