@@ -15,7 +15,7 @@ from .backend import (
     set_random_seed,
 )
 from .blob import Blob
-from .layers.base import TEST, TRAIN, Layer, LayerError, layer_class, register_layer, registered_types
+from .layers.base import TEST, TRAIN, DataSource, Layer, LayerError, layer_class, register_layer, registered_types
 from .net import Net, NetError
 from .solver import (
     AdaDeltaSolver,
@@ -33,7 +33,7 @@ from .weights import WeightsError
 # pycaffe spells the protobuf module caffe.proto.caffe_pb2; netdef.proto_pb2 is the same messages.
 __all__ = [
     "AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "NesterovSolver", "RMSPropSolver", "SGDSolver", "Solver",
-    "get_solver", "Blob", "Layer", "LayerError", "Net", "NetError", "TEST", "TRAIN", "WeightsError", "get_array_module",
+    "get_solver", "Blob", "DataSource", "Layer", "LayerError", "Net", "NetError", "TEST", "TRAIN", "WeightsError", "get_array_module",
     "layer_class", "proto_pb2", "register_layer", "registered_types", "set_device", "set_device_id",
     "set_mode_cpu", "set_mode_gpu", "set_random_seed",
 ]
