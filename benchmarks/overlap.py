@@ -168,9 +168,9 @@ def worker(spec_path: str) -> None:
             for r in range(spec["rounds"]):
                 for k in range(count):
                     i = (k + r) % count
-                    first = len(solvers[i].measurements.records)
+                    first = len(solvers[i].parallel.measurements.records)
                     solvers[i].step(spec["iters"])
-                    records = list(solvers[i].measurements.records)[first:]
+                    records = list(solvers[i].parallel.measurements.records)[first:]
                     results[spec["configs"][i]["name"]].extend(_record_dict(rec, r) for rec in records)
                 info["speed_probe_s"].append(_speed_probe())
         finally:

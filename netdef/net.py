@@ -19,7 +19,7 @@ import numpy as np
 
 from . import backend, weights as _weights
 from .blob import Blob
-from .layers.base import TEST, TRAIN, LayerError, layer_class
+from .layers.base import TEST, TRAIN, DataSource, LayerError, layer_class
 from .layers.data import MemoryDataLayer
 from .layers.python import PythonLayerPolicy
 from .proto import io as proto_io
@@ -438,6 +438,15 @@ class Net:
             for top_name, w in zip(layer.layer_param.top, self._loss_weights[li]):
                 out[top_name] = w
         return out
+
+    def data_sources(self) -> list:
+        """The layers that bring records in from outside the net (``DataSource``), in definition order."""
+        return [layer for layer in self.layers if isinstance(layer, DataSource)]
+
+    def layer_learnable_ids(self, layer_index: int) -> list[int]:
+        """The learnable parameters (indices into ``learnable_params``) that layer ``layer_index``
+        uses, shared ones included."""
+        return list(self._learnable_id_of[layer_index])
 
     def layer_index(self, name: str) -> int:
         try:

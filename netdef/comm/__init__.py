@@ -9,7 +9,8 @@ exchanging gradients during backprop. The pieces, each replaceable on its own:
 - ``progress``: who drives non-blocking exchanges forward (polling, a communication thread, MPI's
   own progress thread).
 - ``timeline``: per-iteration measurements and the Chrome trace.
-- ``distributed``: the solver integration (``create_solver``) and the failure guard.
+- ``data_parallel``: ``DataParallel``, the solver's parallel seam (``netdef.solver.parallel``) for N ranks.
+- ``distributed``: ``create_solver`` (a solver holding a DataParallel), options, the failure guard.
 
 Importing this package does not import mpi4py; ``create_communicator()`` does, and only when the
 process was launched as one of several.
@@ -21,13 +22,8 @@ from .communicator import (
     SingleProcessCommunicator,
     create_communicator,
 )
-from .distributed import (
-    DistributedSolver,
-    create_solver,
-    distributed_solver_class,
-    options_from,
-    run_guarded,
-)
+from .data_parallel import DataParallel
+from .distributed import create_solver, options_from, run_guarded
 from .exchange import (
     AllreduceExchange,
     ExchangeOptions,
@@ -40,8 +36,8 @@ from .launch import LaunchInfo, detect_launch
 from .timeline import Measurements, Timeline
 
 __all__ = [
-    "AllreduceExchange", "Communicator", "CommunicatorError", "DistributedSolver", "ExchangeOptions", "ExchangeRule",
+    "AllreduceExchange", "Communicator", "CommunicatorError", "DataParallel", "ExchangeOptions", "ExchangeRule",
     "LaunchInfo", "MPICommunicator", "Measurements", "SingleProcessCommunicator", "Timeline", "create_communicator",
-    "create_solver", "detect_launch", "distributed_solver_class", "exchange_class", "options_from",
+    "create_solver", "detect_launch", "exchange_class", "options_from",
     "register_exchange", "registered_exchanges", "run_guarded",
 ]

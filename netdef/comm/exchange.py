@@ -9,9 +9,14 @@ it has (ChainerMN's communicators are the model: each strategy overrides a few m
         rule.gradients_ready(ids)       from the net's backward hook, in the last of the iter_size
                                         passes, each time some parameters' gradients become final
         rule.backward_done()            after that pass's backward
-        rule.finish()                   before the update: the diffs must now hold what the update
-                                        rule should apply (the average over the ranks, for allreduce)
-        rule.after_update()             after the update (elastic averaging mixes parameters here)
+        rule.arrived(ids)               which of these parameters' diffs hold what the update rule
+                                        should apply (the average over the ranks, for allreduce)
+        rule.wait_for(ids)              block until those diffs do
+        rule.after_update()             after every blob's update (elastic averaging mixes parameters)
+
+The base rule answers ``arrived`` and ``wait_for`` by calling ``finish()`` once per iteration (wait
+for everything, then every gradient is there), which is all a rule that updates after the whole
+exchange needs to override.
     rule.close()
 
 Rules register by name (``exchange: "allreduce"`` in NetdefDistributedParameter, ``--exchange``)::
@@ -106,6 +111,7 @@ class ExchangeRule:
         self.options = options or ExchangeOptions()
         self.measurements = measurements or Measurements()
         self.clock = clock
+        self._finished = True
 
     def describe(self) -> str:
         """One line for the log."""
@@ -117,7 +123,7 @@ class ExchangeRule:
             self.comm.broadcast(blob.data, root=0)
 
     def begin_iteration(self, iteration: int) -> None:
-        pass
+        self._finished = False
 
     def gradients_ready(self, param_ids) -> None:
         """The gradients of ``self.params[i]`` for i in ``param_ids`` are final for this iteration."""
@@ -125,8 +131,26 @@ class ExchangeRule:
     def backward_done(self) -> None:
         pass
 
+    def arrived(self, param_ids) -> list[int]:
+        """Of ``param_ids``, those whose diffs the update may use now."""
+        self._finish_once()
+        return list(param_ids)
+
+    def wait_for(self, param_ids) -> None:
+        """Block until the diffs of ``param_ids`` may be used by the update."""
+        self._finish_once()
+
+    def iteration_finished(self) -> bool:
+        """Whether nothing of this iteration's exchange is outstanding any more."""
+        return self._finished
+
+    def _finish_once(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self.finish()
+
     def finish(self) -> None:
-        pass
+        """Wait for the whole exchange; the diffs then hold what the update should apply."""
 
     def after_update(self) -> None:
         pass
@@ -295,6 +319,7 @@ class AllreduceExchange(ExchangeRule):
 
     # ------------------------------------------------------------------------------ the iteration
     def begin_iteration(self, iteration: int) -> None:
+        super().begin_iteration(iteration)
         self._active = self.comm.size > 1
         self._order = []
         self._layers = []

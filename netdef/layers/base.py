@@ -170,3 +170,32 @@ class Layer:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+
+class DataSource(Layer):
+    """A layer that brings records into the net from outside it (a database, files, arrays). Beyond
+    the four methods it has three abilities the solver uses, each with a default that means "not
+    able"; a subclass overrides the ones it has (``Net.data_sources()`` lists a net's sources):
+
+    - ``set_shard(rank, num_ranks) -> bool``: read only this rank's share of the records from the
+      next batch on; True when the layer shards, False (the default) when every rank gets the same
+      batches (data parallelism warns about that once).
+    - ``data_state() -> bytes | None`` / ``restore_data_state(bytes)``: where the next batch starts,
+      so that a resumed run reads what an uninterrupted one would; None (the default) when there is
+      nothing to save.
+    - ``close()``: release threads and open files (the solver calls it when training ends).
+
+    A user's Python layer gets them by subclassing ``netdef.DataSource`` instead of ``netdef.Layer``.
+    """
+
+    def set_shard(self, rank: int, num_ranks: int) -> bool:
+        return False
+
+    def data_state(self) -> bytes | None:
+        return None
+
+    def restore_data_state(self, state: bytes) -> None:
+        raise self.error("restore_data_state: this data source saves no state, so it has none to restore")
+
+    def close(self) -> None:
+        """Default: nothing to release."""

@@ -12,7 +12,7 @@ import numpy as np
 from ..blob import Blob
 from ..fillers import fill
 from ..proto import netdef_pb2 as pb
-from .base import Layer, register_layer
+from .base import DataSource, Layer, register_layer
 
 
 def _shape(blob_shape) -> tuple:
@@ -108,7 +108,7 @@ class DummyDataLayer(Layer):
 
 # ---------------------------------------------------------------------------------------------- MemoryData
 @register_layer("MemoryData")
-class MemoryDataLayer(Layer):
+class MemoryDataLayer(DataSource):
     """Batches taken in turn from arrays handed over with ``set_input_arrays`` (pycaffe's
     ``net.set_input_arrays``).
 

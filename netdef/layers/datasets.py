@@ -41,8 +41,12 @@ from ..data.image import read_image, read_image_list
 from ..data.transform import DataTransformer
 from ..files import TEXT_LIST_LIMIT, InputFileError, check_input_file, read_input_file
 from ..proto import netdef_pb2 as pb
+<<<<<<< HEAD
 from ..threads import yield_cores_to_compute
 from .base import Layer, LayerError, register_layer
+=======
+from .base import DataSource, Layer, LayerError, register_layer
+>>>>>>> seam
 
 _STATE_MAGIC = b"netdef-data-state 1\n"
 
@@ -131,7 +135,7 @@ def _produce(ref, stop: threading.Event, out: queue.Queue) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- base
-class DataSourceLayer(Layer):
+class DataSourceLayer(DataSource):
     """Base of the layers that read batches from files, with prefetching, sharding and exact
     resumption (see the module docstring). Subclasses implement:
 
@@ -268,7 +272,7 @@ class DataSourceLayer(Layer):
             stop.set()
 
     # ------------------------------------------------------------------ sharding
-    def set_shard(self, rank: int, num_ranks: int) -> None:
+    def set_shard(self, rank: int, num_ranks: int) -> bool:
         """Read only the records i with i % num_ranks == rank from the next batch on (call it before
         the first forward). Prefetched batches are discarded."""
         rank, num_ranks = int(rank), int(num_ranks)
@@ -282,6 +286,7 @@ class DataSourceLayer(Layer):
         self._apply(snap)
         self._shard_set = True
         self._failure = None
+        return True
 
     # ------------------------------------------------------------------ resumption
     def data_state(self) -> bytes:

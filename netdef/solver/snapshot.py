@@ -15,7 +15,8 @@ Contents are Caffe's, field for field, so Caffe restores netdef's snapshots and 
 
 netdef adds what exact resumption needs, which Caffe ignores when reading: ``SolverState.netdef_state``
 (field 10000; in HDF5 the dataset ``netdef_state`` holding the same serialized message as opaque bytes)
-with the random generator's state and each data layer's ``data_state()``.
+with the random generator's state and each data source's ``data_state()``; a run of several ranks
+adds every rank's own (``rank_state``), so its snapshot is still one model file and one state file.
 
 Both files are first written completely to temporary files beside their targets, then renamed over
 them, model first and state second (``netdef.files``): a failed or interrupted snapshot leaves the earlier files as they
@@ -81,59 +82,84 @@ def _restore_rng(data: bytes, where: str) -> None:
     generator.bit_generator.state = state
 
 
-def _state_functions(layer):
-    """(save, restore) for a layer whose position must survive a snapshot, or None.
-
-    Layers say so themselves with ``data_state() -> bytes`` / ``restore_data_state(bytes)``.
-    """
-    save = getattr(layer, "data_state", None)
-    restore = getattr(layer, "restore_data_state", None)
-    if callable(save) and callable(restore):
-        return save, restore
-    return None
-
-
-def _data_layers(solver):
-    """(cursor key, layer) for every stateful data layer: the train net's by layer name, test net
-    ``i``'s as ``test<i>/<layer name>``."""
+def _data_sources(solver):
+    """(cursor key, layer) for every data source that saves a state: the train net's by layer
+    name, test net ``i``'s as ``test<i>/<layer name>``."""
     nets = [("", solver.net)] + [(f"test{i}/", net) for i, net in enumerate(solver.test_nets)]
     seen = set()
     for prefix, net in nets:
-        for layer in net.layers:
-            if id(layer) in seen:
-                continue
-            seen.add(id(layer))
-            if _state_functions(layer) is not None:
+        for layer in net.data_sources():
+            if id(layer) not in seen:
+                seen.add(id(layer))
                 yield prefix + layer.name, layer
 
 
-def netdef_state(solver) -> pb.NetdefSolverState:
-    state = pb.NetdefSolverState()
+def rank_state(solver) -> pb.NetdefRankState:
+    """This process's own resume state: its random generator and its data sources' positions."""
+    state = pb.NetdefRankState()
     state.rng_state = _rng_state_bytes()
-    state.smoothed_loss = float(solver.smoothed_loss)
-    state.loss_window.extend(float(v) for v in solver._losses)
-    state.loss_window_start = int(solver._loss_window_start)
-    for key, layer in _data_layers(solver):
-        save, _ = _state_functions(layer)
-        cursor = state.data_cursor.add()
-        cursor.layer = key
-        cursor.state = bytes(save())
+    for key, layer in _data_sources(solver):
+        saved = layer.data_state()
+        if saved is not None:
+            cursor = state.data_cursor.add()
+            cursor.layer = key
+            cursor.state = bytes(saved)
     return state
 
 
+def netdef_state(solver, rank_states: list[bytes]) -> pb.NetdefSolverState:
+    """netdef's part of the state file. ``rank_states``: every rank's serialized NetdefRankState
+    (one for a single process); the first also fills the top-level fields, which is all a single
+    process's snapshot has."""
+    state = pb.NetdefSolverState()
+    first = pb.NetdefRankState.FromString(rank_states[0])
+    state.rng_state = first.rng_state
+    state.data_cursor.extend(first.data_cursor)
+    state.smoothed_loss = float(solver.smoothed_loss)
+    state.loss_window.extend(float(v) for v in solver._losses)
+    state.loss_window_start = int(solver._loss_window_start)
+    if len(rank_states) > 1:
+        state.rank_state.extend(pb.NetdefRankState.FromString(s) for s in rank_states)
+    return state
+
+
+def _own_rank_state(solver, state: pb.NetdefSolverState, where: str) -> pb.NetdefRankState | None:
+    """The state this process resumes from, or None (with a warning) when the snapshot was written
+    by another number of processes: then each rank's data starts its new shard from the beginning."""
+    rank, size = solver.parallel.rank, solver.parallel.size
+    written_by = len(state.rank_state) or 1
+    if written_by == size:
+        if state.rank_state:
+            return state.rank_state[rank]
+        own = pb.NetdefRankState()
+        own.rng_state = state.rng_state
+        own.data_cursor.extend(state.data_cursor)
+        return own
+    if rank == 0:
+        logger.warning("%s was written by %d rank(s) and this run has %d: each rank's data layers start their new "
+                       "shard from the beginning", where, written_by, size)
+    return None
+
+
 def apply_netdef_state(solver, state: pb.NetdefSolverState, where: str) -> None:
-    if state.HasField("rng_state"):
-        _restore_rng(state.rng_state, where)
     if state.HasField("smoothed_loss"):
         solver.resume_loss_window(state.smoothed_loss, list(state.loss_window), state.loss_window_start)
-    layers = dict(_data_layers(solver))
-    for cursor in state.data_cursor:
+    own = _own_rank_state(solver, state, where)
+    if own is None:
+        if state.HasField("rng_state"):
+            _restore_rng(state.rng_state, where)
+        # Rank 0's random state is now everywhere; keep the ranks' streams apart.
+        backend.set_random_seed(int(backend.rng().integers(0, 2**31)) + solver.parallel.rank)
+        return
+    if own.HasField("rng_state"):
+        _restore_rng(own.rng_state, where)
+    layers = dict(_data_sources(solver))
+    for cursor in own.data_cursor:
         layer = layers.get(cursor.layer)
         if layer is None:
             logger.warning("%s: no data layer %r in the nets; its saved position is ignored", where, cursor.layer)
             continue
-        _, restore = _state_functions(layer)
-        restore(cursor.state)
+        layer.restore_data_state(cursor.state)
 
 
 # ============================================================================================ writing
@@ -167,17 +193,23 @@ def _h5_read_string(handle, name: str) -> str:
     return str(value).rstrip("\0")
 
 
-def write_snapshot(solver) -> tuple[str, str]:
-    """Write the model and the solver state for ``solver.iter``; returns (model path, state path)."""
+def snapshot_paths(param: pb.SolverParameter, iteration: int) -> tuple[str, str]:
+    """(model path, state path) of the snapshot at ``iteration``."""
+    return (snapshot_filename(param, iteration, model_extension(param)),
+            snapshot_filename(param, iteration, state_extension(param)))
+
+
+def write_snapshot(solver, rank_states: list[bytes]) -> tuple[str, str]:
+    """Write the model and the solver state for ``solver.iter``; returns (model path, state path).
+    ``rank_states``: every rank's serialized NetdefRankState (``rank_state(solver)`` for one process)."""
     param = solver.param
     hdf5 = param.snapshot_format == pb.SolverParameter.HDF5
-    model_path = snapshot_filename(param, solver.iter, model_extension(param))
-    state_path = snapshot_filename(param, solver.iter, state_extension(param))
+    model_path, state_path = snapshot_paths(param, solver.iter)
     folder = os.path.dirname(model_path) or "."
     if not os.path.isdir(folder):
         raise SnapshotError(f"cannot write snapshot {model_path}: folder {folder!r} does not exist "
                             f"(check snapshot_prefix)")
-    extra = netdef_state(solver)
+    extra = netdef_state(solver, rank_states)
     # Both temporary files are complete before either rename (see the module docstring).
     temps = []
     try:

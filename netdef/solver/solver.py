@@ -17,20 +17,18 @@ One iteration (Caffe's order)::
     stop                         on request (SIGINT): leave the loop; solve() then applies
                                  snapshot_after_train as Caffe does
 
-Distributed training plugs in at two methods: ``compute_gradients()`` (the forward/backward passes of
-one iteration; gradient exchanges are started from the net's backward hooks,
-``net.register_backward_hook``) and ``apply_update()`` (the update). A distributed solver waits for
-its exchanges to finish before the update, either by overriding ``apply_update`` (wait, then
-``super().apply_update()``) or from an ``on_gradients_ready`` callback, which runs between the two
-exactly as Caffe's P2PSync/NCCL callbacks do. Three smaller hooks exist for it
-(``netdef.comm.distributed`` overrides them; here they do the single-process thing):
+Parallelism is not in this file: the solver calls a ``Parallel`` (``parallel.py``; a constructor
+argument, one process by default) at fixed points of the loop: gradients of some parameters are
+final (from the net's backward hooks, in the last of the ``iter_size`` passes), which gradients the
+update may use, agree on signals, combine test scores, each rank's resume state for the snapshot.
 
-- ``forward_backward_pass(pass_index)``: one of the ``iter_size`` passes of ``compute_gradients``
-  (an exchange is started only in the last, so that iter_size > 1 exchanges once);
-- ``reduce_test_outputs(scores, loss)``: a test's summed outputs and loss, combined over the ranks
-  that each tested their own shard;
-- ``take_requests()``: the pending (snapshot, stop) requests from signals, which every rank must
-  act on at the same iteration.
+The update is per parameter blob: normalize, regularize, the rule's value, ``data -= diff``, the
+same float32 arithmetic as Caffe's (which does the last step for all blobs after the rest, with the
+same result). A blob is updated as soon as its gradient is there (``Parallel.arrived``); with
+data parallelism the ones still exchanging are updated just before the next iteration's forward
+of the first layer that uses them (a layer hook on the train net), so the exchange overlaps that
+forward. ``clip_gradients`` needs every gradient first. All updates are finished before a test,
+a snapshot and the end of ``step()`` (``finish_updates``).
 
 Paths in the solver file (``net``, ``train_net``, ``test_net``, ``weights``) are opened as Caffe opens
 them, relative to the working directory; a path not found there is then tried relative to the solver
@@ -63,6 +61,7 @@ from ..proto import netdef_pb2 as pb
 from ..upgrade import upgrade_solver
 from . import lr_policy
 from . import snapshot as _snapshot
+from .parallel import Parallel
 from .updates import SolverConfigError, update_rule_class
 
 logger = logging.getLogger("netdef")
@@ -158,7 +157,7 @@ class Solver:
 
     solver_type: str | None = None
 
-    def __init__(self, solver, *, solver_file: str | None = None):
+    def __init__(self, solver, *, solver_file: str | None = None, parallel: Parallel | None = None):
         param, path = read_solver_param(solver)
         self.solver_file = path or solver_file
         if self.solver_type is not None and param.type != self.solver_type:
@@ -167,6 +166,7 @@ class Solver:
                             self.solver_type, param.type)
             param.type = self.solver_type
         self.param = param
+        self.parallel = parallel if parallel is not None else Parallel()
         rule_class = update_rule_class(param.type)
         self._validate(param, rule_class)
         logger.info("Initializing solver from parameters: \n%s", param)
@@ -187,8 +187,12 @@ class Solver:
         self._iterations_last = 0
         self._timer = time.perf_counter()
         self.test_scores: dict = {}
+        self._pending: _PendingUpdate | None = None
+        self._last_pass = False
+        self._told_clipping_waits = False
 
         self._setup_device(param)
+        self.parallel.prepare(param)
         if param.random_seed >= 0:
             backend.set_random_seed(param.random_seed)
         self.net = self._build_train_net()
@@ -197,6 +201,10 @@ class Solver:
             test_net.share_with(self.net)
         self.update_rule = rule_class(param)
         self.update_rule.setup(self.net.learnable_params)
+        self._layer_param_ids = [self.net.layer_learnable_ids(li) for li in range(len(self.net.layers))]
+        self.net.register_backward_hook(self._gradients_final)
+        self.net.register_layer_hooks(before_forward=self._before_forward)
+        self.parallel.attach(self)
         logger.info("Solver scaffolding done.")
 
     # ---------------------------------------------------------------------------------------- set-up
@@ -366,10 +374,11 @@ class Solver:
         self._snapshot_requested = True
 
     def take_requests(self) -> tuple[bool, bool]:
-        """(snapshot requested, stop requested) since the last call, and clear them."""
+        """(snapshot requested, stop requested) since the last call, and clear them; with several
+        ranks, requested on any of them (every rank acts at the same iteration)."""
         snap, stop = self._snapshot_requested, self._stop_requested
         self._snapshot_requested = self._stop_requested = False
-        return snap, stop
+        return self.parallel.agree_requests(snap, stop)
 
     # ---------------------------------------------------------------------------------------- training
     def solve(self, resume_file=None) -> None:
@@ -397,13 +406,13 @@ class Solver:
                 logger.info("Iteration %d, loss = %s", self.iter, _fmt(self.smoothed_loss))
             if p.test_interval and self.iter % p.test_interval == 0:
                 self.test_all()
+            self.parallel.end_training()
             logger.info("Optimization Done.")
         finally:
             self.close()
 
     def step(self, iters: int) -> None:
         """Run ``iters`` iterations (Caffe's Step)."""
-        p = self.param
         start_iter = self.iter
         stop_iter = self.iter + int(iters)
         self._losses = []
@@ -417,14 +426,22 @@ class Solver:
         self._timer = time.perf_counter()
         self._iterations_last = self.iter
         self.requested_early_exit = False
+        self.parallel.begin_step()
+        self._iterate(stop_iter, start_iter)
+        # Not on an exception: the other ranks may never complete the exchanges it would wait for.
+        self.finish_updates()
+
+    def _iterate(self, stop_iter: int, start_iter: int) -> None:
+        p = self.param
         while self.iter < stop_iter:
-            self.net.clear_param_diffs()
+            self._clear_param_diffs()
             if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
                 self.test_all()
                 if self.requested_early_exit:
                     break
             self._run_callbacks(0)
             display = bool(p.display) and self.iter % p.display == 0
+            self.parallel.begin_iteration(self.iter)
             loss = self.compute_gradients()
             self._update_smoothed_loss(loss, start_iter, p.average_loss)
             if display:
@@ -432,6 +449,7 @@ class Solver:
             self._run_callbacks(1)
             self.apply_update()
             self.iter += 1
+            self.parallel.end_iteration()
             self._run_callbacks(2)
             snap, stop = self.take_requests()
             if (p.snapshot and self.iter % p.snapshot == 0) or snap:
@@ -452,8 +470,24 @@ class Solver:
         return loss / f32(self.param.iter_size)
 
     def forward_backward_pass(self, pass_index: int) -> float:
-        """Pass ``pass_index`` (0 .. iter_size-1) of an iteration: forward, backward; the loss."""
-        return self.net.forward_backward()
+        """Pass ``pass_index`` (0 .. iter_size-1) of an iteration: forward, backward; the loss.
+        Gradients are handed to the parallel seam in the last pass only, so that iter_size > 1
+        exchanges once."""
+        last = pass_index == self.param.iter_size - 1
+        loss = self.net.forward_range()
+        self.parallel.forward_done()
+        self._last_pass = last
+        try:
+            self.net.backward()
+        finally:
+            self._last_pass = False
+        self.net.loss = loss
+        self.parallel.backward_done(last)
+        return loss
+
+    def _gradients_final(self, layer_index: int, param_ids) -> None:
+        if self._last_pass:
+            self.parallel.gradients_final(param_ids)
 
     def _raise_non_finite(self, loss) -> None:
         net = self.net
@@ -519,21 +553,66 @@ class Solver:
 
     def apply_update(self) -> None:
         """Caffe's SGDSolver::ApplyUpdate: learning rate, gradient clipping, then per parameter
-        normalization, regularization and the update rule; finally ``data -= diff``."""
+        normalization, regularization, the update rule and ``data -= diff``; each blob as soon as
+        its gradient is there (see the module docstring), the rest later (``finish_updates``)."""
         p = self.param
         rate = self.get_learning_rate()
         self.lr = rate
         if p.display and self.iter % p.display == 0:
             logger.info("Iteration %d, lr = %s", self.iter, _fmt(rate))
+        all_ids = list(range(len(self.net.learnable_params)))
+        if p.clip_gradients >= 0:
+            if self.parallel.size > 1 and not self._told_clipping_waits:
+                logger.info("clip_gradients uses the norm of all gradients: every update waits for the whole "
+                            "exchange")
+                self._told_clipping_waits = True
+            self.parallel.wait_gradients(all_ids)
         self.clip_gradients()
+        self._pending = _PendingUpdate(rate, self.iter, all_ids)
+        self._apply_pending(self.parallel.arrived(all_ids))
+
+    def finish_updates(self) -> None:
+        """Apply every update still waiting for its gradient (before tests, snapshots, the end of step)."""
+        if self._pending is not None:
+            ids = list(self._pending.remaining)
+            self.parallel.wait_gradients(ids)
+            self._apply_pending(ids)
+
+    def _before_forward(self, layer_index: int) -> None:
+        # The next iteration's forward of a layer waits only for that layer's own parameters.
+        if self._pending is not None:
+            ids = [i for i in self._layer_param_ids[layer_index] if i in self._pending.remaining]
+            if ids:
+                self.parallel.wait_gradients(ids)
+                self._apply_pending(ids)
+
+    def _apply_pending(self, param_ids) -> None:
+        pending = self._pending
         params = self.net.learnable_params
-        for param_id in range(len(params)):
+        for param_id in param_ids:
+            if param_id not in pending.remaining:
+                continue
             self.normalize(param_id)
             self.regularize(param_id)
-            self.compute_update_value(param_id, rate)
-        for blob in params:
+            self.compute_update_value(param_id, pending.rate, pending.iteration)
+            blob = params[param_id]
             data = blob.data
             data -= blob.diff
+            if pending.diffs_cleared:
+                blob.zero_diff()  # the iteration after this update has begun and cleared the others
+            del pending.remaining[param_id]
+        if not pending.remaining:
+            self._pending = None
+            self.parallel.updated()
+
+    def _clear_param_diffs(self) -> None:
+        if self._pending is None:
+            self.net.clear_param_diffs()
+            return
+        self._pending.diffs_cleared = True
+        for param_id, blob in enumerate(self.net.learnable_params):
+            if param_id not in self._pending.remaining:
+                blob.zero_diff()
 
     def clip_gradients(self) -> None:
         clip = f32(self.param.clip_gradients)
@@ -572,12 +651,15 @@ class Solver:
         else:
             raise SolverConfigError(f"Unknown regularization type: {self.param.regularization_type!r}")
 
-    def compute_update_value(self, param_id: int, rate) -> None:
+    def compute_update_value(self, param_id: int, rate, iteration: int | None = None) -> None:
+        """The update rule's value for one blob at ``iteration`` (default: the current one)."""
         local_rate = f32(rate) * f32(self.net.params_lr[param_id])
-        self.update_rule.compute_update_value(param_id, self.net.learnable_params[param_id], local_rate, self.iter)
+        iteration = self.iter if iteration is None else iteration
+        self.update_rule.compute_update_value(param_id, self.net.learnable_params[param_id], local_rate, iteration)
 
     # ---------------------------------------------------------------------------------------- testing
     def test_all(self) -> None:
+        self.finish_updates()
         for test_net_id in range(len(self.test_nets)):
             if self.requested_early_exit:
                 break
@@ -587,6 +669,7 @@ class Solver:
         """Caffe's Test: ``test_iter`` forward passes; logs the mean of every output."""
         p = self.param
         logger.info("Iteration %d, Testing net (#%d)", self.iter, test_net_id)
+        self.finish_updates()
         test_net = self.test_nets[test_net_id]
         test_net.share_with(self.net)
         iterations = p.test_iter[test_net_id]
@@ -611,7 +694,7 @@ class Solver:
             logger.info("Test interrupted.")
             return
         if scores is not None or p.test_compute_loss:
-            scores, loss = self.reduce_test_outputs(scores, loss)
+            scores, loss = self.parallel.reduce_test_outputs(scores, loss)
         if p.test_compute_loss:
             loss /= f32(iterations)
             logger.info("Test loss: %s", _fmt(loss))
@@ -627,43 +710,47 @@ class Solver:
             logger.info("    Test net output #%d: %s = %s%s", i, name, _fmt(mean), suffix)
             self.test_scores.setdefault(name, []).append(mean)
 
-    def reduce_test_outputs(self, scores, loss):
-        """The test's outputs summed over its iterations (a float32 vector, or None when the net has no
-        outputs) and its summed loss, as the log reports them; a distributed solver combines them
-        over the ranks here."""
-        return scores, loss
-
     # ---------------------------------------------------------------------------------------- snapshots
     def snapshot(self) -> tuple[str, str]:
         """Write ``<prefix>_iter_<iter>`` model and state files; returns their paths. Refuses (with
-        NonFiniteParamsError, writing nothing) when a parameter is not finite."""
+        NonFiniteParamsError, writing nothing) when a parameter is not finite. With several ranks
+        every rank calls it; one writes the files, with every rank's resume state in the state file."""
+        self.finish_updates()
         bad = [f"{layer.name}[{j}]" for layer in self.net.layers for j, b in enumerate(layer.blobs)
                if not bool(backend.get_array_module(b.data).isfinite(b.data).all())]
         if bad:
             raise NonFiniteParamsError(f"Iteration {self.iter}: not snapshotting non-finite parameters "
                                        f"({', '.join(bad)})", self.iter, bad[0].split("[")[0])
-        paths = _snapshot.write_snapshot(self)
+        rank_states = self.parallel.gather_rank_states(_snapshot.rank_state(self).SerializeToString())
+        if self.parallel.writes_snapshots:
+            paths = _snapshot.write_snapshot(self, rank_states)
+        else:
+            paths = _snapshot.snapshot_paths(self.param, self.iter)
+        self.parallel.snapshot_written()
         self._last_snapshot_iter = self.iter
         return paths
 
     def restore(self, path) -> None:
         """Restore a ``.solverstate`` / ``.solverstate.h5`` written by Caffe or netdef: iter,
         current_step, history, the learned_net weights, and netdef's random/data state if present."""
+        self.finish_updates()
         _snapshot.restore(self, path)
+        self.parallel.restored()
 
     # ---------------------------------------------------------------------------------------- the end
     def close(self) -> None:
-        """Close the data layers that have a ``close()`` (prefetch threads, open databases)."""
+        """Release the parallel seam's resources and close the data sources (prefetch threads, open
+        databases)."""
         if self._closed:
             return
         self._closed = True
+        self.parallel.close()
         seen = set()
         for net in [self.net] + list(self.test_nets):
-            for layer in net.layers:
-                close = getattr(layer, "close", None)
-                if callable(close) and id(layer) not in seen:
+            for layer in net.data_sources():
+                if id(layer) not in seen:
                     seen.add(id(layer))
-                    close()
+                    layer.close()
 
     def __enter__(self):
         return self
@@ -674,6 +761,17 @@ class Solver:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} type={self.param.type!r} net={self.net.name!r} iter={self.iter}>"
+
+
+class _PendingUpdate:
+    """The updates of one iteration not applied yet: its rate and iteration (the next iteration may
+    have begun when they are applied) and the parameter ids still to update."""
+
+    def __init__(self, rate, iteration: int, param_ids):
+        self.rate = rate
+        self.iteration = iteration
+        self.remaining = dict.fromkeys(param_ids)  # ordered, O(1) membership
+        self.diffs_cleared = False
 
 
 def _output_order(net) -> list[str]:
@@ -710,13 +808,14 @@ SOLVER_CLASSES = {cls.solver_type: cls for cls in
                   (SGDSolver, NesterovSolver, AdaGradSolver, RMSPropSolver, AdaDeltaSolver, AdamSolver)}
 
 
-def get_solver(solver) -> Solver:
+def get_solver(solver, *, solver_file: str | None = None, parallel: Parallel | None = None) -> Solver:
     """pycaffe's ``caffe.get_solver``: the solver class for the file's ``type`` (or legacy
-    ``solver_type``); types registered with ``register_update_rule`` get the generic Solver."""
+    ``solver_type``); types registered with ``register_update_rule`` get the generic Solver.
+    ``parallel``: see ``parallel.py`` (one process by default)."""
     param, path = read_solver_param(solver)
     cls = SOLVER_CLASSES.get(param.type, Solver)
     update_rule_class(param.type)  # unknown type: a clear error before anything is built
-    return cls(param, solver_file=path)
+    return cls(param, solver_file=path or solver_file, parallel=parallel)
 
 
 # ============================================================================================ signals

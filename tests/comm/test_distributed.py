@@ -2,7 +2,6 @@
 options, the train command's flags, and resuming with a different number of ranks."""
 from __future__ import annotations
 
-import base64
 import json
 import logging
 
@@ -10,10 +9,11 @@ import numpy as np
 import pytest
 
 from netdef.cli import build_parser
-from netdef.comm import Communicator, create_solver, options_from
-from netdef.comm.distributed import rank_states_path
+from netdef.comm import Communicator, DataParallel, create_solver, options_from
+from netdef.proto import io as proto_io
 from netdef.proto import netdef_pb2 as pb
 from netdef.solver import get_solver
+from netdef.solver.parallel import Parallel
 from netdef.solver.solver import read_solver_param
 from tests.comm.fixtures import run_netdef, write_case
 
@@ -27,20 +27,21 @@ def test_one_rank_trains_exactly_like_the_plain_solver(tmp_path):
     plain = get_solver(str(path))
     plain.solve()
     dist = create_solver(str(path), comm=Communicator())
-    assert type(dist).__name__ == "DistributedSGDSolver"
+    assert type(dist).__name__ == "SGDSolver" and isinstance(dist.parallel, DataParallel)
+    assert type(plain.parallel) is Parallel
     dist.solve()
     expected, got = params_of(plain), params_of(dist)
     for name in expected:
         for a, b in zip(got[name], expected[name]):
             np.testing.assert_array_equal(a, b)
     assert dist.test_scores == plain.test_scores
-    records = list(dist.measurements.records)
+    records = list(dist.parallel.measurements.records)
     assert [r.iteration for r in records] == [0, 1, 2, 3, 4]
     assert all(r.forward_s > 0 and r.backward_s > 0 and r.bytes == 0 for r in records)
     # iter_size 2: the times of the last pass's backward, inside the iteration.
     assert all(r.start < r.backward_start_at < r.backward_end_at < r.end_at for r in records)
     assert all(r.backward_end_at - r.backward_start_at < r.backward_s for r in records)
-    assert dist.measurements.summary()["iteration_s"] > 0
+    assert dist.parallel.measurements.summary()["iteration_s"] > 0
 
 
 def test_options_from_the_solver_file_and_overrides():
@@ -78,7 +79,8 @@ def test_train_command_in_one_process_with_a_timeline(tmp_path):
     run = run_netdef(["train", str(solver), "--timeline", "trace.json", "--iterations", "2"], 0, tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     assert (tmp_path / "cli_iter_2.caffemodel").exists()
-    assert not (tmp_path / "cli_iter_2.solverstate.ranks.json").exists()  # one rank: Caffe's files only
+    state = proto_io.read_binary(str(tmp_path / "cli_iter_2.solverstate"), pb.SolverState)
+    assert len(state.netdef_state.rank_state) == 0  # one rank: its state is the top-level fields
     events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
     names = {e["name"] for e in events if e["ph"] == "X"}
     assert {"ip1 forward", "ip3 backward", "forward", "backward"} <= names
@@ -89,17 +91,18 @@ def test_resuming_with_another_number_of_ranks_restarts_the_data(tmp_path, caplo
     path = write_case(tmp_path, "multi", 4, 2, records=24, snapshot=2)
     first = create_solver(str(path), comm=Communicator())
     first.solve()
-    state = tmp_path / "multi_iter_2.solverstate"
-    # What a 2-rank run leaves beside its state file.
-    doc = {"format": "netdef-rank-states 1", "iter": 2, "ranks": 2,
-           "states": [base64.b64encode(pb.NetdefSolverState().SerializeToString()).decode()] * 2}
-    with open(rank_states_path(state), "w") as handle:
-        json.dump(doc, handle)
+    state_path = tmp_path / "multi_iter_2.solverstate"
+    # What a 2-rank run writes: every rank's own state inside the state file.
+    state = proto_io.read_binary(str(state_path), pb.SolverState)
+    assert state.netdef_state.data_cursor  # the single process's position, which must not be applied
+    for _ in range(2):
+        state.netdef_state.rank_state.add().CopyFrom(pb.NetdefRankState(rng_state=state.netdef_state.rng_state))
+    state_path.write_bytes(state.SerializeToString())
     second = create_solver(str(path), comm=Communicator())
     with caplog.at_level(logging.WARNING, logger="netdef"):
-        second.restore(str(state))
+        second.restore(str(state_path))
     assert second.iter == 2
-    assert "written by 2 ranks and this run has 1" in caplog.text
+    assert "written by 2 rank(s) and this run has 1" in caplog.text
     data = second.net.layers[0]
     fresh = create_solver(str(path), comm=Communicator()).net.layers[0]
     assert data.data_state() == fresh.data_state()  # from the start of its (new) shard

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 import netdef
+from netdef.proto import io as proto_io
+from netdef.proto import netdef_pb2 as pb
 from netdef.solver import get_solver
 from tests.comm.fixtures import mpi_available, run_netdef, run_python, write_case
 
@@ -28,8 +30,8 @@ TEST_ITER = 2
 def weights(net_path, model_path) -> dict:
     net = netdef.Net(str(net_path), netdef.TRAIN, weights=str(model_path))
     out = {name: [b.data.copy() for b in blobs] for name, blobs in net.params.items()}
-    for layer in net.layers:
-        getattr(layer, "close", lambda: None)()
+    for layer in net.data_sources():
+        layer.close()
     return out
 
 
@@ -141,19 +143,24 @@ def check_timeline(path: pathlib.Path, ranks: int) -> None:
     assert early, "no bucket started during backward"
 
 
-def test_resume_restores_every_rank(tmp_path):
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_resume_restores_every_rank(tmp_path, ranks):
     # 25 records over 2 ranks: shards of 13 and 12 records. Resumed after 2 batches, each rank must go
-    # on from its own position (17 and 16), and rank 0 wraps in the middle of its 4th batch.
+    # on from its own position (17 and 16), and rank 0 wraps in the middle of its 4th batch. Over 3
+    # ranks: shards of 9, 8 and 8, every rank wraps in its 3rd batch.
     full = write_case(tmp_path, "full", BATCH, 5, records=25, snapshot=2)
-    full_run = run_netdef(["train", str(full)], 2, tmp_path, timeout=90)
+    full_run = run_netdef(["train", str(full)], ranks, tmp_path, timeout=90)
     assert full_run.returncode == 0, full_run.stderr[-3000:]
     state = tmp_path / "full_iter_2.solverstate"
-    ranks_file = pathlib.Path(str(state) + ".ranks.json")
-    assert json.loads(ranks_file.read_text())["ranks"] == 2
+    saved = proto_io.read_binary(str(state), pb.SolverState).netdef_state
+    assert len(saved.rank_state) == ranks  # every rank's own state, in the one state file
+    assert len({bytes(r.data_cursor[0].state) for r in saved.rank_state}) == ranks
+    assert sorted(p.name for p in tmp_path.glob("full_iter_2*")) == ["full_iter_2.caffemodel",
+                                                                    "full_iter_2.solverstate"]
     resumed = write_case(tmp_path, "resumed", BATCH, 5, records=25)
-    resumed_run = run_netdef(["train", str(resumed), "--snapshot", str(state)], 2, tmp_path, timeout=90)
+    resumed_run = run_netdef(["train", str(resumed), "--snapshot", str(state)], ranks, tmp_path, timeout=90)
     assert resumed_run.returncode == 0, resumed_run.stderr[-3000:]
-    assert "per-rank" not in resumed_run.stderr  # no warning: every rank found its own state
+    assert "written by" not in resumed_run.stderr  # no warning: every rank found its own state
     full_losses = logged_train_losses(full_run.stderr)
     resumed_losses = logged_train_losses(resumed_run.stderr)
     assert len(full_losses) == 5 and resumed_losses == full_losses[2:]

@@ -1,0 +1,229 @@
+"""Data parallelism over MPI: the solver's ``Parallel`` seam for N ranks.
+
+Every rank runs the same program (``mpiexec -n 4 netdef train solver.prototxt``). At the solver's
+fixed points (``netdef/solver/parallel.py``) this class:
+
+- ``prepare``: every rank builds its nets with the same random seed (the file's ``random_seed``, or
+  one drawn by rank 0), so that data layers shuffle alike and shard consistently; ``attach`` then
+  re-seeds training randomness (dropout...) with ``seed + rank`` (Caffe's multi-GPU convention).
+- ``attach``: ``set_shard(rank, size)`` on every data source of the train and test nets (record i
+  is read by rank i % size); ``batch_size`` stays per rank, the effective batch is
+  ``size * batch_size * iter_size`` (logged). It builds the exchange rule (``exchange.py``).
+- ``begin_step``: rank 0's parameters are broadcast before the first iteration (fresh,
+  ``--weights`` or restored).
+- Gradients: ``gradients_final`` hands each layer's final gradients to the exchange rule;
+  ``arrived``/``wait_gradients`` tell the solver which averaged gradients it may update with.
+- Tests run on every rank over its shard; the summed outputs and loss are averaged over the ranks,
+  which equals one process testing all those records with an N times larger batch for outputs that
+  are means over the batch (accuracy, normalized losses).
+- Signals: stop/snapshot requests are agreed (a logical or over the ranks) at each iteration
+  boundary, so every rank stops or snapshots at the same iteration.
+- Snapshots: written by rank 0, with every rank's own random state and data positions gathered
+  into the state file (``NetdefSolverState.rank_state``), so a snapshot is one model file and one
+  state file, each replaced atomically. Resuming with the same number of ranks restores every rank
+  exactly; with another number the weights, history and iteration are restored and each rank's
+  data sources start their new shard from the beginning (a warning says so).
+- Measurements: ``measurements`` (``timeline.Measurements``), and with ``timeline`` a Chrome trace of
+  every rank written by ``end_training``.
+
+Data sources that do not shard (Input, MemoryData, DummyData, Python layers that are not
+``DataSource``s with a ``set_shard``) give every rank the same batches. BatchNorm's running
+statistics are not exchanged (as in Caffe's multi-GPU training): each rank keeps its own and rank
+0's are saved.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from .. import backend
+from ..solver.parallel import Parallel
+from .communicator import Communicator, create_communicator
+from .exchange import ExchangeOptions, exchange_class
+from .timeline import Measurements, Timeline, instrument_net, write_chrome_trace
+
+logger = logging.getLogger("netdef")
+
+
+def _batch_size(net) -> int | None:
+    """The per-rank batch: the first top of the first data source, else of the first layer without
+    bottoms."""
+    sources = net.data_sources()
+    first = sources[0] if sources else next((layer for layer in net.layers if not layer.layer_param.bottom
+                                             and layer.layer_param.top), None)
+    if first is None:
+        return None
+    shape = net.blobs[first.layer_param.top[0]].shape
+    return int(shape[0]) if shape else None
+
+
+class DataParallel(Parallel):
+    """Synchronous data parallelism over ``comm`` with the exchange rule named in ``options``.
+    With one rank it trains exactly as a single process does."""
+
+    def __init__(self, comm: Communicator | None = None, options: ExchangeOptions | None = None):
+        self.options = options or ExchangeOptions()
+        self.comm = comm if comm is not None else create_communicator(
+            async_progress=self.options.progress == "MPI_ASYNC")
+        self.rank, self.size = self.comm.rank, self.comm.size
+        self.writes_snapshots = self.rank == 0
+        self.measurements = Measurements()
+        self.exchange = None
+        self.timeline: Timeline | None = None
+        self._seed: int | None = None
+        self._synchronized = False
+        self._clock = time.perf_counter
+        self._mark = 0.0
+        self._record = None
+        self._traced = False
+
+    def describe(self) -> str:
+        return f"{self.size} ranks ({self.comm.description})"
+
+    # ------------------------------------------------------------------------------ set-up
+    def prepare(self, param) -> None:
+        if self.size > 1:
+            drawn = int(np.random.SeedSequence().entropy % (2**31)) if self.rank == 0 else 0
+            self._seed = int(param.random_seed) if param.random_seed >= 0 else self.comm.broadcast_int(drawn)
+            param.random_seed = self._seed
+
+    def attach(self, solver) -> None:
+        if self._seed is not None:
+            backend.set_random_seed(self._seed + self.rank)
+        sharded = set()
+        seen = set()
+        for net in [solver.net] + list(solver.test_nets):
+            for layer in net.data_sources():
+                if id(layer) not in seen:
+                    seen.add(id(layer))
+                    if layer.set_shard(self.rank, self.size):
+                        sharded.add(id(layer))
+        self.exchange = exchange_class(self.options.exchange)(self.comm, solver.net, self.options, self.measurements)
+        if self.options.timeline:
+            self.comm.barrier()
+            self.timeline = Timeline(self.rank, self._clock())
+            instrument_net(solver.net, self.timeline)
+        if self.size > 1:
+            self._log_setup(solver, any(id(layer) in sharded for layer in solver.net.data_sources()))
+
+    def _log_setup(self, solver, train_net_sharded: bool) -> None:
+        batch = _batch_size(solver.net)
+        iter_size = solver.param.iter_size
+        if batch is None:
+            batch_text = "batch size per rank unknown"
+        else:
+            batch_text = (f"batch_size {batch} per rank x {self.size} ranks x iter_size {iter_size} = effective "
+                          f"batch {batch * self.size * iter_size}")
+        logger.info("Distributed training on %d ranks (%s): %s", self.size, self.comm.description, batch_text)
+        logger.info("Gradient exchange: %s", self.exchange.describe())
+        if self.rank == 0 and not train_net_sharded:
+            logger.warning("The train net has no data source that shards (Data, ImageData, HDF5Data): each rank "
+                           "trains on what its own layers produce, which is the same data on every rank unless "
+                           "they shard it themselves")
+
+    # ------------------------------------------------------------------------------ the iteration
+    def begin_step(self) -> None:
+        if not self._synchronized:
+            self.exchange.broadcast_initial()
+            self._synchronized = True
+
+    def begin_iteration(self, iteration: int) -> None:
+        self._mark = self._clock()
+        self._record = self.measurements.begin(iteration, self._mark)
+        self._traced = False
+        self.exchange.begin_iteration(iteration)
+
+    def forward_done(self) -> None:
+        now = self._clock()
+        self._record.forward_s += now - self._mark
+        if self.timeline is not None:
+            self.timeline.span("forward", self._mark, now, lane="passes")
+        self._mark = now
+
+    def gradients_final(self, param_ids) -> None:
+        self.exchange.gradients_ready(param_ids)
+
+    def backward_done(self, last: bool) -> None:
+        now = self._clock()
+        self._record.backward_s += now - self._mark
+        if self.timeline is not None:
+            self.timeline.span("backward", self._mark, now, lane="passes")
+        if last:
+            self._record.backward_start_at, self._record.backward_end_at = self._mark, now
+            self.exchange.backward_done()
+        self._mark = now
+
+    def arrived(self, param_ids) -> list[int]:
+        start = self._clock()
+        ids = self.exchange.arrived(param_ids)
+        self._trace_wait(start)
+        return ids
+
+    def wait_gradients(self, param_ids) -> None:
+        start = self._clock()
+        self.exchange.wait_for(param_ids)
+        self._trace_wait(start)
+
+    def _trace_wait(self, start: float) -> None:
+        if self.timeline is None or self._traced or not self.exchange.iteration_finished():
+            return
+        self._traced = True
+        self.timeline.span("wait for exchanges + average", start, self._clock())
+        self.timeline.record_iteration(self.measurements.current)
+
+    def updated(self) -> None:
+        self.exchange.after_update()
+
+    def end_iteration(self) -> None:
+        if self._record is not None:
+            self._record.end_at = self._clock()
+
+    def agree_requests(self, snapshot: bool, stop: bool) -> tuple[bool, bool]:
+        if self.size == 1:
+            return snapshot, stop
+        flags = np.array([snapshot, stop], dtype=np.int32)
+        self.comm.allreduce(flags, op="max")
+        return bool(flags[0]), bool(flags[1])
+
+    # ------------------------------------------------------------------------------ testing
+    def reduce_test_outputs(self, scores, loss):
+        if self.size == 1:
+            return scores, loss
+        values = np.zeros(0 if scores is None else scores.size, dtype=np.float64)
+        if scores is not None:
+            values[:] = scores
+        values = np.append(values, np.float64(loss))
+        self.comm.allreduce(values)
+        values /= self.size
+        scores = None if scores is None else values[:-1].astype(np.float32)
+        return scores, np.float32(values[-1])
+
+    # ------------------------------------------------------------------------------ snapshots
+    def gather_rank_states(self, own: bytes) -> list[bytes] | None:
+        if self.size == 1:
+            return [own]
+        return self.comm.gather_bytes(own, root=0)
+
+    def snapshot_written(self) -> None:
+        if self.size > 1:
+            self.comm.barrier()
+
+    def restored(self) -> None:
+        self._synchronized = False
+
+    # ------------------------------------------------------------------------------ the end
+    def end_training(self) -> None:
+        """Write the Chrome trace (every rank must call it: it gathers the ranks' events)."""
+        if self.timeline is None:
+            return
+        gathered = self.comm.gather_bytes(self.timeline.to_json(), root=0)
+        if self.rank == 0:
+            write_chrome_trace(self.options.timeline, gathered)
+            logger.info("Wrote the timeline of %d rank(s) to %s", len(gathered), self.options.timeline)
+
+    def close(self) -> None:
+        # Local only: close() also runs when this rank fails, when the others are not listening.
+        if self.exchange is not None:
+            self.exchange.close()

@@ -1,0 +1,101 @@
+"""The solver's seam to parallelism: the calls the Solver makes at fixed points of its loop.
+
+The Solver holds one ``Parallel`` (``Solver(..., parallel=...)``) and calls it; it never knows how
+many processes there are or how they talk. ``Parallel`` itself is the single-process
+implementation (every call does what one process needs, which is mostly nothing); data
+parallelism over MPI is ``netdef.comm.data_parallel.DataParallel``. In the order the loop calls
+them::
+
+    prepare(param)                 the solver file is read, the nets are not built yet
+    attach(solver)                 nets and update rule built
+    begin_step()                   at the start of every step() (the first makes the ranks agree)
+    per iteration:
+        begin_iteration(it)
+        per pass of iter_size:     forward_done() after the forward, backward_done(last) after the
+                                   backward; gradients_final(ids) from the net's backward hooks, in
+                                   the last pass only, each time some parameters' gradients are final
+        arrived(ids)               of these parameters, the ones whose gradient the update may use now
+        wait_gradients(ids)        block until those gradients are all there
+        updated()                  every blob of the iteration is updated
+        end_iteration()
+        agree_requests(snap, stop) every rank acts on the same signals at the same iteration
+    reduce_test_outputs(scores, loss)
+    gather_rank_states(own)        for a snapshot: every rank's own state (list on the writer)
+    writes_snapshots               whether this process writes the snapshot files
+    snapshot_written()
+    restored()                     after a restore: the ranks agree again at the next begin_step
+    end_training()                 after solve()'s last step (collective: every rank calls it)
+    close()                        local only: it also runs when this rank fails
+
+``rank`` and ``size`` say which process this is; resume state (``snapshot.py``) uses them.
+"""
+from __future__ import annotations
+
+
+class Parallel:
+    """One process: the default implementation of the seam (see the module docstring)."""
+
+    rank = 0
+    size = 1
+    writes_snapshots = True
+
+    def prepare(self, param) -> None:
+        """The solver's upgraded SolverParameter, before any net is built (may set its random_seed)."""
+
+    def attach(self, solver) -> None:
+        """The solver's nets and update rule are built."""
+
+    def begin_step(self) -> None:
+        pass
+
+    def begin_iteration(self, iteration: int) -> None:
+        pass
+
+    def forward_done(self) -> None:
+        pass
+
+    def gradients_final(self, param_ids) -> None:
+        pass
+
+    def backward_done(self, last: bool) -> None:
+        pass
+
+    def arrived(self, param_ids) -> list[int]:
+        """Of ``param_ids``, those whose (combined) gradient is in its diff now, without waiting."""
+        return list(param_ids)
+
+    def wait_gradients(self, param_ids) -> None:
+        """Block until the gradients of ``param_ids`` are all in their diffs."""
+
+    def updated(self) -> None:
+        """Every parameter blob of the iteration has been updated."""
+
+    def end_iteration(self) -> None:
+        pass
+
+    def agree_requests(self, snapshot: bool, stop: bool) -> tuple[bool, bool]:
+        return snapshot, stop
+
+    def reduce_test_outputs(self, scores, loss):
+        """A test's summed outputs (float32 vector or None) and loss, combined over the processes."""
+        return scores, loss
+
+    def gather_rank_states(self, own: bytes) -> list[bytes] | None:
+        """Every process's serialized ``NetdefRankState``, by rank, on the process that writes the
+        snapshot (None elsewhere)."""
+        return [own]
+
+    def snapshot_written(self) -> None:
+        pass
+
+    def restored(self) -> None:
+        pass
+
+    def end_training(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return "one process"

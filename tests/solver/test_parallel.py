@@ -1,0 +1,113 @@
+"""The solver's parallel seam (``netdef.solver.parallel``): the calls it makes at fixed points, and
+updates applied as gradients arrive giving the same weights, bit for bit, as updating at once."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from netdef.solver import get_solver
+from netdef.solver.parallel import Parallel
+from tests.comm.fixtures import write_case
+
+
+class Recording(Parallel):
+    """The single-process seam, recording the calls of the loop."""
+
+    def __init__(self):
+        self.calls = []
+
+    def prepare(self, param):
+        self.calls.append("prepare")
+
+    def attach(self, solver):
+        assert solver.net is not None and solver.update_rule is not None
+        self.calls.append("attach")
+
+    def begin_step(self):
+        self.calls.append("begin_step")
+
+    def begin_iteration(self, iteration):
+        self.calls.append(f"begin_iteration {iteration}")
+
+    def forward_done(self):
+        self.calls.append("forward_done")
+
+    def gradients_final(self, param_ids):
+        self.calls.append("gradients_final")
+
+    def backward_done(self, last):
+        self.calls.append(f"backward_done {last}")
+
+    def arrived(self, param_ids):
+        self.calls.append("arrived")
+        return list(param_ids)
+
+    def updated(self):
+        self.calls.append("updated")
+
+    def end_iteration(self):
+        self.calls.append("end_iteration")
+
+    def agree_requests(self, snapshot, stop):
+        self.calls.append("agree_requests")
+        return snapshot, stop
+
+
+def test_the_loop_calls_the_seam_at_its_fixed_points(tmp_path):
+    path = write_case(tmp_path, "calls", 4, 1, records=24, iter_size=2)
+    parallel = Recording()
+    solver = get_solver(str(path), parallel=parallel)
+    solver.step(1)
+    solver.close()
+    calls = [c for i, c in enumerate(parallel.calls) if c != "gradients_final" or parallel.calls[i - 1] != c]
+    assert calls == ["prepare", "attach", "begin_step", "begin_iteration 0", "forward_done", "backward_done False",
+                     "forward_done", "gradients_final", "backward_done True", "arrived", "updated",
+                     "end_iteration", "agree_requests"]
+    # Gradients are handed over in the last pass only, once per parameter.
+    assert parallel.calls.count("gradients_final") == 4  # ip1, ip2 (shared by ip2a/ip2b), scale, ip3
+
+
+class Late(Parallel):
+    """Gradients that arrive only when waited for: every update is deferred to the next forward of
+    the layer that uses the blob, or to finish_updates."""
+
+    def __init__(self):
+        self.waited = []
+
+    def arrived(self, param_ids):
+        return []
+
+    def wait_gradients(self, param_ids):
+        self.waited.append(list(param_ids))
+
+
+@pytest.mark.parametrize("solver_type, iter_size", [("SGD", 1), ("Adam", 2), ("Nesterov", 1), ("AdaDelta", 2)])
+def test_updates_deferred_to_the_next_forward_give_the_same_weights(tmp_path, solver_type, iter_size):
+    extra = f'type: "{solver_type}"\n' + ("momentum2: 0.999\n" if solver_type == "Adam" else "")
+    path = write_case(tmp_path, "late", 4, 5, records=24, test_records=24, test_iter=2, test_interval=2,
+                      iter_size=iter_size, extra=extra)
+    plain = get_solver(str(path))
+    plain.solve()
+    late = Late()
+    deferred = get_solver(str(path), parallel=late)
+    deferred.solve()
+    for name, blobs in plain.net.params.items():
+        for a, b in zip(blobs, deferred.net.params[name]):
+            np.testing.assert_array_equal(b.data, a.data)
+    for a, b in zip(plain.history, deferred.history):
+        np.testing.assert_array_equal(b.data, a.data)
+    assert deferred.test_scores == plain.test_scores
+    # The forward of each layer with parameters waited for its own blobs, first ip1's.
+    ip1 = deferred.net.layer_learnable_ids(deferred.net.layer_index("ip1"))
+    assert late.waited[0] == ip1
+    assert len(late.waited) > 5
+
+
+def test_clip_gradients_waits_for_every_gradient(tmp_path):
+    path = write_case(tmp_path, "clip", 4, 2, records=24, extra="clip_gradients: 0.5\n")
+    late = Late()
+    solver = get_solver(str(path), parallel=late)
+    solver.step(1)
+    all_ids = list(range(len(solver.net.learnable_params)))
+    assert late.waited[0] == all_ids
+    solver.close()
