@@ -1,183 +1,308 @@
-"""Forward+backward time per iteration on the CPU: netdef against PyTorch, same nets, same run.
+"""CPU time per iteration of the zoo's nets: netdef against PyTorch, same nets, same weights, same run.
 
-    python benchmarks/cpu_forward_backward.py [--iters 20] [--threads N] [--per-layer] [--nets lenet,cifar]
-                                              [--column-path]
+    python benchmarks/cpu_forward_backward.py [--nets lenet,cifar10_quick,...] [--iters 10] [--threads N]
+                                              [--batch N] [--per-layer] [--no-rss] [--column-path]
 
-Nets: LeNet (batch 64, 1x28x28) and CIFAR-10 quick (batch 100, 3x32x32), the BVLC definitions with the
-Data layers replaced by Input layers. PyTorch (a benchmark-only dependency: pip install torch) runs the
-same layers (Caffe's ceil-mode pooling included); when it is missing only netdef's figures print.
-Both use the same number of BLAS/intra-op threads. Prints the median of --iters timed iterations after
-warm-up, and the ratio netdef / PyTorch (below 1 means netdef is faster). --per-layer adds netdef's
-per-layer forward and backward medians; --column-path times netdef's im2col path for every convolution
-(the CPU row-product path off: netdef/layers/im2col.py) to compare the two. The machine's other load
-shows up as noise: compare runs of the script, not single figures.
+For every net (the zoo's deploy.prototxt with its batch set, its final Softmax replaced by
+SoftmaxWithLoss for training; MobileNet v2 from benchmarks/mobilenet_v2.py) it prints:
+
+- forward+backward ms per iteration (TRAIN phase: BatchNorm on batch statistics, dropout on) of netdef
+  and of PyTorch, and netdef / PyTorch;
+- forward-only ms (netdef's TEST phase against PyTorch's eval() under torch.no_grad()) and the ratio;
+- the sgemm floor: the net's multiply-adds (convolutions and inner products; 3x forward for forward +
+  backward, less the input gradient nobody needs) at the GFLOP/s of a large float32 matrix product
+  measured at the start of the run, and netdef's forward+backward time over it;
+- peak RSS (MiB) of a fresh process per framework that builds the net and runs forward+backward
+  (--no-rss skips these subprocesses).
+
+PyTorch runs the same net through torch_mirror.py (its own operators, weights copied from netdef's).
+Both use the same thread count (--threads, default: all cores). Timed steps alternate netdef and
+PyTorch, so the machine's other load falls on both; figures are medians after warm-up. Ratios below 1
+mean netdef is faster. --per-layer adds netdef's per-layer-type forward and backward medians.
+--column-path runs every convolution through im2col (the CPU row-product path off).
 """
 from __future__ import annotations
 
 import argparse
+import collections
+import json
+import os
+import pathlib
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
 
-import netdef
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 
-LENET = """
-name: "LeNet"
-layer { name: "data" type: "Input" top: "data" top: "label"
-        input_param { shape { dim: 64 dim: 1 dim: 28 dim: 28 } shape { dim: 64 } } }
-layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
-        convolution_param { num_output: 20 kernel_size: 5 stride: 1 weight_filler { type: "xavier" } } }
-layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
-layer { name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2"
-        convolution_param { num_output: 50 kernel_size: 5 stride: 1 weight_filler { type: "xavier" } } }
-layer { name: "pool2" type: "Pooling" bottom: "conv2" top: "pool2" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
-layer { name: "ip1" type: "InnerProduct" bottom: "pool2" top: "ip1" inner_product_param { num_output: 500 weight_filler { type: "xavier" } } }
-layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
-layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2" inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
-layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
-"""
+import netdef  # noqa: E402
+from netdef.proto import io as proto_io  # noqa: E402
+from netdef.proto import netdef_pb2 as pb  # noqa: E402
 
-CIFAR10_QUICK = """
-name: "CIFAR10_quick"
-layer { name: "data" type: "Input" top: "data" top: "label"
-        input_param { shape { dim: 100 dim: 3 dim: 32 dim: 32 } shape { dim: 100 } } }
-layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
-        convolution_param { num_output: 32 pad: 2 kernel_size: 5 stride: 1 weight_filler { type: "gaussian" std: 0.0001 } } }
-layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 3 stride: 2 } }
-layer { name: "relu1" type: "ReLU" bottom: "pool1" top: "pool1" }
-layer { name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2"
-        convolution_param { num_output: 32 pad: 2 kernel_size: 5 stride: 1 weight_filler { type: "gaussian" std: 0.01 } } }
-layer { name: "relu2" type: "ReLU" bottom: "conv2" top: "conv2" }
-layer { name: "pool2" type: "Pooling" bottom: "conv2" top: "pool2" pooling_param { pool: AVE kernel_size: 3 stride: 2 } }
-layer { name: "conv3" type: "Convolution" bottom: "pool2" top: "conv3"
-        convolution_param { num_output: 64 pad: 2 kernel_size: 5 stride: 1 weight_filler { type: "gaussian" std: 0.01 } } }
-layer { name: "relu3" type: "ReLU" bottom: "conv3" top: "conv3" }
-layer { name: "pool3" type: "Pooling" bottom: "conv3" top: "pool3" pooling_param { pool: AVE kernel_size: 3 stride: 2 } }
-layer { name: "ip1" type: "InnerProduct" bottom: "pool3" top: "ip1" inner_product_param { num_output: 64 weight_filler { type: "gaussian" std: 0.1 } } }
-layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2" inner_product_param { num_output: 10 weight_filler { type: "gaussian" std: 0.1 } } }
-layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
-"""
+import mobilenet_v2  # noqa: E402
+
+MODELS = HERE.parent / "models"
+
+# key: (label, deploy prototxt or a function of the batch, batch, classes)
+NETS = collections.OrderedDict([
+    ("lenet", ("LeNet", MODELS / "lenet/lenet.prototxt", 64, 10)),
+    ("cifar10_quick", ("CIFAR-10 quick", MODELS / "cifar10_quick/deploy.prototxt", 100, 10)),
+    ("cifar10_full", ("CIFAR-10 full", MODELS / "cifar10_full/deploy.prototxt", 100, 10)),
+    ("alexnet", ("AlexNet", MODELS / "alexnet/deploy.prototxt", 8, 1000)),
+    ("caffenet", ("CaffeNet", MODELS / "caffenet/deploy.prototxt", 8, 1000)),
+    ("googlenet", ("GoogLeNet", MODELS / "googlenet/deploy.prototxt", 8, 1000)),
+    ("vgg16", ("VGG-16", MODELS / "vgg16/deploy.prototxt", 2, 1000)),
+    ("resnet50", ("ResNet-50", MODELS / "resnet50/deploy.prototxt", 8, 1000)),
+    ("squeezenet", ("SqueezeNet", MODELS / "squeezenet/deploy.prototxt", 8, 1000)),
+    ("mobilenet", ("MobileNet v1", MODELS / "mobilenet/deploy.prototxt", 8, 1000)),
+    ("mobilenet_v2", ("MobileNet v2", mobilenet_v2.deploy, 8, 1000)),
+])
 
 
-def torch_lenet(torch):
-    nn = torch.nn
-    return nn.Sequential(
-        nn.Conv2d(1, 20, 5), nn.MaxPool2d(2, 2, ceil_mode=True),
-        nn.Conv2d(20, 50, 5), nn.MaxPool2d(2, 2, ceil_mode=True),
-        nn.Flatten(), nn.Linear(800, 500), nn.ReLU(inplace=True), nn.Linear(500, 10))
+# ------------------------------------------------------------------------------------------- nets
+def deploy_param(key: str, batch: int | None) -> tuple[pb.NetParameter, int, int]:
+    """(deploy NetParameter with its Input batch set, batch, classes)."""
+    _, source, default_batch, classes = NETS[key]
+    batch = batch or default_batch
+    text = source(batch) if callable(source) else pathlib.Path(source).read_text()
+    param = proto_io.parse_text(text, pb.NetParameter(), str(source))
+    data = param.layer[0]
+    if data.type != "Input":
+        raise SystemExit(f"{key}: the first layer of the deploy net must be an Input")
+    data.input_param.shape[0].dim[0] = batch
+    return param, batch, classes
 
 
-def torch_cifar10_quick(torch):
-    nn = torch.nn
-    return nn.Sequential(
-        nn.Conv2d(3, 32, 5, padding=2), nn.MaxPool2d(3, 2, ceil_mode=True), nn.ReLU(inplace=True),
-        nn.Conv2d(32, 32, 5, padding=2), nn.ReLU(inplace=True), nn.AvgPool2d(3, 2, ceil_mode=True),
-        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(inplace=True), nn.AvgPool2d(3, 2, ceil_mode=True),
-        nn.Flatten(), nn.Linear(1024, 64), nn.Linear(64, 10))
+def train_param(deploy: pb.NetParameter) -> pb.NetParameter:
+    """The deploy net with a label input and SoftmaxWithLoss in place of its final Softmax."""
+    param = pb.NetParameter()
+    param.CopyFrom(deploy)
+    last = param.layer[-1]
+    if last.type != "Softmax":
+        raise SystemExit(f"{param.name}: the deploy net must end in a Softmax")
+    last.type = "SoftmaxWithLoss"
+    last.bottom.append("label")
+    del last.top[:]
+    last.top.append("loss")
+    data = param.layer[0]
+    data.top.append("label")
+    data.input_param.shape.add().dim.append(data.input_param.shape[0].dim[0])
+    return param
 
 
-def median_ms(fn, iters: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
+def multiply_adds(net) -> tuple[int, int]:
+    """(forward, forward+backward) multiply-adds of the net's convolutions and inner products. Backward
+    costs one product for the weight gradient and one for the input gradient where one is needed."""
+    forward = both = 0
+    for li, layer in enumerate(net.layers):
+        lp = layer.layer_param
+        if lp.type == "Convolution":
+            top = net._top_vecs[li][0]
+            macs = top.count * (layer.channels // layer.group) * layer.geom.kernel_count
+        elif lp.type == "InnerProduct":
+            macs = layer.blobs[0].count * net._bottom_vecs[li][0].shape[0]
+        else:
+            continue
+        forward += macs
+        both += macs * (2 + (1 if any(net.bottom_need_backward[li]) else 0))
+    return forward, both
+
+
+def sgemm_gflops(size: int = 1024, iters: int = 7) -> float:
+    a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
+    b = a.T.copy()
+    c = np.empty_like(a)
     times = []
-    for _ in range(iters):
+    for _ in range(iters + 2):
         start = time.perf_counter()
-        fn()
+        np.matmul(a, b, out=c)
         times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+    return 2 * size ** 3 / statistics.median(times[2:]) / 1e9
 
 
-def time_netdef(text: str, shape: tuple, iters: int, per_layer: bool = False) -> tuple[float, dict]:
+# ----------------------------------------------------------------------------------------- timing
+def netdef_nets(key, batch):
+    deploy, batch, classes = deploy_param(key, batch)
     netdef.set_random_seed(0)
-    net = netdef.Net(text, netdef.TRAIN)
+    train = netdef.Net(train_param(deploy), netdef.TRAIN)
     rng = np.random.default_rng(0)
-    net.blobs["data"].data[...] = rng.standard_normal(shape).astype(np.float32)
-    net.blobs["label"].data[...] = rng.integers(0, 10, shape[0]).astype(np.float32)
+    shape = train.blobs["data"].shape
+    train.blobs["data"].data[...] = rng.standard_normal(shape).astype(np.float32)
+    train.blobs["label"].data[...] = rng.integers(0, classes, batch).astype(np.float32)
+    test = netdef.Net(deploy, netdef.TEST)
+    test.share_with(train)
+    test.blobs["data"].data[...] = train.blobs["data"].data
+    return train, test
 
-    def step():
-        net.clear_param_diffs()
-        net.forward_backward()
 
-    ms = median_ms(step, iters)
-    layers = {}
-    for li, layer in enumerate(net.layers if per_layer else ()):
-        # Each timed backward follows its forward, as in training (a layer may keep work from its
-        # forward for the backward); medians over the repetitions after one warm-up.
-        fwd, bwd = [], []
-        for _ in range(max(3, iters // 2) + 1):
+def alternate(steps: dict, iters: int, warmup: int = 2) -> dict:
+    """Median ms of each step, the steps run in turn every round (warm-up rounds untimed)."""
+    times = {name: [] for name in steps}
+    for round_ in range(warmup + iters):
+        for name, fn in steps.items():
+            start = time.perf_counter()
+            fn()
+            if round_ >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: 1000 * statistics.median(ts) for name, ts in times.items()}
+
+
+def torch_train_step(torch, net):
+    """PyTorch's forward+backward of the TRAIN net ``net`` (a mirror of it, on its data and labels)."""
+    from torch_mirror import TorchMirror
+
+    mirror = TorchMirror(net, torch)
+    inputs = {"data": torch.from_numpy(net.blobs["data"].data.copy()),
+              "label": torch.from_numpy(net.blobs["label"].data.copy())}
+
+    def forward_backward():
+        mirror.zero_grad()
+        mirror(inputs).backward()
+
+    return forward_backward
+
+
+def torch_test_step(torch, net):
+    """PyTorch's forward of the deploy net ``net`` in eval mode under no_grad."""
+    from torch_mirror import TorchMirror
+
+    mirror = TorchMirror(net, torch)
+    mirror.train(False)
+    inputs = {"data": torch.from_numpy(net.blobs["data"].data.copy())}
+
+    def forward():
+        with torch.no_grad():
+            mirror(inputs)
+
+    return forward
+
+
+def per_layer_type(net, iters: int) -> dict:
+    """{layer type: (forward ms, backward ms)} medians over iterations, summed over the layers of a type."""
+    totals = collections.defaultdict(lambda: [[], []])
+    n = len(net.layers)
+    for _ in range(iters + 1):
+        fwd = collections.Counter()
+        bwd = collections.Counter()
+        for li, layer in enumerate(net.layers):
             start = time.perf_counter()
             net.forward_range(li, li)
-            fwd.append(time.perf_counter() - start)
-            net._fill_loss_diffs(0, len(net.layers) - 1)
+            fwd[layer.type] += time.perf_counter() - start
+        net._fill_loss_diffs(0, n - 1)
+        for li in range(n - 1, -1, -1):
             start = time.perf_counter()
             net.backward_range(li, li)
-            bwd.append(time.perf_counter() - start)
-        layers[layer.name] = (1000 * statistics.median(fwd[1:]), 1000 * statistics.median(bwd[1:]))
-    return ms, layers
+            bwd[net.layers[li].type] += time.perf_counter() - start
+        for kind in fwd:
+            totals[kind][0].append(fwd[kind])
+            totals[kind][1].append(bwd[kind])
+    return {kind: (1000 * statistics.median(f[1:]), 1000 * statistics.median(b[1:])) for kind, (f, b) in totals.items()}
 
 
-def time_torch(torch, build, shape: tuple, iters: int) -> float:
-    torch.manual_seed(0)
-    model = build(torch)
-    x = torch.randn(*shape)
-    y = torch.randint(0, 10, (shape[0],))
-    loss_fn = torch.nn.CrossEntropyLoss()
+# ---------------------------------------------------------------------------------------- peak RSS
+def rss_child(framework: str, key: str, batch: int | None, threads: int | None) -> None:
+    """Run in a fresh process: build the net, 3 forward+backward passes, print peak RSS in MiB."""
+    import resource
 
-    def step():
-        model.zero_grad(set_to_none=False)
-        loss_fn(model(x), y).backward()
+    set_threads(threads, framework == "torch")
+    train, test = netdef_nets(key, batch)
+    del test
+    if framework == "torch":
+        import torch
 
-    return median_ms(step, iters)
+        forward_backward = torch_train_step(torch, train)
+        del train
+    else:
+        forward_backward = lambda: (train.clear_param_diffs(), train.forward_backward())  # noqa: E731
+    for _ in range(3):
+        forward_backward()
+    print(json.dumps({"rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def peak_rss(framework: str, key: str, batch: int | None, threads: int | None) -> float:
+    cmd = [sys.executable, __file__, "--rss-child", framework, "--nets", key]
+    if batch:
+        cmd += ["--batch", str(batch)]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+    if done.returncode:
+        return float("nan")
+    return json.loads(done.stdout.strip().splitlines()[-1])["rss_mib"]
+
+
+# ------------------------------------------------------------------------------------------- main
+def set_threads(threads: int | None, with_torch: bool) -> None:
+    if threads:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(threads)
+    if with_torch:
+        import torch
+
+        torch.set_num_threads(threads or os.cpu_count())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--nets", default=",".join(NETS), help=f"comma-separated subset of: {', '.join(NETS)}")
+    parser.add_argument("--iters", type=int, default=10, help="timed rounds per net (after 2 warm-up rounds)")
+    parser.add_argument("--batch", type=int, default=None, help="batch for every net (default: each net's)")
     parser.add_argument("--threads", type=int, default=None, help="BLAS / torch threads (default: all cores)")
-    parser.add_argument("--per-layer", action="store_true", help="also print netdef's per-layer times")
-    parser.add_argument("--nets", default="lenet,cifar", help="comma-separated subset of: lenet, cifar")
+    parser.add_argument("--per-layer", action="store_true", help="also print netdef's per-layer-type times")
+    parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
     parser.add_argument("--column-path", action="store_true",
                         help="run every convolution through im2col (the CPU row-product path off)")
+    parser.add_argument("--rss-child", choices=("netdef", "torch"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    keys = [k.strip() for k in args.nets.split(",") if k.strip()]
+    for key in keys:
+        if key not in NETS:
+            parser.error(f"--nets: unknown net {key!r} (choose from {', '.join(NETS)})")
+    if args.rss_child:
+        return rss_child(args.rss_child, keys[0], args.batch, args.threads)
     if args.column_path:
         from netdef.layers import im2col
 
         im2col.ROW_PRODUCTS = False
-    try:
-        from threadpoolctl import threadpool_info, threadpool_limits
-    except ImportError:
-        threadpool_limits, threadpool_info = None, None
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    if args.threads and threadpool_limits:
-        threadpool_limits(args.threads)
-    if torch is not None and args.threads:
-        torch.set_num_threads(args.threads)
-    if threadpool_info:
-        for pool in threadpool_info():
-            print(f"# numpy BLAS: {pool.get('internal_api')} {pool.get('version')} "
-                  f"threads={pool.get('num_threads')} core={pool.get('architecture')}")
-    if torch is not None:
-        print(f"# torch {torch.__version__} threads={torch.get_num_threads()}")
-    print(f"{'net':<16}{'batch':>6}{'netdef ms':>12}{'torch ms':>11}{'netdef/torch':>14}")
-    cases = {"lenet": ("LeNet", LENET, (64, 1, 28, 28), torch_lenet),
-             "cifar": ("CIFAR-10 quick", CIFAR10_QUICK, (100, 3, 32, 32), torch_cifar10_quick)}
-    for key in args.nets.split(","):
-        if key.strip() not in cases:
-            parser.error(f"--nets: unknown net {key!r} (choose from {', '.join(cases)})")
-    for name, text, shape, build in (cases[key.strip()] for key in args.nets.split(",")):
-        ours, per_layer = time_netdef(text, shape, args.iters, args.per_layer)
-        theirs = time_torch(torch, build, shape, args.iters) if torch is not None else float("nan")
-        ratio = ours / theirs if torch is not None else float("nan")
-        print(f"{name:<16}{shape[0]:>6}{ours:>12.2f}{theirs:>11.2f}{ratio:>14.2f}")
+    import torch
+    from threadpoolctl import threadpool_info
+
+    set_threads(args.threads, True)
+    for pool in threadpool_info():
+        print(f"# numpy BLAS: {pool.get('internal_api')} {pool.get('version')} threads={pool.get('num_threads')}")
+    gflops = sgemm_gflops()
+    print(f"# torch {torch.__version__} threads={torch.get_num_threads()}; sgemm {gflops:.0f} GFLOP/s; "
+          f"load average {os.getloadavg()[0]:.2f}; {time.strftime('%Y-%m-%d %H:%M')}")
+    print(f"{'net':<15}{'batch':>6} | {'fwd+bwd ms':>10}{'torch':>9}{'ratio':>7} | {'fwd ms':>8}{'torch':>8}"
+          f"{'ratio':>7} | {'floor ms':>8}{'x floor':>8} | {'RSS MiB':>8}{'torch':>7}")
+    for key in keys:
+        label = NETS[key][0]
+        train, test = netdef_nets(key, args.batch)
+        fb_torch, fwd_torch = torch_train_step(torch, train), torch_test_step(torch, test)
+
+        def fb_netdef():
+            train.clear_param_diffs()
+            train.forward_backward()
+
+        ms = alternate({"fb": fb_netdef, "fb_torch": fb_torch, "fwd": test.forward_range, "fwd_torch": fwd_torch},
+                       args.iters)
+        _, both = multiply_adds(train)
+        floor = 2 * both / (gflops * 1e9) * 1000
+        rss = ((peak_rss("netdef", key, args.batch, args.threads), peak_rss("torch", key, args.batch, args.threads))
+               if not args.no_rss else (float("nan"),) * 2)
+        batch = train.blobs["data"].shape[0]
+        print(f"{label:<15}{batch:>6} | {ms['fb']:>10.1f}{ms['fb_torch']:>9.1f}{ms['fb'] / ms['fb_torch']:>7.2f} | "
+              f"{ms['fwd']:>8.1f}{ms['fwd_torch']:>8.1f}{ms['fwd'] / ms['fwd_torch']:>7.2f} | "
+              f"{floor:>8.1f}{ms['fb'] / floor:>8.2f} | {rss[0]:>8.0f}{rss[1]:>7.0f}", flush=True)
         if args.per_layer:
-            for layer, (fwd, bwd) in per_layer.items():
-                print(f"    {layer:<12} forward {fwd:8.3f} ms   backward {bwd:8.3f} ms")
-            total = sum(f + b for f, b in per_layer.values())
-            print(f"    {'(all)':<12} forward + backward {total:8.3f} ms")
+            for kind, (f, b) in sorted(per_layer_type(train, max(3, args.iters // 2)).items(),
+                                       key=lambda kv: -sum(kv[1])):
+                print(f"    {kind:<18} forward {f:8.2f} ms   backward {b:8.2f} ms")
+        del train, test, fb_torch, fwd_torch
 
 
 if __name__ == "__main__":
