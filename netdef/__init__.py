@@ -16,12 +16,8 @@ from .backend import (
 )
 from . import io
 from .blob import Blob
-<<<<<<< HEAD
 from .classifier import Classifier
-from .layers.base import TEST, TRAIN, Layer, LayerError, layer_class, register_layer, registered_types
-=======
 from .layers.base import TEST, TRAIN, DataSource, Layer, LayerError, layer_class, register_layer, registered_types
->>>>>>> seam
 from .net import Net, NetError
 from .netspec import NetSpec, NetSpecError, layers, params, to_proto
 from .solver import (
@@ -40,11 +36,8 @@ from .weights import WeightsError
 # pycaffe spells the protobuf module caffe.proto.caffe_pb2; netdef.proto_pb2 is the same messages.
 __all__ = [
     "AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "NesterovSolver", "RMSPropSolver", "SGDSolver", "Solver",
-<<<<<<< HEAD
-    "get_solver", "Blob", "Classifier", "NetSpec", "NetSpecError", "io", "layers", "params", "to_proto", "Layer", "LayerError", "Net", "NetError", "TEST", "TRAIN", "WeightsError", "get_array_module",
-=======
-    "get_solver", "Blob", "DataSource", "Layer", "LayerError", "Net", "NetError", "TEST", "TRAIN", "WeightsError", "get_array_module",
->>>>>>> seam
+    "get_solver", "Blob", "Classifier", "DataSource", "Layer", "LayerError", "Net", "NetError", "NetSpec",
+    "NetSpecError", "TEST", "TRAIN", "WeightsError", "get_array_module", "io", "layers", "params", "to_proto",
     "layer_class", "proto_pb2", "register_layer", "registered_types", "set_device", "set_device_id",
     "set_mode_cpu", "set_mode_gpu", "set_random_seed",
 ]

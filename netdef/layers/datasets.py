@@ -41,12 +41,8 @@ from ..data.image import read_image, read_image_list
 from ..data.transform import DataTransformer
 from ..files import TEXT_LIST_LIMIT, InputFileError, check_input_file, read_input_file
 from ..proto import netdef_pb2 as pb
-<<<<<<< HEAD
 from ..threads import yield_cores_to_compute
-from .base import Layer, LayerError, register_layer
-=======
 from .base import DataSource, Layer, LayerError, register_layer
->>>>>>> seam
 
 _STATE_MAGIC = b"netdef-data-state 1\n"
 
