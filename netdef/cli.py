@@ -296,6 +296,23 @@ def cmd_device_query(args) -> int:
     return 0
 
 
+def cmd_zoo(args) -> int:
+    from netdef import zoo
+
+    if args.action == "list":
+        models = zoo.list_models()
+        width = max(len(m.name) for m in models)
+        for model in models:
+            print(f"{model.name:<{width}}  {model.title}")
+        return 0
+    if not args.name:
+        raise SystemExit("netdef zoo copy: give the model's name (netdef zoo list shows them)")
+    destination = args.destination or args.name
+    for path in zoo.copy_model(args.name, destination, overwrite=args.overwrite):
+        log.info("Wrote %s", path)
+    return 0
+
+
 # ------------------------------------------------------------------------------------------ parser
 def _common_flags() -> argparse.ArgumentParser:
     """Flags every verb takes (also before the verb: ``netdef --debug train ...``). Defaults are
@@ -427,6 +444,13 @@ def build_parser() -> argparse.ArgumentParser:
                              help="show the GPU that --gpu would use")
     _flag(query, "gpu_id", type=int, default=0, help="GPU id")
     query.set_defaults(func=cmd_device_query)
+
+    models = verbs.add_parser("zoo", parents=[common], help="list the model zoo, or copy a model's prototxts out")
+    models.add_argument("action", choices=["list", "copy"])
+    models.add_argument("name", nargs="?", help="the model to copy (copy)")
+    models.add_argument("destination", nargs="?", help="the folder to copy into (default: the model's name)")
+    models.add_argument("--overwrite", action="store_true", help="replace files that exist")
+    models.set_defaults(func=cmd_zoo)
     return parser
 
 

@@ -1,0 +1,60 @@
+"""What an installed netdef holds: every subpackage, the zoo (``netdef zoo``), the licence."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+
+from tests.helpers import REPO
+
+NETDEF = [sys.executable, "-m", "netdef.cli"]
+
+
+def pyproject() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def test_every_subpackage_is_installed():
+    """pyproject.toml lists the packages (the zoo is mapped in from models/): a new subpackage
+    missing from the list would be left out of a wheel."""
+    listed = set(pyproject()["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "netdef").rglob("__init__.py")}
+    assert on_disk - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+    assert "netdef.models" in listed
+    assert pyproject()["tool"]["setuptools"]["package-dir"]["netdef.models"] == "models"
+
+
+def test_the_distribution_name_is_free_and_the_licence_is_there():
+    project = pyproject()["project"]
+    assert project["name"] == "netdef-trainer"  # "netdef" on PyPI is another project
+    assert project["license"] == "BSD-2-Clause"
+    assert "BSD 2-Clause License" in (REPO / "LICENSE").read_text()
+
+
+def run(args, cwd):
+    return subprocess.run(NETDEF + args, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_zoo_lists_every_model_folder(tmp_path):
+    done = run(["zoo", "list"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    listed = {line.split()[0] for line in done.stdout.splitlines()}
+    folders = {p.parent.name for p in (REPO / "models").glob("*/README.md")}
+    assert listed == folders and "lenet" in listed
+    assert any(line.startswith("lenet") and "LeNet on MNIST" in line for line in done.stdout.splitlines())
+
+
+def test_zoo_copy_writes_the_model_and_never_replaces_a_file(tmp_path):
+    done = run(["zoo", "copy", "resnet50", "mine"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    for name in ("train_val.prototxt", "deploy.prototxt", "solver.prototxt", "README.md"):
+        assert (tmp_path / "mine" / name).read_bytes() == (REPO / "models" / "resnet50" / name).read_bytes()
+    (tmp_path / "mine" / "deploy.prototxt").write_text("mine")
+    again = run(["zoo", "copy", "resnet50", "mine"], tmp_path)
+    assert again.returncode != 0 and "--overwrite" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "mine" / "deploy.prototxt").read_text() == "mine"
+    forced = run(["zoo", "copy", "resnet50", "mine", "--overwrite"], tmp_path)
+    assert forced.returncode == 0
+    assert (tmp_path / "mine" / "deploy.prototxt").read_bytes() == (REPO / "models" / "resnet50" / "deploy.prototxt").read_bytes()
+    unknown = run(["zoo", "copy", "nonet"], tmp_path)
+    assert unknown.returncode != 0 and "no model 'nonet'" in unknown.stderr
