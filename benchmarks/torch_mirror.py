@@ -101,7 +101,7 @@ class TorchMirror:
             return lambda x: F.local_response_norm(x, p.local_size, p.alpha, p.beta, p.k)
         if kind == "Dropout":
             ratio = lp.dropout_param.dropout_ratio
-            return lambda x: F.dropout(x, ratio, self.training, inplace=in_place)
+            return lambda x: F.dropout(x, ratio, self.training)
         if kind == "BatchNorm":
             return self._batch_norm(layer, scale)
         if kind == "Scale":

@@ -19,6 +19,7 @@ from .. import backend
 from ..blob import Blob
 from ..fillers import fill
 from ..proto import netdef_pb2 as pb
+from . import depthwise
 from . import im2col as _cols
 from . import kernels
 from .base import TRAIN, Layer, register_layer
@@ -198,9 +199,35 @@ class ConvolutionLayer(_ConvolutionBase):
     computed as W (num_output x C*kh*kw per group) times the im2col matrix of a chunk of the batch.
     """
 
+    def reshape(self, bottom, top):
+        super().reshape(bottom, top)
+        self.algorithm = self._choose_algorithm(backend.xp())
+
+    def _choose_algorithm(self, xp) -> str:
+        """How forward and backward compute, chosen once the shapes are known:
+
+        - "depthwise": group == channels (2-D): shifted multiply-adds over the taps (depthwise.py);
+        - "pointwise": 1x1 kernel, stride 1, no padding, one group: y[n] = W @ x[n] as (C x H*W)
+          matrices, no column matrix and no copy of the input;
+        - "rows": the CPU row-product path (im2col.RowPlan, see _rows_eligible);
+        - "columns": im2col and one product per group over chunks of the batch (anything else).
+        """
+        g = self.geom
+        if self.num_spatial == 2 and self.group > 1 and self.group == self.channels:
+            return "depthwise"
+        if self.group == 1 and all(k == 1 for k in g.kernel) and all(s == 1 for s in g.stride) and not any(g.pad):
+            return "pointwise"
+        if self._rows_eligible(xp):
+            return "rows"
+        return "columns"
+
     def forward(self, bottom, top):
         xp = backend.get_array_module(bottom[0].data)
-        if self._rows_eligible(xp):
+        if self.algorithm == "depthwise":
+            return self._forward_depthwise(bottom, top)
+        if self.algorithm == "pointwise":
+            return self._forward_pointwise(bottom, top)
+        if self.algorithm == "rows":
             return self._forward_rows(bottom, top)
         self._rows_last.clear()
         o, g = self.num_output, self.group
@@ -224,7 +251,11 @@ class ConvolutionLayer(_ConvolutionBase):
 
     def backward(self, top, propagate_down, bottom):
         xp = backend.get_array_module(top[0].diff)
-        if self._rows_eligible(xp):
+        if self.algorithm == "depthwise":
+            return self._backward_depthwise(top, propagate_down, bottom)
+        if self.algorithm == "pointwise":
+            return self._backward_pointwise(top, propagate_down, bottom)
+        if self.algorithm == "rows":
             return self._backward_rows(top, propagate_down, bottom)
         o, g = self.num_output, self.group
         w = self._weights()
@@ -267,6 +298,60 @@ class ConvolutionLayer(_ConvolutionBase):
                     self._gemm(xp, w, dy_g, dcols.reshape(g, -1, lay.ncols), trans_a=True)
                     col2im(dcols, lay, dx_all[start:stop], self.ws)
             self._cols_fresh[i] = False
+
+    def _add_bias(self, y):
+        if self.bias_term:
+            y += self.blobs[1].data.reshape((1, -1) + (1,) * self.num_spatial)
+
+    def _bias_gradient(self, dy):
+        """Adds sum over samples and positions of ``dy`` (num x O x S) to the bias gradient."""
+        if self.bias_term and self.param_propagate_down[1]:
+            self.blobs[1].diff += dy.sum(axis=(0, 2))
+
+    # ---- depthwise (group == channels): depthwise.py
+    def _forward_depthwise(self, bottom, top):
+        w = self.blobs[0].data
+        for b, t in zip(bottom, top):
+            y = t.data.reshape((self.num, self.num_output) + self.out_spatial)
+            depthwise.forward(b.data.reshape((self.num, self.channels) + self.in_spatial), w, self.geom, y)
+            self._add_bias(y)
+
+    def _backward_depthwise(self, top, propagate_down, bottom):
+        w = self.blobs[0].data
+        for b, t, down in zip(bottom, top, propagate_down):
+            dy = t.diff.reshape((self.num, self.num_output) + self.out_spatial)
+            self._bias_gradient(dy.reshape(self.num, self.num_output, -1))
+            if self.param_propagate_down[0]:
+                x = b.data.reshape((self.num, self.channels) + self.in_spatial)
+                depthwise.backward_weights(x, dy, self.geom, self.blobs[0].diff)
+            if down:
+                depthwise.backward_data(dy, w, self.geom, b.diff.reshape((self.num, self.channels) + self.in_spatial))
+
+    # ---- pointwise (1x1, stride 1, no padding, one group): per-sample products on (C x S) matrices
+    def _forward_pointwise(self, bottom, top):
+        xp = backend.get_array_module(bottom[0].data)
+        w = self.blobs[0].data.reshape(self.num_output, self.channels)
+        for b, t in zip(bottom, top):
+            y = t.data.reshape(self.num, self.num_output, -1)
+            xp.matmul(w, b.data.reshape(self.num, self.channels, -1), out=y)
+            self._add_bias(t.data.reshape((self.num, self.num_output) + self.out_spatial))
+
+    def _backward_pointwise(self, top, propagate_down, bottom):
+        xp = backend.get_array_module(top[0].diff)
+        w = self.blobs[0].data.reshape(self.num_output, self.channels)
+        for b, t, down in zip(bottom, top, propagate_down):
+            dy = t.diff.reshape(self.num, self.num_output, -1)
+            self._bias_gradient(dy)
+            x = b.data.reshape(self.num, self.channels, -1)
+            if self.param_propagate_down[0]:
+                dw = self.blobs[0].diff.reshape(self.num_output, self.channels)
+                part = self.ws.get("pointwise_dw", dw.shape, dw.dtype, xp)
+                for n in range(self.num):
+                    # One product per sample: (O x S)(S x C) needs no copy of either operand.
+                    xp.matmul(dy[n], x[n].T, out=part)
+                    dw += part
+            if down:
+                xp.matmul(w.T, dy, out=b.diff.reshape(x.shape))
 
     # ---- the CPU row-product path (im2col.RowPlan): stride-1 2-D convolutions, one group
     def _rows_eligible(self, xp) -> bool:

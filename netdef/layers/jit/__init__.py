@@ -1,0 +1,16 @@
+"""Compiled CPU kernels (numba), the CPU counterpart of kernels/*.cu.
+
+NumPy runs every array operation on one core, one pass over memory at a time; the layers whose math is
+a short loop over a small window (depthwise convolution, ...) need many such passes, while BLAS and
+PyTorch use every core. The kernels here compute those layers in one parallel pass. Each has a
+reference twin written against the array module (what runs on CuPy arrays, and what the tests compare
+the kernels with); a layer picks the kernel for NumPy arrays when ``ENABLED`` (tests switch it off to
+run the reference).
+
+Compiled on first use for the dtype at hand (float32 and float64), cached on disk by numba
+(``cache=True``) so later processes start fast. Threads: numba's pool, ``NUMBA_NUM_THREADS`` or all
+cores by default.
+"""
+from __future__ import annotations
+
+ENABLED = True  # tests switch the kernels off to compare them with the reference functions

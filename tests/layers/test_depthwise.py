@@ -1,0 +1,120 @@
+"""Depthwise convolution (group == channels) and the other convolution algorithms chosen at reshape.
+
+The compiled kernels (layers/jit/depthwise.py) and their array-module twins (layers/depthwise.py)
+against a naive direct convolution, numerical gradient checks of both, and the kernels against the
+twins in float32 on shapes like MobileNet's."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from netdef import backend
+from netdef.layers import depthwise, jit
+from netdef.layers.im2col import Geometry
+from tests.helpers import build, check_gradients, parse_layer
+from tests.layers.test_vision import conv_text, naive_conv
+
+RNG = np.random.default_rng(20261123)
+
+# (text fields, channels)
+DEPTHWISE_CONFIGS = [
+    (dict(num_output=4, kernel_size=3, pad=1, group=4), 4),
+    (dict(num_output=3, kernel_size=3, stride=2, pad=1, group=3, bias_term=False), 3),
+    (dict(num_output=6, kernel_size=3, pad=1, group=3), 3),                       # channel multiplier 2
+    (dict(num_output=2, kernel_h=3, kernel_w=2, stride_h=2, stride_w=1, pad_h=0, pad_w=1, group=2), 2),
+    (dict(num_output=2, kernel_size=3, dilation=2, pad=2, stride=2, group=2), 2),
+    (dict(num_output=2, kernel_size=5, pad=1, group=2), 2),                        # windows past the input
+]
+IDS = [",".join(f"{k}={v}" for k, v in f.items()) for f, _ in DEPTHWISE_CONFIGS]
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    backend.set_random_seed(1234)
+
+
+@pytest.fixture(params=[True, False], ids=["compiled", "reference"])
+def compiled(request, monkeypatch):
+    monkeypatch.setattr(jit, "ENABLED", request.param)
+    return request.param
+
+
+def _stride_pad_dilation(fields):
+    def pair(name, default):
+        if f"{name}_h" in fields:
+            return fields[f"{name}_h"], fields[f"{name}_w"]
+        return (fields.get(name, default),) * 2
+
+    return pair("stride", 1), pair("pad", 0), pair("dilation", 1)
+
+
+@pytest.mark.parametrize("fields,channels", DEPTHWISE_CONFIGS, ids=IDS)
+def test_depthwise_matches_naive_reference(compiled, fields, channels):
+    x = RNG.standard_normal((2, channels, 7, 8))
+    kh = fields.get("kernel_h", fields.get("kernel_size"))
+    kw = fields.get("kernel_w", fields.get("kernel_size"))
+    w = RNG.standard_normal((fields["num_output"], 1, kh, kw))
+    b = RNG.standard_normal(fields["num_output"])
+    params = [w, b] if fields.get("bias_term", True) else [w]
+    layer, bottom, top = build(parse_layer(conv_text(**fields)), [x], 1, params=params)
+    assert layer.algorithm == "depthwise"
+    layer.forward(bottom, top)
+    stride, pad, dil = _stride_pad_dilation(fields)
+    expected = naive_conv(x, w, b if len(params) == 2 else np.zeros_like(b), stride, pad, dil, channels)
+    np.testing.assert_allclose(top[0].data, expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("fields,channels", DEPTHWISE_CONFIGS, ids=IDS)
+def test_depthwise_gradients(compiled, fields, channels):
+    layer = check_gradients(parse_layer(conv_text(**fields)), [RNG.standard_normal((2, channels, 6, 7))])
+    assert layer.algorithm == "depthwise"
+
+
+@pytest.mark.parametrize("geom", [Geometry((3, 3), (1, 1), (1, 1), (1, 1)), Geometry((3, 3), (2, 2), (1, 1), (1, 1))],
+                         ids=["s1", "s2"])
+def test_depthwise_kernels_match_reference_float32(geom):
+    x = RNG.standard_normal((3, 24, 19, 17)).astype(np.float32)
+    w = RNG.standard_normal((24, 1, 3, 3)).astype(np.float32)
+    out = geom.conv_out(x.shape[2:])
+    dy = RNG.standard_normal((3, 24) + out).astype(np.float32)
+    y = np.empty_like(dy)
+    from netdef.layers.jit import depthwise as kernels
+
+    kernels.forward(x, w, y, *geom.stride, *geom.pad, *geom.dilation)
+    np.testing.assert_allclose(y, depthwise.forward_reference(x, w, geom, np.empty_like(dy)), rtol=1e-5, atol=1e-5)
+    dx = np.empty_like(x)
+    kernels.backward_data(dy, w, dx, *geom.stride, *geom.pad, *geom.dilation)
+    np.testing.assert_allclose(dx, depthwise.backward_data_reference(dy, w, geom, np.empty_like(x)),
+                               rtol=1e-5, atol=1e-5)
+    dw = np.ones_like(w)  # the weight gradient is added
+    kernels.backward_weights(x, dy, dw, *geom.stride, *geom.pad, *geom.dilation)
+    np.testing.assert_allclose(dw, depthwise.backward_weights_reference(x, dy, geom, np.ones_like(w)),
+                               rtol=1e-4, atol=1e-3)
+
+
+def test_convolution_algorithm_choice():
+    def algorithm(channels, **fields):
+        layer, _, _ = build(parse_layer(conv_text(**fields)), [np.zeros((1, channels, 9, 9))], 1)
+        return layer.algorithm
+
+    assert algorithm(8, num_output=8, kernel_size=3, pad=1, group=8) == "depthwise"
+    assert algorithm(8, num_output=16, kernel_size=3, stride=2, group=8) == "depthwise"
+    assert algorithm(8, num_output=8, kernel_size=3, group=4) != "depthwise"
+    assert algorithm(8, num_output=4, kernel_size=1) == "pointwise"
+    assert algorithm(8, num_output=4, kernel_size=1, stride=2) != "pointwise"
+    assert algorithm(8, num_output=4, kernel_size=1, group=2) != "pointwise"
+    assert algorithm(64, num_output=8, kernel_size=3, pad=1) == "rows"
+    assert algorithm(3, num_output=8, kernel_size=3, pad=1) == "columns"
+
+
+@pytest.mark.parametrize("fields", [dict(num_output=5, kernel_size=1), dict(num_output=2, kernel_size=1, bias_term=False)],
+                         ids=["bias", "no-bias"])
+def test_pointwise_matches_naive_reference_and_gradients(fields):
+    x = RNG.standard_normal((3, 4, 5, 6))
+    layer = check_gradients(parse_layer(conv_text(**fields)), [x])
+    assert layer.algorithm == "pointwise"
+    w = layer.blobs[0].data
+    b = layer.blobs[1].data if len(layer.blobs) > 1 else np.zeros(fields["num_output"])
+    layer2, bottom, top = build(parse_layer(conv_text(**fields)), [x], 1, params=[p.data for p in layer.blobs])
+    layer2.forward(bottom, top)
+    np.testing.assert_allclose(top[0].data, naive_conv(x, w, b, (1, 1), (0, 0), (1, 1), 1), rtol=1e-10, atol=1e-10)
