@@ -99,7 +99,8 @@ def cmd_train(args) -> int:
     if args.iterations is not None:
         param.max_iter = _positive_iterations(args, "train")
     options = options_from(param, exchange=args.exchange, overlap=args.overlap, bucket_bytes=args.bucket_bytes,
-                           progress=args.progress, timeline=args.timeline)
+                           progress=args.progress, timeline=args.timeline, schedule=args.schedule,
+                           chunk_bytes=args.chunk_bytes, credit_bytes=args.credit_bytes)
     comm = create_communicator(async_progress=options.progress == "MPI_ASYNC")
     if comm.rank > 0:
         log.setLevel(logging.WARNING)  # only rank 0 logs progress; every rank reports its errors
@@ -376,6 +377,11 @@ def build_parser() -> argparse.ArgumentParser:
           help="what drives non-blocking exchanges: auto, poll (between layers), thread (a communication "
                "thread), mpi_async (MPICH's progress thread)")
     _flag(dist, "timeline", metavar="TRACE_JSON", help="write a Chrome trace (Perfetto) of every rank here")
+    _flag(dist, "schedule", type=str.lower, choices=["fifo", "priority"],
+          help="priority: first what the next forward needs, in chunks, each blob updated as its gradient "
+               "arrives; fifo: backward order, update after the whole exchange")
+    _flag(dist, "chunk_bytes", type=int, metavar="BYTES", help="priority: chunk size (default: measured)")
+    _flag(dist, "credit_bytes", type=int, metavar="BYTES", help="priority: bytes in flight (default: measured)")
     train.set_defaults(func=cmd_train)
 
     test = verbs.add_parser("test", parents=[common],

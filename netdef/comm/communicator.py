@@ -70,9 +70,9 @@ class Communicator:
         return int(value)
 
     # -------------------------------------------------------------------------------- non-blocking
-    def iallreduce(self, array):
-        """Start summing ``array`` in place over all ranks; returns a request. ``array`` must not be
-        touched until the request completes."""
+    def iallreduce(self, array, op: str = "sum"):
+        """Start reducing ``array`` in place over all ranks (``op``: sum, max, min); returns a
+        request. ``array`` must not be touched until the request completes."""
         return _Done()
 
     def test_some(self, requests: list) -> list[int]:
@@ -156,10 +156,10 @@ class MPICommunicator(Communicator):
         self.comm.Bcast(buf, root=root)
         return int(buf[0])
 
-    def iallreduce(self, array):
+    def iallreduce(self, array, op: str = "sum"):
         if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
             raise ValueError("iallreduce needs a C-contiguous NumPy array (stage GPU arrays in host memory)")
-        return self.comm.Iallreduce(self._MPI.IN_PLACE, array, op=self._MPI.SUM)
+        return self.comm.Iallreduce(self._MPI.IN_PLACE, array, op=self._ops[op])
 
     def test_some(self, requests: list) -> list[int]:
         active = [i for i, r in enumerate(requests) if r is not None]

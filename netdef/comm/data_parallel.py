@@ -77,7 +77,8 @@ class DataParallel(Parallel):
         self._clock = time.perf_counter
         self._mark = 0.0
         self._record = None
-        self._traced = False
+        self._param_names: list[str] = []
+        self._update_start = 0.0
 
     def describe(self) -> str:
         return f"{self.size} ranks ({self.comm.description})"
@@ -101,6 +102,7 @@ class DataParallel(Parallel):
                     if layer.set_shard(self.rank, self.size):
                         sharded.add(id(layer))
         self.exchange = exchange_class(self.options.exchange)(self.comm, solver.net, self.options, self.measurements)
+        self._param_names = [blob.name for blob in solver.net.learnable_params]
         if self.options.timeline:
             self.comm.barrier()
             self.timeline = Timeline(self.rank, self._clock())
@@ -132,7 +134,6 @@ class DataParallel(Parallel):
     def begin_iteration(self, iteration: int) -> None:
         self._mark = self._clock()
         self._record = self.measurements.begin(iteration, self._mark)
-        self._traced = False
         self.exchange.begin_iteration(iteration)
 
     def forward_done(self) -> None:
@@ -158,20 +159,24 @@ class DataParallel(Parallel):
     def arrived(self, param_ids) -> list[int]:
         start = self._clock()
         ids = self.exchange.arrived(param_ids)
-        self._trace_wait(start)
+        if self.timeline is not None:
+            self.timeline.span("wait for exchanges + average", start, self._clock())
         return ids
 
     def wait_gradients(self, param_ids) -> None:
         start = self._clock()
         self.exchange.wait_for(param_ids)
-        self._trace_wait(start)
+        if self.timeline is not None:
+            names = ", ".join(self._param_names[i] for i in param_ids)
+            self.timeline.span(f"wait for {names}", start, self._clock(), category="wait")
 
-    def _trace_wait(self, start: float) -> None:
-        if self.timeline is None or self._traced or not self.exchange.iteration_finished():
-            return
-        self._traced = True
-        self.timeline.span("wait for exchanges + average", start, self._clock())
-        self.timeline.record_iteration(self.measurements.current)
+    def before_update(self, param_id: int) -> None:
+        self._update_start = self._clock()
+
+    def after_update(self, param_id: int) -> None:
+        if self.timeline is not None:
+            self.timeline.span(f"update {self._param_names[param_id]}", self._update_start, self._clock(),
+                               lane="updates", category="update")
 
     def updated(self) -> None:
         self.exchange.after_update()
@@ -218,6 +223,8 @@ class DataParallel(Parallel):
         """Write the Chrome trace (every rank must call it: it gathers the ranks' events)."""
         if self.timeline is None:
             return
+        for record in self.measurements.records:
+            self.timeline.record_iteration(record)
         gathered = self.comm.gather_bytes(self.timeline.to_json(), root=0)
         if self.rank == 0:
             write_chrome_trace(self.options.timeline, gathered)

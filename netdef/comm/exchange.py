@@ -37,6 +37,17 @@ after every layer's backward (through the net's layer hooks), layers without par
 A bucket of one blob is exchanged in the blob's own diff memory (no copies); fused buckets are
 flat host buffers with copy-in and copy-out (GPU arrays are staged through them too).
 
+How the buckets move is the schedule (``NetdefDistributedParameter.schedule``, ``--schedule``):
+
+- ``priority`` (the default): the priority schedule of ``scheduler.py`` sends first what the next
+  forward needs first, splits large buckets into chunks and bounds the bytes in flight (chunk and
+  credit sizes measured in ``broadcast_initial`` and logged). ``arrived``/``wait_for`` answer per
+  bucket, so the solver updates each blob as its average arrives and the next iteration's forward
+  of a layer waits only for that layer's buckets: the exchange overlaps backward and the next
+  forward. The previous iteration's exchange is drained when the next one's first gradient comes.
+- ``fifo``: buckets go in backward order through a progress driver (``progress.py``), and the
+  update waits for all of them (``finish``).
+
 The first iteration learns the bucket layout (the hook order, which layer handed over which
 gradients, and the blob sizes) and exchanges after backward; overlap starts with the second
 iteration.
@@ -44,13 +55,17 @@ iteration.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 
 import numpy as np
 
 from .. import backend
 from .progress import choose_mode, make_driver
-from .timeline import BucketRecord, Measurements
+from .scheduler import PriorityTransport, choose_sizes
+from .timeline import BucketRecord, ChunkRecord, Measurements
+
+logger = logging.getLogger("netdef")
 
 DEFAULT_BUCKET_BYTES = 4 << 20
 
@@ -64,6 +79,9 @@ class ExchangeOptions:
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     progress: str = "AUTO"
     timeline: str = ""
+    schedule: str = "priority"  # or "fifo" (scheduler.py)
+    chunk_bytes: int = 0        # priority: 0 = chosen by measuring
+    credit_bytes: int = 0       # priority: 0 = chosen by measuring
 
 
 # ============================================================================================== registry
@@ -140,10 +158,6 @@ class ExchangeRule:
         """Block until the diffs of ``param_ids`` may be used by the update."""
         self._finish_once()
 
-    def iteration_finished(self) -> bool:
-        """Whether nothing of this iteration's exchange is outstanding any more."""
-        return self._finished
-
     def _finish_once(self) -> None:
         if not self._finished:
             self._finished = True
@@ -186,6 +200,7 @@ class Bucket:
     def reset(self) -> None:
         self.filled = 0
         self.handed_off = False
+        self.unpacked = False
         self.ready_at = self.started_at = self.done_at = float("nan")
 
     @property
@@ -297,8 +312,17 @@ class AllreduceExchange(ExchangeRule):
         super().__init__(comm, net, options, measurements, clock)
         if self.options.bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {self.options.bucket_bytes}")
+        if self.options.schedule not in ("fifo", "priority"):
+            raise ValueError(f"unknown schedule {self.options.schedule!r}; use fifo or priority")
         self.progress_mode = choose_mode(comm, self.options.progress) if comm.size > 1 else "NONE"
-        self.driver = make_driver(comm, self.progress_mode, clock) if comm.size > 1 else None
+        prioritized = comm.size > 1 and self.options.schedule == "priority"
+        self.driver = make_driver(comm, self.progress_mode, clock) if comm.size > 1 and not prioritized else None
+        # The priority schedule; its chunk and credit sizes are settled in broadcast_initial.
+        self.transport = (PriorityTransport(comm, self.progress_mode, self.options.chunk_bytes,
+                                            max(self.options.credit_bytes, self.options.chunk_bytes), clock)
+                          if prioritized else None)
+        self._record = None                         # the iteration whose buckets are exchanging
+        self._fresh = False                         # priority: this iteration's exchange has not begun
         self.buckets: list[Bucket] | None = None   # planned in the first iteration
         self._slot: dict[int, tuple[Bucket, int]] = {}
         self._order: list[int] = []                 # hook order seen while learning the layout
@@ -309,27 +333,70 @@ class AllreduceExchange(ExchangeRule):
         self._in_flight = 0                         # buckets started during this backward
         # Between any two layers of backward (those without parameters too), let a polling driver
         # move the started exchanges along.
-        self._layer_hooks = (net.register_layer_hooks(after_backward=self._after_layer)
-                             if self.driver is not None and self.options.overlap
-                             and self.driver.polls_between_layers else None)
+        self._layer_hooks = None
+        if self.transport is not None and self.transport.pumps_between_layers:
+            # ... and, with priorities, between the layers of the next forward, which the exchange overlaps.
+            self._layer_hooks = net.register_layer_hooks(after_forward=self._pump, after_backward=self._pump)
+        elif self.driver is not None and self.options.overlap and self.driver.polls_between_layers:
+            self._layer_hooks = net.register_layer_hooks(after_backward=self._after_layer)
 
     def describe(self) -> str:
-        return (f"{self.name} (overlap {'on' if self.options.overlap else 'off'}, buckets of at most "
-                f"{self.options.bucket_bytes} bytes, progress {self.progress_mode})")
+        text = (f"{self.name} (overlap {'on' if self.options.overlap else 'off'}, buckets of at most "
+                f"{self.options.bucket_bytes} bytes, progress {self.progress_mode}, schedule {self.options.schedule}")
+        if self.transport is not None and self.transport.chunk_bytes:
+            text += f": chunks of {self.transport.chunk_bytes} bytes, {self.transport.credit_bytes} bytes in flight"
+        return text + ")"
+
+    def broadcast_initial(self) -> None:
+        super().broadcast_initial()
+        if self.transport is None or (self.options.chunk_bytes and self.options.credit_bytes):
+            return
+        chunk, credit = self.options.chunk_bytes, self.options.credit_bytes
+        if not chunk or not credit:
+            measured_chunk, measured_credit, latency, rate = choose_sizes(self.comm, self.clock)
+            if self.comm.rank == 0:
+                logger.info("Priority schedule: measured allreduce latency %.0f us and %.0f MB/s: chunks of %d "
+                            "bytes, at most %d bytes in flight%s", latency * 1e6, rate / 1e6,
+                            chunk or measured_chunk, max(credit or measured_credit, chunk or measured_chunk),
+                            " (as set)" if chunk or credit else "")
+            chunk, credit = chunk or measured_chunk, credit or measured_credit
+        self.transport.chunk_bytes, self.transport.credit_bytes = int(chunk), int(max(credit, chunk))
+        if self.buckets is not None:
+            self.transport.plan(self.buckets, self._priorities())
 
     # ------------------------------------------------------------------------------ the iteration
     def begin_iteration(self, iteration: int) -> None:
         super().begin_iteration(iteration)
-        self._active = self.comm.size > 1
         self._order = []
         self._layers = []
         self._expected = 0
         self._in_flight = 0
+        if self.transport is None:
+            self._active = self.comm.size > 1
+            self._record = self.measurements.current
+            if self.buckets is not None:
+                for bucket in self.buckets:
+                    bucket.reset()
+        else:
+            # The previous iteration's buckets may still be exchanging (its updates wait for them in
+            # this iteration's forward); they are drained when this iteration's first gradient comes.
+            self._fresh = self.comm.size > 1
+
+    def _begin_exchange(self) -> None:
+        if not self._fresh:
+            return
+        self._fresh = False
+        self.finish()
+        self.transport.begin()
+        self._active = True
+        self._record = self.measurements.current
         if self.buckets is not None:
             for bucket in self.buckets:
                 bucket.reset()
 
     def gradients_ready(self, param_ids) -> None:
+        if self.transport is not None:
+            self._begin_exchange()
         if not self._active:
             return
         start = self.clock()
@@ -339,9 +406,15 @@ class AllreduceExchange(ExchangeRule):
         else:
             for pid in param_ids:
                 self._pack_frozen(pid)
-            if self._in_flight:
+            if self._in_flight and self.driver is not None:
                 self.driver.poke()
         self.measurements.current.exchange_call_s += self.clock() - start
+
+    def _pump(self, layer_index: int) -> None:
+        start = self.clock()
+        self.transport.between_layers()
+        if self.measurements.current is not None:
+            self.measurements.current.exchange_call_s += self.clock() - start
 
     def _after_layer(self, layer_index: int) -> None:
         if self._active and self._in_flight:
@@ -371,6 +444,8 @@ class AllreduceExchange(ExchangeRule):
         self.start_bucket(bucket)
 
     def backward_done(self) -> None:
+        if self.transport is not None:
+            self._begin_exchange()
         if not self._active:
             return
         start = self.clock()
@@ -392,21 +467,86 @@ class AllreduceExchange(ExchangeRule):
         self.buckets = plan_buckets(order, self.params, self.options.bucket_bytes, layers)
         self._slot = {pid: (b, slot) for b in self.buckets for slot, pid in enumerate(b.param_ids)}
         self._hook_order = [pid for pid in order if pid in self._slot]
+        if self.transport is not None:
+            if not self.transport.chunk_bytes:
+                raise RuntimeError("the priority schedule has no chunk size yet: call broadcast_initial() before "
+                                   "the first iteration")
+            self.transport.plan(self.buckets, self._priorities())
+
+    def _priorities(self) -> list[int]:
+        """By bucket: the forward position of the first layer that uses one of its parameters."""
+        first_use: dict[int, int] = {}
+        for li in range(len(self.net.layers)):
+            for pid in self.net.layer_learnable_ids(li):
+                first_use.setdefault(pid, li)
+        return [min(first_use.get(pid, len(self.net.layers)) for pid in b.param_ids) for b in self.buckets]
+
+    def _start_transfer(self, bucket: Bucket) -> None:
+        if self.transport is not None:
+            self.transport.ready(bucket)
+        else:
+            self.driver.start(bucket)
+
+    # ------------------------------------------------------------------------------ arrival
+    def arrived(self, param_ids) -> list[int]:
+        if self.transport is None or not self._active:
+            return super().arrived(param_ids)
+        start = self.clock()
+        self.transport.poll()
+        out = []
+        for pid in param_ids:
+            entry = self._slot.get(pid)
+            if entry is None:
+                out.append(pid)  # not exchanged (no gradient, or empty)
+            elif entry[0].unpacked or self.transport.complete(entry[0]):
+                self._unpack(entry[0])
+                out.append(pid)
+        self._record.exchange_call_s += self.clock() - start
+        return out
+
+    def wait_for(self, param_ids) -> None:
+        if self.transport is None or not self._active:
+            super().wait_for(param_ids)
+            return
+        buckets = list({id(e[0]): e[0] for e in (self._slot.get(pid) for pid in param_ids)
+                        if e is not None and not e[0].unpacked}.values())
+        if not buckets:
+            return
+        start = self.clock()
+        self.transport.wait(buckets)
+        self._record.wait_s += self.clock() - start
+        for bucket in buckets:
+            self._unpack(bucket)
+
+    def _unpack(self, bucket: Bucket) -> None:
+        if bucket.unpacked:
+            return
+        start = self.clock()
+        self.unpack_bucket(bucket)
+        bucket.unpacked = True
+        record = self._record
+        record.buckets.append(BucketRecord(bucket.index, bucket.nbytes, len(bucket.param_ids), bucket.ready_at,
+                                           bucket.started_at, bucket.done_at))
+        record.bytes += bucket.nbytes
+        if self.transport is not None:
+            schedule = self.transport.schedule
+            for chunk in schedule.chunks_of(bucket):
+                record.chunks.append(ChunkRecord(bucket.index, chunk.number, chunk.nbytes, chunk.started_at,
+                                                 chunk.done_at, schedule.priorities[bucket.index]))
+        record.unpack_s += self.clock() - start
 
     def finish(self) -> None:
+        """Wait for the whole exchange and average every bucket into the diffs."""
         if not self._active:
             return
-        record = self.measurements.current
         start = self.clock()
-        self.driver.wait_all()
-        waited = self.clock()
-        record.wait_s += waited - start
+        if self.transport is not None:
+            self.transport.wait(self.buckets)
+        else:
+            self.driver.wait_all()
+        self._record.wait_s += self.clock() - start
         for bucket in self.buckets:
-            self.unpack_bucket(bucket)
-            record.buckets.append(BucketRecord(bucket.index, bucket.nbytes, len(bucket.param_ids), bucket.ready_at,
-                                               bucket.started_at, bucket.done_at))
-            record.bytes += bucket.nbytes
-        record.unpack_s += self.clock() - waited
+            self._unpack(bucket)
         self._active = False
         self._in_flight = 0
 
@@ -416,6 +556,8 @@ class AllreduceExchange(ExchangeRule):
             self._layer_hooks = None
         if self.driver is not None:
             self.driver.close()
+        if self.transport is not None:
+            self.transport.close()
 
     # ------------------------------------------------------------------------------ overridable steps
     def pack_bucket(self, bucket: Bucket, slot: int, diff) -> None:
@@ -423,8 +565,9 @@ class AllreduceExchange(ExchangeRule):
         bucket.pack(slot, diff)
 
     def start_bucket(self, bucket: Bucket) -> None:
-        """Hand a full bucket to the progress driver (sum over the ranks, in place)."""
-        self.driver.start(bucket)
+        """Hand a full bucket to the progress driver or the priority schedule (sum over the ranks,
+        in place)."""
+        self._start_transfer(bucket)
 
     def unpack_bucket(self, bucket: Bucket) -> None:
         """Average the summed bucket and copy it back into the diffs."""

@@ -46,6 +46,18 @@ class BucketRecord:
 
 
 @dataclasses.dataclass
+class ChunkRecord:
+    """One chunk of a bucket in one iteration, with the priority schedule (scheduler.py)."""
+
+    bucket: int
+    number: int
+    nbytes: int
+    started_at: float = math.nan
+    done_at: float = math.nan
+    priority: int = 0
+
+
+@dataclasses.dataclass
 class IterationRecord:
     """One iteration's measurements; durations in seconds."""
 
@@ -58,6 +70,7 @@ class IterationRecord:
     unpack_s: float = 0.0           # copying the combined gradients back into the diffs
     bytes: int = 0                  # payload this rank contributed to the exchanges
     buckets: list = dataclasses.field(default_factory=list)
+    chunks: list = dataclasses.field(default_factory=list)   # ChunkRecords (priority schedule)
     backward_start_at: float = math.nan  # the last backward pass (the one that exchanges) began
     backward_end_at: float = math.nan    # ... and ended (perf_counter seconds)
     end_at: float = math.nan             # the update was applied
@@ -136,11 +149,15 @@ class Timeline:
         self._events.append(event)
 
     def record_iteration(self, record: IterationRecord) -> None:
-        """The buckets of a finished iteration, one lane per bucket index."""
+        """The buckets of an iteration, one lane per bucket index, and with the priority schedule
+        each chunk's transfer in its bucket's lane."""
         for b in record.buckets:
             self.span(f"bucket {b.index}", b.started_at, b.done_at, lane=f"bucket {b.index}", category="exchange",
                       args={"bytes": b.nbytes, "params": b.num_params, "iteration": record.iteration,
                             "ready_ms": round((b.started_at - b.ready_at) * 1e3, 3)})
+        for c in record.chunks:
+            self.span(f"bucket {c.bucket} chunk {c.number}", c.started_at, c.done_at, lane=f"bucket {c.bucket}",
+                      category="chunk", args={"bytes": c.nbytes, "priority": c.priority, "iteration": record.iteration})
 
     def events(self) -> list[dict]:
         """The events with the metadata that names the rank and its lanes."""

