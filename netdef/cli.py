@@ -94,6 +94,8 @@ def cmd_train(args) -> int:
         raise CommandLineError("train: give the solver prototxt (netdef train SOLVER or --solver=SOLVER)")
     if args.snapshot and args.weights:
         raise CommandLineError("train: give --snapshot (resume) or --weights (fine-tune), not both")
+    if args.snapshot:
+        _check_solver_state(args.snapshot)
     param, path = read_solver_param(solver_path)
     if args.iterations is not None:
         param.max_iter = _positive_iterations(args, "train")
@@ -104,6 +106,14 @@ def cmd_train(args) -> int:
         log.setLevel(logging.WARNING)  # only rank 0 logs progress; every rank reports its errors
         args._progress = None
     return run_guarded(comm, _train, args, param, path, comm, options, debug=args.debug)
+
+
+def _check_solver_state(state_path: str) -> None:
+    """Refuse a FIFO, a device or an oversized file as --snapshot before the solver reads it whole (the
+    solver's own reader in netdef/solver/snapshot.py does not check yet)."""
+    from netdef.files import PROTOBUF_LIMIT, check_input_file
+
+    check_input_file(state_path, "solver state", None if state_path.endswith(".h5") else PROTOBUF_LIMIT)
 
 
 def _train(args, param, path, comm, options) -> int:

@@ -273,6 +273,8 @@ def one_error_line(done) -> str:
     (["test", "--model=net.prototxt", "--weights=/dev/zero"],
      "netdef: error: weights file /dev/zero: is a character device, not a regular file"),
     (["time", "--model=/dev/zero"], "netdef: error: prototxt /dev/zero: is a character device, not a regular file"),
+    (["train", "solver.prototxt", "--snapshot=/dev/zero"],
+     "netdef: error: solver state /dev/zero: is a character device, not a regular file"),
 ])
 def test_bad_command_lines_are_refused_with_one_line(workdir, args, message):
     if not (workdir / "snap" / "tiny_iter_20.caffemodel").exists():
