@@ -47,7 +47,7 @@ def _one_line(exc: BaseException, expected: bool) -> str:
 
 def _positive_iterations(args, verb: str) -> int:
     if args.iterations < 1:
-        raise CommandLineError(f"netdef {verb}: --iterations must be at least 1, got {args.iterations}")
+        raise CommandLineError(f"{verb}: --iterations must be at least 1, got {args.iterations}")
     return args.iterations
 
 
@@ -92,9 +92,11 @@ def cmd_train(args) -> int:
 
     solver_path = args.solver or args.solver_positional
     if not solver_path:
-        raise CommandLineError("netdef train: give the solver prototxt (netdef train SOLVER or --solver=SOLVER)")
+        raise CommandLineError("train: give the solver prototxt (netdef train SOLVER or --solver=SOLVER)")
     if args.snapshot and args.weights:
-        raise CommandLineError("netdef train: give --snapshot (resume) or --weights (fine-tune), not both")
+        raise CommandLineError("train: give --snapshot (resume) or --weights (fine-tune), not both")
+    if args.snapshot:
+        _check_solver_state(args.snapshot)
     param, path = read_solver_param(solver_path)
     if args.iterations is not None:
         param.max_iter = _positive_iterations(args, "train")
@@ -108,6 +110,14 @@ def cmd_train(args) -> int:
     if comm.size > 1:
         log.info("%s", share_cores(comm))
     return run_guarded(comm, _train, args, param, path, comm, options, debug=args.debug)
+
+
+def _check_solver_state(state_path: str) -> None:
+    """Refuse a FIFO, a device or an oversized file as --snapshot before the solver reads it whole (the
+    solver's own reader in netdef/solver/snapshot.py does not check yet)."""
+    from netdef.files import PROTOBUF_LIMIT, check_input_file
+
+    check_input_file(state_path, "solver state", None if state_path.endswith(".h5") else PROTOBUF_LIMIT)
 
 
 def _train(args, param, path, comm, options) -> int:
@@ -141,10 +151,10 @@ def cmd_test(args) -> int:
     import netdef
 
     if not args.model:
-        raise CommandLineError("netdef test: --model is required")
+        raise CommandLineError("test: --model is required")
     if not args.weights:
         # Caffe's own refusal: scoring the fillers' random weights would print a meaningless accuracy.
-        raise CommandLineError("netdef test: Need model weights to score (--weights=MODEL.caffemodel)")
+        raise CommandLineError("test: Need model weights to score (--weights=MODEL.caffemodel)")
     iterations = _positive_iterations(args, "test")
     _set_device(args.gpu)
     net = netdef.Net(args.model, netdef.TEST, weights=args.weights or None, stages=_stages(args), level=args.level)
@@ -181,7 +191,7 @@ def cmd_time(args) -> int:
     import netdef
 
     if not args.model:
-        raise CommandLineError("netdef time: --model is required")
+        raise CommandLineError("time: --model is required")
     _positive_iterations(args, "time")
     _set_device(args.gpu)
     phase = netdef.TRAIN if args.phase.upper() == "TRAIN" else netdef.TEST

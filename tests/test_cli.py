@@ -262,17 +262,19 @@ def one_error_line(done) -> str:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["test", "--model=net.prototxt"], "netdef: error: netdef test: Need model weights to score"),
+    (["test", "--model=net.prototxt"], "netdef: error: test: Need model weights to score"),
     (["test", "--model=net.prototxt", "--weights=snap/tiny_iter_20.caffemodel", "--iterations=0"],
-     "netdef: error: netdef test: --iterations must be at least 1, got 0"),
+     "netdef: error: test: --iterations must be at least 1, got 0"),
     (["test", "--model=net.prototxt", "--weights=snap/tiny_iter_20.caffemodel", "--iterations=-5"],
-     "netdef: error: netdef test: --iterations must be at least 1, got -5"),
-    (["time", "--model=net.prototxt", "--iterations=0"], "netdef: error: netdef time: --iterations must be at least 1"),
-    (["train", "solver.prototxt", "--iterations=0"], "netdef: error: netdef train: --iterations must be at least 1"),
+     "netdef: error: test: --iterations must be at least 1, got -5"),
+    (["time", "--model=net.prototxt", "--iterations=0"], "netdef: error: time: --iterations must be at least 1"),
+    (["train", "solver.prototxt", "--iterations=0"], "netdef: error: train: --iterations must be at least 1"),
     (["train", "solver.prototxt", "--snapshot=a", "--weights=b"], "not both"),
     (["test", "--model=net.prototxt", "--weights=/dev/zero"],
      "netdef: error: weights file /dev/zero: is a character device, not a regular file"),
     (["time", "--model=/dev/zero"], "netdef: error: prototxt /dev/zero: is a character device, not a regular file"),
+    (["train", "solver.prototxt", "--snapshot=/dev/zero"],
+     "netdef: error: solver state /dev/zero: is a character device, not a regular file"),
 ])
 def test_bad_command_lines_are_refused_with_one_line(workdir, args, message):
     if not (workdir / "snap" / "tiny_iter_20.caffemodel").exists():

@@ -1,0 +1,175 @@
+"""What the fuzzer feeds, and to what: each target has seed inputs (valid files netdef reads) and a
+function that reads one (mutated) input the way netdef reads such a file.
+
+A target's ``clean`` exceptions are netdef's own, whose messages name the file, layer or field; any
+other exception that escapes is a "raw exception", a finding.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import pathlib
+from typing import Callable
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    name: str
+    seeds: Callable[[pathlib.Path], list[bytes]]      # (a scratch folder) -> seed inputs
+    run: Callable[[bytes, pathlib.Path], None]          # (input, a scratch folder of its own) -> None
+    clean: Callable[[], tuple[type, ...]]               # the exception classes that count as clear errors
+    text: bool = False                                  # mutate as text too (numbers, lines)
+
+
+# -------------------------------------------------------------------------------------- prototxt + Net
+SMALL_NETS = [
+    (REPO / "models" / "lenet" / "lenet.prototxt").read_text(),
+    """name: "mixed"
+layer { name: "in" type: "Input" top: "x" top: "y" input_param { shape { dim: 2 dim: 3 dim: 6 dim: 6 } shape { dim: 2 } } }
+layer { name: "conv" type: "Convolution" bottom: "x" top: "c" convolution_param { num_output: 4 kernel_size: 3 pad: 1 stride: 1
+        weight_filler { type: "xavier" } } }
+layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c" }
+layer { name: "pool" type: "Pooling" bottom: "c" top: "p" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "lrn" type: "LRN" bottom: "p" top: "n" lrn_param { local_size: 3 } }
+layer { name: "slice" type: "Slice" bottom: "n" top: "s1" top: "s2" slice_param { axis: 1 slice_point: 2 } }
+layer { name: "cat" type: "Concat" bottom: "s2" bottom: "s1" top: "cat" }
+layer { name: "ip" type: "InnerProduct" bottom: "cat" top: "ip" inner_product_param { num_output: 5 } }
+layer { name: "drop" type: "Dropout" bottom: "ip" top: "ip" }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "y" top: "loss" }
+""",
+]
+
+
+def _net_seeds(_folder) -> list[bytes]:
+    return [text.encode() for text in SMALL_NETS]
+
+
+def _build_and_run_net(data: bytes, _folder) -> None:
+    import netdef
+
+    net = netdef.Net(data.decode("utf-8", errors="replace"), netdef.TRAIN, python_layers="deny")
+    net.forward()
+    net.backward()
+
+
+def _net_errors() -> tuple[type, ...]:
+    import netdef
+    from netdef.proto.io import ProtoFileError
+
+    return (netdef.NetError, netdef.LayerError, ProtoFileError)
+
+
+# ----------------------------------------------------------------------------------------- caffemodel
+def _lenet():
+    import netdef
+
+    return netdef.Net(SMALL_NETS[0], netdef.TEST)
+
+
+def _caffemodel_seeds(folder) -> list[bytes]:
+    path = folder / "seed.caffemodel"
+    _lenet().save(path)
+    return [path.read_bytes()]
+
+
+def _load_caffemodel(data: bytes, folder) -> None:
+    path = folder / "input.caffemodel"
+    path.write_bytes(data)
+    _lenet().copy_from(path)
+
+
+def _weights_errors() -> tuple[type, ...]:
+    import netdef
+    from netdef.proto.io import ProtoFileError
+
+    return (netdef.WeightsError, ProtoFileError, netdef.NetError)
+
+
+# ---------------------------------------------------------------------------------------------- Datum
+def _datum_seeds(_folder) -> list[bytes]:
+    from netdef.data.datum import array_to_datum, encoded_datum
+    from netdef.data.image import encode_image
+
+    rng = np.random.default_rng(0)
+    raw = array_to_datum(rng.integers(0, 256, (1, 28, 28)).astype(np.uint8), label=7)
+    floats = array_to_datum(rng.standard_normal((3, 4, 5)).astype(np.float32), label=2)
+    png = encoded_datum(encode_image(rng.integers(0, 256, (3, 8, 8)).astype(np.uint8), "png"), 1)
+    return [d.SerializeToString() for d in (raw, floats, png)]
+
+
+def _decode_datum(data: bytes, _folder) -> None:
+    from netdef.data.datum import datum_to_array, parse_datum
+
+    datum_to_array(parse_datum(data, "fuzzed record"), name="fuzzed record")
+
+
+def _data_errors() -> tuple[type, ...]:
+    from netdef.data.errors import DataError
+
+    return (DataError,)
+
+
+# ---------------------------------------------------------------------------------------------- image
+def _image_seeds(_folder) -> list[bytes]:
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    out = []
+    for fmt, mode in (("PNG", "RGB"), ("PNG", "L"), ("JPEG", "RGB"), ("BMP", "RGB")):
+        pixels = rng.integers(0, 256, (9, 7, 3) if mode == "RGB" else (9, 7)).astype(np.uint8)
+        buffer = io.BytesIO()
+        Image.fromarray(pixels, mode).save(buffer, fmt)
+        out.append(buffer.getvalue())
+    return out
+
+
+def _decode_image(data: bytes, _folder) -> None:
+    from netdef.data.image import decode_image
+
+    decode_image(data, color=None, name="fuzzed image")
+
+
+# ----------------------------------------------------------------------------------------------- LMDB
+def _lmdb_seeds(folder) -> list[bytes]:
+    from netdef.data.datum import array_to_datum
+    from netdef.data.db import open_db
+
+    rng = np.random.default_rng(2)
+    db = open_db(folder / "seed_lmdb", "lmdb", "w")
+    txn = db.transaction()
+    for i in range(40):
+        item = rng.integers(0, 256, (1, 6, 6)).astype(np.uint8)
+        txn.put(b"%08d" % i, array_to_datum(item, label=i % 10).SerializeToString())
+    txn.put(b"zz_big", array_to_datum(rng.integers(0, 256, (1, 70, 70)).astype(np.uint8), 0).SerializeToString())
+    txn.commit()
+    db.close()
+    return [(folder / "seed_lmdb" / "data.mdb").read_bytes()]
+
+
+def _read_lmdb(data: bytes, folder) -> None:
+    from netdef.data.datum import datum_to_array, parse_datum
+    from netdef.data.db import open_db
+
+    path = folder / "input_lmdb"
+    path.mkdir(exist_ok=True)
+    (path / "data.mdb").write_bytes(data)
+    db = open_db(path)
+    try:
+        len(db)
+        for key, value in db.items():
+            datum_to_array(parse_datum(value, f"record {key!r}"))
+    finally:
+        db.close()
+
+
+TARGETS = {t.name: t for t in [
+    Target("net", _net_seeds, _build_and_run_net, _net_errors, text=True),
+    Target("caffemodel", _caffemodel_seeds, _load_caffemodel, _weights_errors),
+    Target("datum", _datum_seeds, _decode_datum, _data_errors),
+    Target("image", _image_seeds, _decode_image, _data_errors),
+    Target("lmdb", _lmdb_seeds, _read_lmdb, _data_errors),
+]}
