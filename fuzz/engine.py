@@ -68,12 +68,27 @@ def mutate(data: bytes, rng: random.Random, text: bool) -> bytes:
     return bytes(buf)
 
 
+def _mapped_bytes() -> int:
+    """This process's virtual memory size (VmSize), or 0 where /proc does not tell it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def _child(target, data: bytes, folder: pathlib.Path, write_fd: int, memory_bytes: int, seconds: int) -> None:
     """Runs in the forked child; never returns."""
     code = 0
     try:
         faulthandler.disable()  # a crash is an outcome to count, not a traceback to print (pytest enables it)
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+        # The budget is on top of what the parent had already mapped: after a long test session (numba's
+        # compiler, BLAS thread buffers) that can pass 3 GiB, and an absolute cap would fail every input.
+        limit = _mapped_bytes() + memory_bytes
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         signal.alarm(seconds)
         try:

@@ -21,7 +21,7 @@ SHORT_RUN = {"net": 30, "caffemodel": 30, "datum": 150, "image": 60, "lmdb": 40}
 def test_short_fuzzing_run_finds_nothing(name, tmp_path):
     counts = fuzz(TARGETS[name], SHORT_RUN[name], seed=11, findings=tmp_path)
     assert sum(counts.values()) == SHORT_RUN[name]
-    assert counts["clean error"] > 0  # the mutations do reach the readers' checks
+    assert counts["clean error"] > 0, counts  # the mutations do reach the readers' checks
     findings = sorted(p.name for p in tmp_path.iterdir())
     assert not findings, f"{counts}; inputs kept in {tmp_path}: {findings[:10]}"
 
