@@ -24,6 +24,8 @@ DEPTHWISE_CONFIGS = [
     (dict(num_output=2, kernel_h=3, kernel_w=2, stride_h=2, stride_w=1, pad_h=0, pad_w=1, group=2), 2),
     (dict(num_output=2, kernel_size=3, dilation=2, pad=2, stride=2, group=2), 2),
     (dict(num_output=2, kernel_size=5, pad=1, group=2), 2),                        # windows past the input
+    (dict(num_output=2, kernel_size=3, dilation=2, pad=1, group=2), 2),            # stride 1, dilated
+    (dict(num_output=4, kernel_size=2, pad=2, group=2), 2),                        # pad > extent - 1
 ]
 IDS = [",".join(f"{k}={v}" for k, v in f.items()) for f, _ in DEPTHWISE_CONFIGS]
 
