@@ -14,6 +14,10 @@ batch 64: 32-35). ``share_cores`` gives each rank its share instead:
 wins: when one of ``USER_THREAD_VARIABLES`` is set, the libraries keep what it says. One process alone
 keeps the libraries' default (every core).
 
+The compiled kernels (numba, layers/jit) have a thread pool of their own, which reads none of those
+variables: it gets the same share, or the user's count (``NUMBA_NUM_THREADS``, numba's own variable,
+wins over the others).
+
 A data layer's prefetch thread decodes the next batch while the layers compute; on a machine whose
 cores all run BLAS threads it would take a core from one of them, and the others wait for that one at
 the end of every matrix product. ``yield_cores_to_compute`` lowers the calling thread's scheduling
@@ -28,17 +32,21 @@ from collections.abc import Mapping
 
 # Variables through which a user sets the thread count of OpenMP or a BLAS library himself.
 USER_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
+# numba reads this one itself when it starts its pool.
+KERNEL_THREAD_VARIABLE = "NUMBA_NUM_THREADS"
 
 DATA_THREAD_NICENESS = 19
 
 
 @dataclasses.dataclass(frozen=True)
 class ThreadPlan:
-    """``threads`` for the BLAS/OpenMP pools of this process (None: leave the libraries' choice), and
-    ``reason``, the log's explanation."""
+    """``threads`` for the BLAS/OpenMP pools of this process (None: leave the libraries' choice),
+    ``reason``, the log's explanation, and ``kernel_threads`` for the compiled kernels' pool (None:
+    numba's choice: every core, or NUMBA_NUM_THREADS)."""
 
     threads: int | None
     reason: str
+    kernel_threads: int | None = None
 
 
 def own_cores() -> set[int]:
@@ -53,24 +61,58 @@ def plan_compute_threads(local_ranks: int, local_cores: int, own_core_count: int
     """The thread plan for one of ``local_ranks`` processes on a machine whose ranks may run on
     ``local_cores`` distinct cores together, this one on ``own_core_count`` of them."""
     env = os.environ if environ is None else environ
-    chosen = [f"{name}={env[name]}" for name in USER_THREAD_VARIABLES if env.get(name, "").strip()]
+    chosen = [name for name in USER_THREAD_VARIABLES if env.get(name, "").strip()]
     if chosen:
-        return ThreadPlan(None, f"{', '.join(chosen)} from the environment")
+        reason = f"{', '.join(f'{name}={env[name]}' for name in chosen)} from the environment"
+        return ThreadPlan(None, reason, _users_kernel_threads(env, env[chosen[0]]))
     if local_ranks <= 1:
         return ThreadPlan(None, f"the BLAS library's default ({own_core_count} cores, 1 process on this machine)")
     threads = max(1, min(own_core_count, local_cores // local_ranks))
-    return ThreadPlan(threads, f"{local_cores} cores shared by {local_ranks} ranks on this machine "
-                               f"(set OMP_NUM_THREADS to choose)")
+    kernel_threads = None if env.get(KERNEL_THREAD_VARIABLE, "").strip() else threads
+    return ThreadPlan(threads, f"{local_cores} cores shared by {local_ranks} ranks on this machine"
+                               f"; set OMP_NUM_THREADS to choose", kernel_threads)
+
+
+def _users_kernel_threads(env: Mapping[str, str], value: str) -> int | None:
+    """The kernels' pool follows the user's BLAS/OpenMP count, unless NUMBA_NUM_THREADS says otherwise
+    (or the count is not a positive number, which the libraries themselves ignore too)."""
+    if env.get(KERNEL_THREAD_VARIABLE, "").strip():
+        return None
+    try:
+        count = int(value.split(",")[0])  # OMP_NUM_THREADS may list counts per nesting level
+    except ValueError:
+        return None
+    return count if count > 0 else None
 
 
 def apply_thread_plan(plan: ThreadPlan):
     """Limit the BLAS and OpenMP pools loaded in this process to ``plan.threads`` (nothing when None).
     Returns threadpoolctl's limiter (its ``restore_original_limits()`` undoes it), or None."""
+    if plan.kernel_threads is not None:
+        set_kernel_threads(plan.kernel_threads)
     if plan.threads is None:
         return None
     from threadpoolctl import threadpool_limits
 
     return threadpool_limits(limits=plan.threads)
+
+
+def set_kernel_threads(count: int) -> int:
+    """Run the compiled kernels' parallel loops on ``count`` threads (at most the pool numba started);
+    returns the count in effect. numba keeps this per calling thread: call it from the thread that
+    runs the layers."""
+    import numba
+
+    count = max(1, min(count, numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(count)
+    return count
+
+
+def kernel_threads() -> int:
+    """The thread count of the compiled kernels' parallel loops launched from this thread."""
+    import numba
+
+    return numba.get_num_threads()
 
 
 def blas_threads() -> int | None:
@@ -90,7 +132,8 @@ def share_cores(comm) -> str:
     apply_thread_plan(plan)
     threads = blas_threads()
     count = "no BLAS library loaded" if threads is None else f"{threads} BLAS thread{'s' if threads != 1 else ''}"
-    return f"Compute threads per rank: {count} ({plan.reason})"
+    kernels = kernel_threads()
+    return f"Compute threads per rank: {count}, {kernels} kernel thread{'s' if kernels != 1 else ''} ({plan.reason})"
 
 
 def yield_cores_to_compute() -> None:

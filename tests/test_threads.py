@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from netdef.threads import ThreadPlan, own_cores, plan_compute_threads, yield_cores_to_compute
+from netdef.threads import (ThreadPlan, kernel_threads, own_cores, plan_compute_threads, set_kernel_threads,
+                            yield_cores_to_compute)
 
 
 def test_ranks_share_the_cores_of_their_machine():
@@ -32,9 +33,33 @@ def test_one_process_keeps_the_library_default():
 @pytest.mark.parametrize("variable", ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"])
 def test_a_thread_count_from_the_user_wins(variable):
     plan = plan_compute_threads(2, 2, 2, environ={variable: "2"})
-    assert plan == ThreadPlan(None, f"{variable}=2 from the environment")
+    assert plan == ThreadPlan(None, f"{variable}=2 from the environment", kernel_threads=2)
     # An empty variable is no choice.
     assert plan_compute_threads(2, 2, 2, environ={variable: ""}).threads == 1
+
+
+def test_the_compiled_kernels_get_the_same_share():
+    assert plan_compute_threads(2, 16, 16, environ={}).kernel_threads == 8
+    assert plan_compute_threads(1, 16, 16, environ={}).kernel_threads is None   # numba's default: every core
+    # The user's BLAS/OpenMP count holds for the kernels too, unless numba's own variable is set.
+    assert plan_compute_threads(2, 16, 16, environ={"OMP_NUM_THREADS": "3"}).kernel_threads == 3
+    assert plan_compute_threads(2, 16, 16, environ={"OMP_NUM_THREADS": "3,2"}).kernel_threads == 3
+    assert plan_compute_threads(2, 16, 16, environ={"OMP_NUM_THREADS": "x"}).kernel_threads is None
+    env = {"OMP_NUM_THREADS": "3", "NUMBA_NUM_THREADS": "5"}
+    assert plan_compute_threads(2, 16, 16, environ=env).kernel_threads is None
+    assert plan_compute_threads(2, 16, 16, environ={"NUMBA_NUM_THREADS": "5"}) == ThreadPlan(
+        8, "16 cores shared by 2 ranks on this machine; set OMP_NUM_THREADS to choose", None)
+
+
+def test_setting_the_kernel_threads_takes_effect_and_is_capped_by_the_pool():
+    import numba
+
+    before = kernel_threads()
+    try:
+        assert set_kernel_threads(1) == 1 and kernel_threads() == 1
+        assert set_kernel_threads(10 ** 6) == numba.config.NUMBA_NUM_THREADS == kernel_threads()
+    finally:
+        set_kernel_threads(before)
 
 
 def test_own_cores_are_this_process_affinity():

@@ -120,7 +120,7 @@ def _launcher_args(ranks: int) -> list[str]:
 def run_python(args: list[str], ranks: int, cwd, timeout: float = 60, env: dict | None = None):
     """``mpiexec -n ranks python <args>`` (plain ``python <args>`` when ranks == 0) with the repository
     on PYTHONPATH and one BLAS thread per process; returns the CompletedProcess (text output). A run
-    past ``timeout`` raises (fails the test) instead of hanging."""
+    past ``timeout`` raises (fails the test) instead of hanging. In ``env``, None removes a variable."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     full_env.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
@@ -128,6 +128,7 @@ def run_python(args: list[str], ranks: int, cwd, timeout: float = 60, env: dict 
                  and not n.startswith("OMPI_ALLOW_RUN_AS_ROOT")]:  # the launcher's permission, not a rank's
         del full_env[name]
     full_env.update(env or {})
+    full_env = {name: value for name, value in full_env.items() if value is not None}
     command = [sys.executable, *args]
     if ranks:
         command = _launcher_args(ranks) + command

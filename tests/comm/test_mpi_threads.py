@@ -10,7 +10,8 @@ from tests.comm.fixtures import mpi_available, run_netdef, write_case
 AVAILABLE, WHY_NOT = mpi_available()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=WHY_NOT)
 
-NO_USER_CHOICE = {"OMP_NUM_THREADS": "", "OPENBLAS_NUM_THREADS": "", "MKL_NUM_THREADS": ""}
+NO_USER_CHOICE = {"OMP_NUM_THREADS": None, "OPENBLAS_NUM_THREADS": None, "MKL_NUM_THREADS": None,
+                  "NUMBA_NUM_THREADS": None}
 
 
 def cores() -> int:
@@ -23,7 +24,9 @@ def test_ranks_share_the_cores_by_default(tmp_path):
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-3000:]
     share = max(1, cores() // 2)
-    expected = f"{share} BLAS thread{'s' if share != 1 else ''} ({cores()} cores shared by 2 ranks on this machine"
+    plural = "s" if share != 1 else ""
+    expected = (f"{share} BLAS thread{plural}, {share} kernel thread{plural} ({cores()} cores shared by 2 ranks "
+                f"on this machine; set OMP_NUM_THREADS to choose)")
     assert f"Compute threads per rank: {expected}" in log
 
 
@@ -33,5 +36,6 @@ def test_the_users_thread_count_wins(tmp_path):
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-3000:]
     threads = min(2, cores())  # OpenBLAS starts no more threads than there are cores
-    assert (f"Compute threads per rank: {threads} BLAS thread{'s' if threads != 1 else ''} (OMP_NUM_THREADS=2 from "
-            f"the environment)") in log
+    plural = "s" if threads != 1 else ""
+    assert (f"Compute threads per rank: {threads} BLAS thread{plural}, {threads} kernel thread{plural} "
+            f"(OMP_NUM_THREADS=2 from the environment)") in log
