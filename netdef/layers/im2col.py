@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import backend
-from . import kernels
+from . import jit, kernels
 
 
 def use_kernels(xp) -> bool:
@@ -396,15 +396,65 @@ def row_plan(n, channels, spatial, geom: Geometry) -> RowPlan:
 
 
 def row_weights(w, fold: int):
-    """Weights (O, C, kh, kw) as the kh/fold right-hand sides (kh/fold, fold*kw*C, O) of the products."""
+    """Weights (O, C, kh, kw) (any strides: the backward pass passes flipped, transposed filters) as the
+    kh/fold right-hand sides (kh/fold, fold*kw*C, O) of the products."""
     o, c, kh, kw = w.shape
-    return np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(kh // fold, fold * kw * c, o)
+    # The kernel reads any strides: usable() asks for C-contiguous arrays, which the view is not.
+    if jit.ENABLED and isinstance(w, np.ndarray) and w.dtype.kind == "f" and w.size:
+        from .jit import layout
+
+        out = np.empty((kh, kw, c, o), w.dtype)
+        layout.weights_to_rows(w, out)
+    else:
+        out = np.ascontiguousarray(w.transpose(2, 3, 1, 0))
+    return out.reshape(kh // fold, fold * kw * c, o)
 
 
-def row_weight_grad(dwq, shape):
-    """The (kh/fold, fold*kw*C, O) gradient of row_weights as a (O, C, kh, kw) view."""
-    o, c, kh, kw = shape
-    return dwq.reshape(kh, kw, c, o).transpose(3, 2, 0, 1)
+def add_row_weight_grad(dwq, grad) -> None:
+    """grad (O, C, kh, kw) += the (kh/fold, fold*kw*C, O) gradient of row_weights."""
+    o, c, kh, kw = grad.shape
+    rows = dwq.reshape(kh, kw, c, o)
+    if jit.usable(rows, grad):
+        from .jit import layout
+
+        layout.add_weights_from_rows(rows, grad)
+    else:
+        grad += rows.transpose(3, 2, 0, 1)
+
+
+def copy_to_rows(x, rows, pad=(0, 0)) -> None:
+    """rows[h + ph, n, w + pw, c] = x[n, c, h, w]: an NCHW array into (the interior of) the rows-first
+    layout. Compiled (jit/layout.py) for NumPy arrays: NumPy's transposed copy is several times slower."""
+    (ph, pw), (h, w) = pad, x.shape[2:]
+    if jit.usable(x, rows):
+        from .jit import layout
+
+        layout.rows_from_nchw(x, rows, ph, pw)
+    else:
+        rows[ph:ph + h, :, pw:pw + w, :] = x.transpose(2, 0, 3, 1)
+
+
+def copy_from_rows(rows, out, bias=None) -> None:
+    """out[n, c, h, w] = rows[h, n, w, c] (+ bias[c]): the rows-first layout back into an NCHW array."""
+    if jit.usable(rows, out, bias):
+        from .jit import layout
+
+        if bias is None:
+            layout.nchw_from_rows(rows, out)
+        else:
+            layout.nchw_from_rows_plus_bias(rows, bias, out)
+    elif bias is None:
+        out[...] = rows.transpose(1, 3, 0, 2)
+    else:
+        np.add(rows.transpose(1, 3, 0, 2), bias[:, None, None], out=out)
+
+
+def rows_from_nchw(x, plan: RowPlan, ws: Workspace, key):
+    """xb (Hp, n, Wp, C): the NCHW array ``x`` (n, C, H, W) in the rows-first layout inside a zero
+    border (the border of the workspace array is zeroed when it is created, never written after)."""
+    xb = ws.get(key, plan.padded[:1] + (plan.n,) + plan.padded[1:] + (plan.channels,), x.dtype, np, fill=0)
+    copy_to_rows(x, xb, plan.geom.pad)
+    return xb
 
 
 def row_pad(x_rows, plan: RowPlan, ws: Workspace, key):
@@ -476,9 +526,9 @@ def row_product(q, wq, plan: RowPlan, out, ws: Workspace):
     return out
 
 
-def row_weight_product(q, dy_rows, plan: RowPlan):
-    """The weight gradient (kh/fold, width, O): q_i^T @ dy_rows for each product i (over its live rows)."""
-    dwq = np.empty((plan.products, plan.width, dy_rows.shape[1]), dy_rows.dtype)
+def row_weight_product(q, dy_rows, plan: RowPlan, dwq):
+    """Writes into ``dwq`` (kh/fold, width, O) the weight gradient: q_i^T @ dy_rows for each product i
+    (over its live rows); returns it."""
     for i in range(plan.products):
         lo, hi = _live_rows(plan, i)
         if hi <= lo:

@@ -23,9 +23,9 @@ from . import depthwise
 from . import im2col as _cols
 from . import kernels
 from .base import TRAIN, Layer, register_layer
-from .im2col import (Geometry, Workspace, col2im, column_layout, im2col, offset_slices, padded, row_expand,
-                     row_pad, row_plan, row_product, row_weight_grad, row_weight_product, row_weights,
-                     use_kernels, window_view)
+from .im2col import (Geometry, Workspace, add_row_weight_grad, col2im, column_layout, copy_from_rows, copy_to_rows,
+                     im2col, offset_slices, padded, row_expand, row_pad, row_plan, row_product, row_weight_product,
+                     row_weights, rows_from_nchw, use_kernels, window_view)
 
 _Pool = pb.PoolingParameter
 _LRN = pb.LRNParameter
@@ -394,22 +394,18 @@ class ConvolutionLayer(_ConvolutionBase):
         ho, wo = self.out_spatial
         chunks = self._row_chunks(bottom[0].dtype)
         wq = row_weights(self.blobs[0].data, chunks[0][2].fold)
-        bias = self.blobs[1].data[:, None, None] if self.bias_term else None
+        bias = self.blobs[1].data if self.bias_term else None
         self._cols_fresh.clear()
         for i, (b, t) in enumerate(zip(bottom, top)):
             x = b.data.reshape((self.num, self.channels) + self.in_spatial)
             y_all = t.data.reshape((self.num, o) + self.out_spatial)
             for start, stop, plan, _ in chunks:
                 n = stop - start
-                xb = row_pad(x[start:stop].transpose(2, 0, 3, 1), plan, self.ws, ("rows", "xb", i, n))
+                xb = rows_from_nchw(x[start:stop], plan, self.ws, ("rows", "xb", i, n))
                 q = row_expand(xb, plan, self.ws, ("rows", "q", i, n))
                 y = self.ws.get(("rows", "y", n), (ho * n * wo, o), x.dtype, np)
                 row_product(q, wq, plan, y, self.ws)
-                y = y.reshape(ho, n, wo, o).transpose(1, 3, 0, 2)
-                if bias is None:
-                    y_all[start:stop] = y
-                else:
-                    np.add(y, bias, out=y_all[start:stop])
+                copy_from_rows(y.reshape(ho, n, wo, o), y_all[start:stop], bias)
             # The last chunk's rows stay in the workspace: backward starts with that chunk.
             self._rows_last[i] = q
 
@@ -440,14 +436,17 @@ class ConvolutionLayer(_ConvolutionBase):
             for k, (start, stop, plan, plan_back) in enumerate(reversed(chunks)):
                 n = stop - start
                 dy_rows = self.ws.get(("rows", "dyr", n), (ho * n * wo, o), dtype, np)
-                dy_rows.reshape(ho, n, wo, o)[...] = dy_all[start:stop].transpose(2, 0, 3, 1)
+                copy_to_rows(dy_all[start:stop], dy_rows.reshape(ho, n, wo, o))
                 if want_w:
                     if k == 0 and last is not None:
                         q = last
                     else:
-                        xb = row_pad(x[start:stop].transpose(2, 0, 3, 1), plan, self.ws, ("rows", "xb", i, n))
+                        xb = rows_from_nchw(x[start:stop], plan, self.ws, ("rows", "xb", i, n))
                         q = row_expand(xb, plan, self.ws, ("rows", "q", i, n))
-                    part = row_weight_product(q, dy_rows, plan)
+                    # The first chunk's product is the sum the others add to.
+                    target = self.ws.get(("rows", "dw", "sum" if dwq is None else "part"),
+                                         (plan.products, plan.width, o), dtype, np)
+                    part = row_weight_product(q, dy_rows, plan, target)
                     if dwq is None:
                         dwq = part
                     else:
@@ -457,9 +456,9 @@ class ConvolutionLayer(_ConvolutionBase):
                     qt = row_expand(dyb, plan_back, self.ws, ("rows", "qt", n))
                     dx = self.ws.get(("rows", "dx", n), (h * n * w, c), dtype, np)
                     row_product(qt, wt, plan_back, dx, self.ws)
-                    dx_all[start:stop] = dx.reshape(h, n, w, c).transpose(1, 3, 0, 2)
+                    copy_from_rows(dx.reshape(h, n, w, c), dx_all[start:stop])
             if dwq is not None:
-                self.blobs[0].diff += row_weight_grad(dwq, self.blobs[0].shape)
+                add_row_weight_grad(dwq, self.blobs[0].diff)
 
     def _backward_data_geometry(self):
         """For stride-1 convolutions whose pad is at most extent - 1: the geometry of the convolution

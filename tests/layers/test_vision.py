@@ -14,6 +14,7 @@ from netdef import backend
 from netdef.blob import Blob
 from netdef.layers import LayerError
 from netdef.layers import im2col as im2col_mod
+from netdef.layers import jit
 from netdef.layers import vision
 from tests.helpers import (TEST, TRAIN, build, check_gradients, layer_case_names, parse_layer,
                            run_caffe_case, shared_path)
@@ -370,6 +371,37 @@ def test_convolution_row_path_matches_column_path(monkeypatch, fields):
                 run(True, budget=3000, fold_below=0)):
         for a, b in zip(reference, got):
             np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("fields", [f for f in ROW_CONFIGS if f.get("kernel_size") != 1],
+                         ids=[i for f, i in zip(ROW_CONFIGS, ROW_IDS) if f.get("kernel_size") != 1])
+def test_row_path_layout_kernels_are_exact_copies(monkeypatch, fields, dtype):
+    """The compiled layout changes of the row path (jit/layout.py: NCHW to rows and back, the bias,
+    the filters' permutation and the weight gradient's accumulation) give bit for bit what their
+    NumPy twins give."""
+    text = parse_layer(conv_text(**fields))
+    x = normal(4, 5, 9, 8).astype(dtype)
+    layer, _, top = build(text, [x], 1, dtype=dtype)
+    params = [p.data.copy() for p in layer.blobs]
+    dy = normal(*top[0].shape).astype(dtype)
+    monkeypatch.setattr(im2col_mod, "ROW_MIN_WIDTH", 0)
+
+    def run(compiled):
+        monkeypatch.setattr(jit, "ENABLED", compiled)
+        lay, bot, tp = build(text, [x], 1, params=params, dtype=dtype)
+        assert lay.algorithm == "rows"
+        out = []
+        for _ in range(2):  # the weight gradient accumulates
+            lay.forward(bot, tp)
+            tp[0].diff = dy
+            lay.backward(tp, [True], bot)
+            out += [tp[0].data.copy(), bot[0].diff.copy()]
+        return out + [p.diff.copy() for p in lay.blobs]
+
+    for a, b in zip(run(False), run(True)):
+        assert a.dtype == b.dtype == dtype
+        np.testing.assert_array_equal(b, a)
 
 
 @pytest.mark.parametrize("name", layer_case_names(("conv_",)))
