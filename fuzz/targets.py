@@ -50,10 +50,18 @@ def _net_seeds(_folder) -> list[bytes]:
 
 def _build_and_run_net(data: bytes, _folder) -> None:
     import netdef
+    from netdef.layers import jit
 
-    net = netdef.Net(data.decode("utf-8", errors="replace"), netdef.TRAIN, python_layers="deny")
-    net.forward()
-    net.backward()
+    # On the NumPy twins of the compiled kernels: the child is forked, and once the parent (the warm-up
+    # read, or the test session) has run a kernel, their thread pool (GNU OpenMP, not fork-safe) ends
+    # any child that starts one with SIGTERM.
+    enabled, jit.ENABLED = jit.ENABLED, False
+    try:
+        net = netdef.Net(data.decode("utf-8", errors="replace"), netdef.TRAIN, python_layers="deny")
+        net.forward()
+        net.backward()
+    finally:
+        jit.ENABLED = enabled
 
 
 def _net_errors() -> tuple[type, ...]:

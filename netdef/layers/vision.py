@@ -4,10 +4,11 @@ Convolutions are matrix products over chunks of the batch on the column matrix o
 samples per product as keep it cache-sized). On the CPU, stride-1 2-D convolutions of one group with
 enough input channels take the row-product path instead (im2col.RowPlan: kh products over row-shifted
 views of a rows-first copy of the input, expanded over the kernel columns only), forward and backward.
-Pooling and LRN on the CPU are vectorized NumPy (one unit-stride array operation per kernel offset over
-stride-phase planes, never a loop over pixels or samples); on a GPU the same functions run the CUDA
-kernels in kernels/*.cu, of which the NumPy functions here are the twins (``max_pool_forward`` ...
-``lrn_across_backward``).
+Pooling and LRN on C-contiguous float NumPy arrays run the compiled kernels of jit/pooling.py and
+jit/lrn.py (when ``jit.ENABLED``); on a GPU the same functions run the CUDA kernels in kernels/*.cu.
+The NumPy code here (one unit-stride array operation per kernel offset over stride-phase planes, never
+a loop over pixels or samples) is the twin of both (``max_pool_forward`` ... ``lrn_within_backward``),
+and what any other array runs.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ..fillers import fill
 from ..proto import netdef_pb2 as pb
 from . import depthwise
 from . import im2col as _cols
-from . import kernels
+from . import jit, kernels
 from .base import TRAIN, Layer, register_layer
 from .im2col import (Geometry, Workspace, add_row_weight_grad, col2im, column_layout, copy_from_rows, copy_to_rows,
                      im2col, offset_slices, padded, row_expand, row_pad, row_plan, row_product, row_weight_product,
@@ -901,11 +902,32 @@ def _pool_target(out, shape, dtype):
     return np.empty(shape, dtype)
 
 
+def _compiled(*arrays) -> bool:
+    """Whether the compiled CPU kernels (jit/pooling.py, jit/lrn.py) take these arrays: ``jit.usable``
+    ones, float32 or float64."""
+    return jit.usable(*arrays) and arrays[0].dtype in (np.float32, np.float64)
+
+
+def _planes(a):
+    """(N, C, ...) as (N*C, ...): the kernels' planes."""
+    return a.reshape((-1,) + a.shape[2:])
+
+
+def _cells(a):
+    """(N, C, ...) as (N, C, cells)."""
+    return a.reshape(a.shape[:2] + (-1,))
+
+
+def _pool_geometry(p: Pool2D) -> tuple:
+    return p.kernel + p.stride + p.pad
+
+
 def max_pool_forward(x, p: Pool2D, out=None):
     """MAX pooling of (N, C, H, W): (top, mask). Twin of the CUDA kernel ``max_pool_forward``.
 
-    The mask is ("flat", h*W + w) from the kernel, or the winning window offset i*kw + j (-1: none)
-    on the CPU; ``max_mask_flat`` gives Caffe's flat index from any of them."""
+    The mask is ("flat", h*W + w) from the kernels (CUDA or compiled CPU), or the winning window
+    offset i*kw + j (-1: none) from the NumPy passes; ``max_mask_flat`` gives Caffe's flat index from
+    any of them."""
     xp = backend.get_array_module(x)
     shape = x.shape[:2] + p.out
     if use_kernels(xp):
@@ -913,6 +935,13 @@ def max_pool_forward(x, p: Pool2D, out=None):
         top = xp.empty(shape, x.dtype)
         mask = xp.empty(shape, np.int32)
         kernels.launch("max_pool_forward", top.size, (x,) + _pool_args(p, x.shape) + (top, mask))
+        return top, ("flat", mask)
+    if _compiled(x):
+        from .jit import pooling as compiled
+
+        top = _pool_target(out, shape, x.dtype)
+        mask = p.ws.get("mask", shape, np.int32, np)
+        compiled.max_forward(_planes(x), _planes(top), _planes(mask), *_pool_geometry(p))
         return top, ("flat", mask)
     lowest = _lowest()
     ncells = p.kernel[0] * p.kernel[1]
@@ -1000,6 +1029,8 @@ def max_pool_backward(dy, mask, x_shape, p: Pool2D, out):
         if target is not out:
             out[...] = target
         return out
+    if kind == "flat":
+        return _max_pool_backward_flat(dy, m, out)
     if kind == "phase":
         ph = _phases(p)
         planes = x_shape[0] * x_shape[1]
@@ -1047,6 +1078,24 @@ def max_pool_backward(dy, mask, x_shape, p: Pool2D, out):
     return out
 
 
+def _max_pool_backward_flat(dy, mask, out):
+    """max_pool_backward on the CPU from a flat mask (the compiled forward's): each top diff added to
+    its cell, outputs in row-major order (the NumPy twin of the compiled kernel)."""
+    planes = dy.shape[0] * dy.shape[1]
+    if _compiled(dy, out) and mask.flags.c_contiguous:
+        from .jit import pooling as compiled
+
+        compiled.max_backward(dy.reshape(planes, -1), mask.reshape(planes, -1), out.reshape(planes, -1))
+        return out
+    grad = np.zeros((planes, out.shape[2] * out.shape[3]), dy.dtype)
+    flat = mask.reshape(planes, -1)
+    hit = flat >= 0
+    rows = np.broadcast_to(np.arange(planes)[:, None], flat.shape)
+    np.add.at(grad, (rows[hit], flat[hit]), dy.reshape(planes, -1)[hit])
+    out[...] = grad.reshape(out.shape)
+    return out
+
+
 def ave_pool_forward(x, p: Pool2D, out=None):
     """AVE pooling: the sum over the window's real cells divided by the window clipped to the padded
     input. Twin of the CUDA kernel ``ave_pool_forward``."""
@@ -1056,6 +1105,12 @@ def ave_pool_forward(x, p: Pool2D, out=None):
         x = xp.ascontiguousarray(x)
         top = xp.empty(shape, x.dtype)
         kernels.launch("ave_pool_forward", top.size, (x,) + _pool_args(p, x.shape) + (top,))
+        return top
+    if _compiled(x):
+        from .jit import pooling as compiled
+
+        top = _pool_target(out, shape, x.dtype)
+        compiled.ave_forward(_planes(x), _planes(top), *_pool_geometry(p))
         return top
     if p._many_cells():
         total = window_view(p._buffer(x, 0.0), p.geom, p.out, "windows").sum(axis=(-2, -1))
@@ -1089,6 +1144,11 @@ def ave_pool_backward(dy, x_shape, p: Pool2D, out):
         kernels.launch("ave_pool_backward", math.prod(x_shape), (dy,) + _pool_args(p, x_shape) + (target,))
         if target is not out:
             out[...] = target
+        return out
+    if _compiled(dy, out):
+        from .jit import pooling as compiled
+
+        compiled.ave_backward(_planes(dy), _planes(out), *_pool_geometry(p))
         return out
     with np.errstate(divide="ignore", invalid="ignore"):
         share = dy / p.divisor(np, dy.dtype)
@@ -1333,6 +1393,13 @@ def lrn_across_forward(x, size, alpha, beta, k):
         y = xp.empty_like(x)
         kernels.launch("lrn_compute_output", x.size, (x, scale, dtype(-beta), y))
         return y, scale, None
+    if _compiled(x):
+        from .jit import lrn as compiled
+
+        scale, power, y = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+        compiled.across_forward(_cells(x), size, dtype(alpha / size), dtype(k), dtype(beta), _cells(scale),
+                                _cells(power), _cells(y))
+        return y, scale, power
     scale = _channel_window_sum(x * x, size)
     scale *= dtype(alpha / size)
     scale += dtype(k)
@@ -1353,9 +1420,50 @@ def lrn_across_backward(x, y, scale, power, dy, size, alpha, beta):
         return dx
     if power is None:
         power = scale ** dtype(-beta)
+    if _compiled(x, y, scale, power, dy):
+        from .jit import lrn as compiled
+
+        dx = np.empty_like(x)
+        compiled.across_backward(_cells(x), _cells(y), _cells(scale), _cells(power), _cells(dy), size,
+                                 dtype(2.0 * alpha * beta / size), _cells(dx))
+        return dx
     ratio = _channel_window_sum(dy * y / scale, size)
     ratio *= x
     ratio *= dtype(2.0 * alpha * beta / size)
+    return dy * power - ratio
+
+
+def lrn_within_forward(x, size, alpha, beta):
+    """(y, scale, scale^-beta) of LRN WITHIN_CHANNEL (no CUDA kernel: on a GPU the array-module code
+    below runs)."""
+    dtype = x.dtype.type
+    if _compiled(x):
+        from .jit import lrn as compiled
+
+        scale, power, y = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+        compiled.within_forward(_planes(x), size, dtype(alpha / (size * size)), dtype(beta), _planes(scale),
+                                _planes(power), _planes(y))
+        return y, scale, power
+    scale = _box_sum(x * x, size)
+    scale *= dtype(alpha / (size * size))
+    scale += dtype(1)
+    power = scale ** dtype(-beta)
+    return x * power, scale, power
+
+
+def lrn_within_backward(x, y, scale, power, dy, size, alpha, beta):
+    """Bottom gradient of LRN WITHIN_CHANNEL."""
+    dtype = x.dtype.type
+    if _compiled(x, y, scale, power, dy):
+        from .jit import lrn as compiled
+
+        dx = np.empty_like(x)
+        compiled.within_backward(_planes(x), _planes(y), _planes(scale), _planes(power), _planes(dy), size,
+                                 dtype(2.0 * alpha * beta / (size * size)), _planes(dx))
+        return dx
+    ratio = _box_sum(dy * y / scale, size)
+    ratio *= x
+    ratio *= dtype(2.0 * alpha * beta / (size * size))
     return dy * power - ratio
 
 
@@ -1391,12 +1499,7 @@ class LRNLayer(Layer):
         if self.region == _LRN.ACROSS_CHANNELS:
             y, scale, power = lrn_across_forward(x, self.size, self.alpha, self.beta, self.k)
         else:
-            dtype = x.dtype.type
-            scale = _box_sum(x * x, self.size)
-            scale *= dtype(self.alpha / (self.size * self.size))
-            scale += dtype(1)
-            power = scale ** dtype(-self.beta)
-            y = x * power
+            y, scale, power = lrn_within_forward(x, self.size, self.alpha, self.beta)
         self.state = (scale, power)
         top[0].data = y
 
@@ -1407,9 +1510,5 @@ class LRNLayer(Layer):
         scale, power = self.state
         if self.region == _LRN.ACROSS_CHANNELS:
             bottom[0].diff = lrn_across_backward(x, y, scale, power, dy, self.size, self.alpha, self.beta)
-            return
-        dtype = x.dtype.type
-        ratio = _box_sum(dy * y / scale, self.size)
-        ratio *= x
-        ratio *= dtype(2.0 * self.alpha * self.beta / (self.size * self.size))
-        bottom[0].diff = dy * power - ratio
+        else:
+            bottom[0].diff = lrn_within_backward(x, y, scale, power, dy, self.size, self.alpha, self.beta)
