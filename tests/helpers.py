@@ -126,6 +126,23 @@ def check_gradients(layer_param, bottoms, num_tops=1, params=None, check_bottoms
     return layer
 
 
+def assert_same_on_one_thread(run, repeats: int = 3):
+    """``run()`` (a list of arrays, from compiled kernels) gives the same bits on numba's whole pool,
+    ``repeats`` times, as on a single thread."""
+    import numba
+
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        single = run()
+        numba.set_num_threads(before)
+        for _ in range(repeats):
+            for got, expected in zip(run(), single, strict=True):
+                np.testing.assert_array_equal(got, expected)
+    finally:
+        numba.set_num_threads(before)
+
+
 def layer_case_names(prefixes: tuple[str, ...] = ()) -> list[str]:
     """Names of the single-layer oracle cases (empty when ../shared is absent; tests then skip)."""
     if not LAYER_CASES.exists():

@@ -3,7 +3,8 @@
 Every layer here takes one bottom and gives one top of the same shape, and works in place
 (``top[0] is bottom[0]``). A layer whose backward needs the input ``x`` and cannot recover it from
 the output keeps a copy of ``x`` when it runs in place, as Caffe's PReLU does; the others compute
-their gradient from the output ``y`` (or from a mask) and need no copy.
+their gradient from the output ``y`` (or from a mask) and need no copy. ReLU writes into arrays it
+keeps from call to call and reads no copy either (see reused.py for why that is safe).
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from .. import backend
 from ..blob import Blob
 from ..fillers import fill
 from ..proto import netdef_pb2 as pb
+from . import elementwise
 from .base import TRAIN, Layer, register_layer
+from .reused import ReusedArrays
 
 
 class NeuronLayer(Layer):
@@ -52,23 +55,24 @@ class ReLULayer(NeuronLayer):
 
     def setup(self, bottom, top):
         self.negative_slope = float(self.layer_param.relu_param.negative_slope)
+        self._outputs = ReusedArrays()
 
     def forward(self, bottom, top):
-        ns = self.negative_slope
-        # With negative_slope >= 0, y > 0 exactly where x > 0, so backward reads the sign from y
-        # and an in-place ReLU needs no copy of x.
-        x = self._keep_input(bottom, top, needed=ns < 0)
-        xp = backend.get_array_module(x)
-        top[0].data = xp.where(x > 0, x, x * ns) if ns != 0 else xp.maximum(x, 0)
+        x = bottom[0].data
+        out = self._outputs.get("top", like=x, avoid=(x,))
+        elementwise.relu_forward(x, self.negative_slope, out)
+        # With negative_slope >= 0, y > 0 exactly where x > 0, so backward reads the sign from this
+        # layer's own output and keeps no other array alive; otherwise from x, which no later layer
+        # writes into (in place, the top's new array replaces it in the blob).
+        self._sign_of = out if self.negative_slope >= 0 else x
+        top[0].data = out
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        ref = self._input(bottom)  # x, or in place y (same sign pattern, see forward)
         dy = top[0].diff
-        xp = backend.get_array_module(dy)
-        ns = self.negative_slope
-        bottom[0].diff = xp.where(ref > 0, dy, dy * ns) if ns != 0 else dy * (ref > 0)
+        dx = self._outputs.get("bottom_diff", like=dy, avoid=(dy, self._sign_of))
+        bottom[0].diff = elementwise.relu_backward(self._sign_of, dy, self.negative_slope, dx)
 
 
 # ---------------------------------------------------------------------------------------------- PReLU

@@ -7,7 +7,9 @@ from ..backend import get_array_module
 from ..blob import Blob
 from ..fillers import fill
 from ..proto import netdef_pb2 as pb
+from . import batchnorm, elementwise
 from .base import TEST, Layer, register_layer
+from .reused import ReusedArrays
 
 
 def _keep_or_create(layer: Layer, shapes: list[tuple], dtype) -> bool:
@@ -55,6 +57,7 @@ class BatchNormLayer(Layer):
                 b.data[...] = 0
         # Statistics are not learned: Caffe forces lr_mult 0 and never writes their diff.
         self.param_propagate_down = [False] * 3
+        self._outputs = ReusedArrays()
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape
@@ -69,17 +72,17 @@ class BatchNormLayer(Layer):
 
     def forward(self, bottom, top):
         x = bottom[0].data
-        xp = get_array_module(x)
-        x3 = self._view(x)
+        out = self._outputs.get("top", like=x, avoid=(x,))
         if self.use_global_stats:
             f = float(self.blobs[2].data.reshape(-1)[0])
             factor = 0.0 if f == 0 else 1.0 / f
             mean = self.blobs[0].data * factor
             var = self.blobs[1].data * factor
+            std = get_array_module(x).sqrt(var + self.eps).astype(x.dtype, copy=False)
+            batchnorm.forward_global(self._view(x), mean, std, self._view(out))
         else:
-            mean = x3.mean(axis=(0, 2))
-            var = ((x3 - mean[None, :, None]) ** 2).mean(axis=(0, 2))
-            m = x3.shape[0] * x3.shape[2]
+            mean, var, std = batchnorm.forward_batch(self._view(x), self.eps, self._view(out))
+            m = x.size // self.channels
             correction = m / (m - 1) if m > 1 else 1.0
             self.blobs[2].data *= self.maf
             self.blobs[2].data += 1
@@ -87,26 +90,20 @@ class BatchNormLayer(Layer):
             self.blobs[0].data += mean
             self.blobs[1].data *= self.maf
             self.blobs[1].data += correction * var
-        std = xp.sqrt(var + self.eps).astype(x.dtype, copy=False)
-        y = ((x3 - mean[None, :, None]) / std[None, :, None]).astype(x.dtype, copy=False)
-        self._std = std
-        # A private copy: a later in-place layer may overwrite the top's array.
-        self._y = y
-        top[0].data = y.reshape(x.shape).copy()
+        # The input, not the output, is kept for backward: a later in-place layer replaces the top.
+        self._x, self._mean, self._std = x, mean, std
+        top[0].data = out
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dy = self._view(top[0].diff)
-        inv_std = 1.0 / self._std[None, :, None]
+        dy = top[0].diff
+        dx = self._outputs.get("bottom_diff", like=dy, avoid=(dy, self._x))
         if self.use_global_stats:
-            dx = dy * inv_std
+            batchnorm.backward_global(self._view(dy), self._std, self._view(dx))
         else:
-            y = self._y
-            mean_dy = dy.mean(axis=(0, 2), keepdims=True)
-            mean_ydy = (y * dy).mean(axis=(0, 2), keepdims=True)
-            dx = (dy - mean_dy - y * mean_ydy) * inv_std
-        bottom[0].diff = dx.reshape(bottom[0].shape)
+            batchnorm.backward_batch(self._view(self._x), self._view(dy), self._mean, self._std, self._view(dx))
+        bottom[0].diff = dx
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,6 +173,7 @@ class ScaleLayer(Layer):
                 fill(self.blobs[0], filler)
             if self.bias_index is not None:
                 fill(self.blobs[self.bias_index], p.bias_filler)
+        self._outputs = ReusedArrays()
 
     def _scale_blob(self, bottom):
         return bottom[1] if len(bottom) > 1 else self.blobs[0]
@@ -193,33 +191,37 @@ class ScaleLayer(Layer):
 
     def forward(self, bottom, top):
         x = bottom[0].data
-        o, d, i = self._dims
-        s = self._scale_blob(bottom).data.reshape(1, d, 1)
-        y = x.reshape(o, d, i) * s
-        if self.bias_index is not None:
-            y = y + self.blobs[self.bias_index].data.reshape(1, d, 1)
-        # Keep the input: in place, the top's new array replaces it in the shared blob.
+        s = self._scale_blob(bottom).data
+        out = self._outputs.get("top", like=x, avoid=(x, s))
+        bias = None if self.bias_index is None else self.blobs[self.bias_index].data.reshape(-1)
+        elementwise.scale_forward(x.reshape(self._dims), s.reshape(-1), bias, out.reshape(self._dims))
+        # The input is kept for the scale's gradient: in place, the top's new array replaces it in
+        # the shared blob, and nothing writes into it.
         self._x = x
-        top[0].data = y.reshape(x.shape)
+        top[0].data = out
 
     def backward(self, top, propagate_down, bottom):
-        o, d, i = self._dims
-        dy = top[0].diff.reshape(o, d, i)
-        # Parameter and scale gradients first: in place, bottom diff is the same blob as top diff.
-        if self.bias_index is not None and self.param_propagate_down[self.bias_index]:
-            b = self.blobs[self.bias_index]
-            b.diff += dy.sum(axis=(0, 2)).reshape(b.shape)
+        dy = top[0].diff
         s_blob = self._scale_blob(bottom)
+        want_bias = self.bias_index is not None and self.param_propagate_down[self.bias_index]
         want_scale = propagate_down[1] if len(bottom) > 1 else self.param_propagate_down[0]
+        if not (want_bias or want_scale or propagate_down[0]):
+            return
+        dx = self._outputs.get("bottom_diff", like=dy, avoid=(dy, self._x)) if propagate_down[0] else None
+        sum_dy, sum_xdy = elementwise.scale_backward(self._x.reshape(self._dims) if want_scale else None,
+                                                     dy.reshape(self._dims), s_blob.data.reshape(-1),
+                                                     None if dx is None else dx.reshape(self._dims))
+        if want_bias:
+            b = self.blobs[self.bias_index]
+            b.diff += sum_dy.reshape(b.shape)
         if want_scale:
-            xp = get_array_module(dy)
-            ds = xp.einsum("odi,odi->d", dy, self._x.reshape(o, d, i)).reshape(s_blob.shape)
             if len(bottom) > 1:
-                bottom[1].diff = ds
+                bottom[1].diff = sum_xdy.reshape(s_blob.shape)
             else:
-                s_blob.diff += ds
-        if propagate_down[0]:
-            bottom[0].diff = (dy * s_blob.data.reshape(1, d, 1)).reshape(bottom[0].shape)
+                s_blob.diff += sum_xdy.reshape(s_blob.shape)
+        # Last: in place, bottom[0].diff is top[0].diff, read above.
+        if dx is not None:
+            bottom[0].diff = dx
 
 
 @register_layer("Bias")

@@ -8,7 +8,9 @@ import numpy as np
 
 from ..backend import get_array_module, to_host
 from ..proto import netdef_pb2 as pb
+from . import elementwise
 from .base import Layer, register_layer
+from .reused import ReusedArrays
 
 _Elt = pb.EltwiseParameter
 _Red = pb.ReductionParameter
@@ -51,6 +53,7 @@ class EltwiseLayer(Layer):
             raise self.error("takes coefficients only for summation")
         self.coeff = list(p.coeff) if p.coeff else [1.0] * len(bottom)
         self.stable_prod_grad = p.stable_prod_grad
+        self._outputs = ReusedArrays()
 
     def reshape(self, bottom, top):
         for i, b in enumerate(bottom[1:], 1):
@@ -61,58 +64,37 @@ class EltwiseLayer(Layer):
 
     def forward(self, bottom, top):
         xs = [b.data for b in bottom]
-        xp = get_array_module(xs[0])
+        out = self._outputs.get("top", like=xs[0], avoid=xs)
         if self.op == _Elt.SUM:
-            y = self.coeff[0] * xs[0] if self.coeff[0] != 1 else xs[0].copy()
-            for c, x in zip(self.coeff[1:], xs[1:]):
-                y += c * x if c != 1 else x
+            elementwise.weighted_sum(xs, self.coeff, out)
         elif self.op == _Elt.PROD:
-            y = xs[0] * xs[1]
-            for x in xs[2:]:
-                y *= x
+            elementwise.product(xs, out)
         else:
-            first = xs[0] > xs[1]
-            y = xp.where(first, xs[0], xs[1])
-            mask = xp.where(first, 0, 1).astype(np.int32)
-            for k, x in enumerate(xs[2:], 2):
-                better = x > y
-                y = xp.where(better, x, y)
-                mask[better] = k
-            self._mask = mask
-        if self.op == _Elt.PROD and not self.stable_prod_grad:
-            self._y = y.copy()
-        top[0].data = y
+            self._mask = self._outputs.get("mask", like=xs[0], dtype=np.int32)
+            elementwise.maximum(xs, out, self._mask)
+        # The inputs, kept for PROD's gradient: nothing writes into them (in place, the top's new
+        # array replaces bottom 0's in the blob).
+        self._xs = xs
+        top[0].data = out
 
     def backward(self, top, propagate_down, bottom):
         dy = top[0].diff
-        n = len(bottom)
-        if self.op == _Elt.PROD and self.stable_prod_grad:
-            # Product of the other inputs via prefix and suffix products (no division by x_k).
-            xs = [b.data for b in bottom]
-            prefix = [None] * n
-            for k in range(1, n):
-                prefix[k] = xs[0] if k == 1 else prefix[k - 1] * xs[k - 1]
-            suffix = None
-            grads = [None] * n
-            for k in range(n - 1, -1, -1):
-                if propagate_down[k]:
-                    others = prefix[k] if suffix is None else (suffix if prefix[k] is None else prefix[k] * suffix)
-                    grads[k] = others * dy
-                suffix = xs[k] if suffix is None else suffix * xs[k]
-            for k in range(n):
-                if propagate_down[k]:
-                    bottom[k].diff = grads[k]
-            return
-        for k in range(n):
-            if not propagate_down[k]:
-                continue
-            if self.op == _Elt.SUM:
-                g = dy * self.coeff[k] if self.coeff[k] != 1 else dy.copy()
-            elif self.op == _Elt.PROD:
-                g = self._y / bottom[k].data * dy
+        wanted = [k for k in range(len(bottom)) if propagate_down[k]]
+        if self.op == _Elt.SUM:
+            # A coefficient of 1 passes dy itself on: no layer writes into an array it did not make.
+            grads = {k: dy if self.coeff[k] == 1 else
+                     elementwise.weighted_sum([dy], [self.coeff[k]], self._diff_array(k, dy)) for k in wanted}
+        else:
+            outs = {k: self._diff_array(k, dy) for k in wanted}
+            if self.op == _Elt.PROD:
+                grads = elementwise.product_gradients(self._xs, dy, self.stable_prod_grad, outs)
             else:
-                g = dy * (self._mask == k)
+                grads = elementwise.maximum_gradients(dy, self._mask, outs)
+        for k, g in grads.items():
             bottom[k].diff = g
+
+    def _diff_array(self, k: int, dy):
+        return self._outputs.get(f"bottom_diff_{k}", like=dy, avoid=[dy, *self._xs])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,6 +238,9 @@ class SplitLayer(Layer):
     exact_num_bottom = 1
     min_top = 1
 
+    def setup(self, bottom, top):
+        self._outputs = ReusedArrays()
+
     def reshape(self, bottom, top):
         _no_in_place(self, bottom, top)
         for t in top:
@@ -270,10 +255,12 @@ class SplitLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        total = top[0].diff.copy()
-        for t in top[1:]:
-            total += t.diff
-        bottom[0].diff = total
+        dys = [t.diff for t in top]
+        if len(dys) == 1:
+            bottom[0].diff = dys[0]  # passed on: no layer writes into an array it did not make
+            return
+        total = self._outputs.get("bottom_diff", like=dys[0], avoid=dys)
+        bottom[0].diff = elementwise.weighted_sum(dys, [1.0] * len(dys), total)
 
 
 @register_layer("Flatten")

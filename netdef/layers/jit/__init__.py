@@ -18,9 +18,9 @@ ENABLED = True  # tests switch the kernels off to compare them with the referenc
 
 def usable(*arrays) -> bool:
     """Whether the kernels take these arrays: ``ENABLED``, and every array (None entries, absent
-    optional ones, aside) a non-empty C-contiguous NumPy array of one floating dtype."""
+    optional ones, aside) a non-empty C-contiguous NumPy array, all float32 or all float64."""
     import numpy as np
 
     present = [a for a in arrays if a is not None]
     return (ENABLED and all(isinstance(a, np.ndarray) and a.flags.c_contiguous and a.size for a in present)
-            and len({a.dtype for a in present}) == 1 and present[0].dtype.kind == "f")
+            and {a.dtype for a in present} in ({np.dtype(np.float32)}, {np.dtype(np.float64)}))

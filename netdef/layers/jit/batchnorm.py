@@ -1,0 +1,99 @@
+"""Batch normalization kernels: one thread per channel, the channel's N rows of M values each.
+
+Shapes: x, y, dy, dx (N x C x M) (M: the spatial size, 1 for N x C inputs); the per-channel arrays
+(C) have x's dtype. Sums run in float64, each over one channel in a fixed order by one thread, so the
+result is the same bits for any thread count (``reassoc`` lets LLVM keep several partial sums in
+vector lanes: their order is fixed by the compiled code, not by the data or the threads). A channel's
+rows are read once from memory and again from cache (about 0.4 MiB per channel for ResNet-50's first
+layer at batch 8, against 2 MiB of L2 per core). Divisions follow NumPy (``error_model="numpy"``: a zero
+std gives inf or NaN, as the twins, where numba would raise). Twins: ``batchnorm.*_reference``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .elementwise import row_sum
+
+
+@njit(fastmath={"reassoc"}, cache=True)
+def _squared_deviation(row, center):
+    total = 0.0
+    for j in range(row.shape[0]):
+        d = row[j] - center
+        total += d * d
+    return total
+
+
+@njit(fastmath={"reassoc"}, error_model="numpy", cache=True)
+def _gradient_sums(x, dy, mean, std):
+    """(sum of dy, sum of y * dy) over one row, y = (x - mean) / std recomputed as forward did."""
+    total_dy = 0.0
+    total_ydy = 0.0
+    for j in range(x.shape[0]):
+        g = np.float64(dy[j])
+        total_dy += g
+        total_ydy += ((x[j] - mean) / std) * g
+    return total_dy, total_ydy
+
+
+@njit(error_model="numpy", cache=True)
+def _normalize_row(x, mean, std, y):
+    for j in range(x.shape[0]):
+        y[j] = (x[j] - mean) / std
+
+
+@njit(parallel=True, error_model="numpy", cache=True)
+def forward_batch(x, eps, y, mean, var, std):
+    """Batch mean and biased variance of each channel into ``mean``, ``var``; ``std`` =
+    sqrt(var + eps) (``eps`` of x's dtype); y = (x - mean) / std."""
+    n_, c_, m_ = x.shape
+    count = n_ * m_
+    for c in prange(c_):
+        total = 0.0
+        for n in range(n_):
+            total += row_sum(x[n, c])
+        center = total / count
+        spread = 0.0
+        for n in range(n_):
+            spread += _squared_deviation(x[n, c], center)
+        mean[c] = center
+        var[c] = spread / count
+        std[c] = np.sqrt(var[c] + eps)
+        for n in range(n_):
+            _normalize_row(x[n, c], mean[c], std[c], y[n, c])
+
+
+@njit(parallel=True, error_model="numpy", cache=True)
+def forward_global(x, mean, std, y):
+    """y = (x - mean) / std with the given per-channel statistics."""
+    n_, c_, m_ = x.shape
+    for plane in prange(n_ * c_):
+        n = plane // c_
+        c = plane % c_
+        _normalize_row(x[n, c], mean[c], std[c], y[n, c])
+
+
+@njit(parallel=True, error_model="numpy", cache=True)
+def backward_batch(x, dy, mean, std, dx):
+    """dx = (dy - mean(dy) - y * mean(y * dy)) / std per channel, y recomputed from x."""
+    n_, c_, m_ = x.shape
+    count = n_ * m_
+    for c in prange(c_):
+        center = mean[c]
+        spread = std[c]
+        total_dy = 0.0
+        total_ydy = 0.0
+        for n in range(n_):
+            a, b = _gradient_sums(x[n, c], dy[n, c], center, spread)
+            total_dy += a
+            total_ydy += b
+        mean_dy = x.dtype.type(total_dy / count)
+        mean_ydy = x.dtype.type(total_ydy / count)
+        inv_std = x.dtype.type(1) / spread
+        for n in range(n_):
+            src = x[n, c]
+            grad = dy[n, c]
+            out = dx[n, c]
+            for j in range(m_):
+                out[j] = (grad[j] - mean_dy - ((src[j] - center) / spread) * mean_ydy) * inv_std

@@ -1,0 +1,232 @@
+"""Element-wise kernels: ReLU, weighted sums (Eltwise SUM, Split's backward), products and maxima of
+arrays of one shape (Eltwise PROD and MAX), and Scale's multiply-add broadcast over O x D x I.
+
+Arrays are C-contiguous; the element-wise kernels take them flat (1-D), a tuple ``xs`` holding K
+arrays of one size and dtype, and scalars of the arrays' dtype (so float32 arithmetic stays float32, as
+in NumPy). A value of an output depends on values at its own position only, except in Scale's
+parameter gradients: those are summed in float64 per work item (a fixed cut of the rows, whatever
+the thread count) and the items' sums added in a fixed order, so every result is the same bits for
+any thread count. Twins: ``elementwise.*_reference``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+BLOCK = 16384  # elements per work item: 64 KiB of float32, many items per thread on ResNet's layers
+
+
+@njit(inline="always")
+def _bounds(block, size):
+    lo = block * BLOCK
+    return lo, min(lo + BLOCK, size)
+
+
+@njit(inline="always")
+def _count(size):
+    return (size + BLOCK - 1) // BLOCK
+
+
+# ---------------------------------------------------------------------------------------------- ReLU
+# One value in, one out: numba splits the loop over the threads as it likes, which changes no bits.
+@njit(parallel=True, cache=True)
+def relu_forward(x, negative_slope, y):
+    """y = x where x > 0, else negative_slope * x (slope 0: +0 where x <= 0, as NumPy's max(x, 0))."""
+    if negative_slope == 0:
+        zero = x.dtype.type(0)
+        for i in prange(x.shape[0]):
+            v = x[i]
+            y[i] = zero if v <= 0 else v
+    else:
+        for i in prange(x.shape[0]):
+            v = x[i]
+            y[i] = v if v > 0 else v * negative_slope
+
+
+@njit(parallel=True, cache=True)
+def relu_backward(x, dy, negative_slope, dx):
+    for i in prange(x.shape[0]):
+        g = dy[i]
+        dx[i] = g if x[i] > 0 else g * negative_slope
+
+
+# ---------------------------------------------------------------------------------------------- sums
+# Several inputs: a block of each at a time (slices indexed from 0, which LLVM vectorizes; an index
+# that numba cannot prove non-negative carries a wrap-around check that stops it).
+@njit(parallel=True, cache=True)
+def weighted_sum(xs, coeffs, y):
+    """y = sum_k coeffs[k] * xs[k], added from k = 0 up."""
+    size = y.shape[0]
+    for block in prange(_count(size)):
+        lo, hi = _bounds(block, size)
+        out = y[lo:hi]
+        first = xs[0][lo:hi]
+        c = coeffs[0]
+        for i in range(hi - lo):
+            out[i] = c * first[i]
+        for k in range(1, len(xs)):
+            term = xs[k][lo:hi]
+            c = coeffs[k]
+            for i in range(hi - lo):
+                out[i] += c * term[i]
+
+
+@njit(parallel=True, cache=True)
+def product(xs, y):
+    """y = prod_k xs[k], multiplied from k = 0 up."""
+    size = y.shape[0]
+    for block in prange(_count(size)):
+        lo, hi = _bounds(block, size)
+        out = y[lo:hi]
+        first = xs[0][lo:hi]
+        for i in range(hi - lo):
+            out[i] = first[i]
+        for k in range(1, len(xs)):
+            term = xs[k][lo:hi]
+            for i in range(hi - lo):
+                out[i] *= term[i]
+
+
+@njit(parallel=True, error_model="numpy", cache=True)
+def product_gradients(xs, dy, wanted, stable, outs):
+    """outs[j] = dy * (the product of every xs[k] but k = wanted[j]). Stable: the inputs before k
+    multiplied from the first up, times those after k multiplied from the last down; otherwise the
+    product of all of them divided by xs[k] (NaN or inf where xs[k] is 0, as NumPy)."""
+    n = len(xs)
+    one = dy.dtype.type(1)
+    for j in range(len(wanted)):
+        k = wanted[j]
+        out = outs[j]
+        for i in prange(dy.shape[0]):
+            if stable:
+                before = one
+                for m in range(k):
+                    before *= xs[m][i]
+                after = one
+                for m in range(n - 1, k, -1):
+                    after *= xs[m][i]
+                out[i] = (before * after) * dy[i]
+            else:
+                every = one
+                for m in range(n):
+                    every *= xs[m][i]
+                out[i] = (every / xs[k][i]) * dy[i]
+
+
+# ---------------------------------------------------------------------------------------------- maxima
+@njit(parallel=True, cache=True)
+def maximum(xs, y, mask):
+    """y = max_k xs[k], mask = the k it came from: xs[0] only where strictly above xs[1], a later
+    input only where strictly above the running maximum (Caffe's ties)."""
+    size = y.shape[0]
+    for block in prange(_count(size)):
+        lo, hi = _bounds(block, size)
+        out = y[lo:hi]
+        arg = mask[lo:hi]
+        a = xs[0][lo:hi]
+        b = xs[1][lo:hi]
+        for i in range(hi - lo):
+            first = a[i] > b[i]
+            out[i] = a[i] if first else b[i]
+            arg[i] = 0 if first else 1
+        for k in range(2, len(xs)):
+            term = xs[k][lo:hi]
+            for i in range(hi - lo):
+                if term[i] > out[i]:
+                    out[i] = term[i]
+                    arg[i] = k
+
+
+@njit(parallel=True, cache=True)
+def maximum_gradients(dy, mask, wanted, outs):
+    """outs[j] = dy where mask == wanted[j], else 0 (as dy * 0: NaN stays NaN)."""
+    zero = dy.dtype.type(0)
+    for j in range(len(wanted)):
+        k = wanted[j]
+        out = outs[j]
+        for i in prange(dy.shape[0]):
+            g = dy[i]
+            out[i] = g if mask[i] == k else g * zero
+
+
+# ---------------------------------------------------------------------------------------------- Scale
+# Work items: a chunk of at most BLOCK values of one (o, d) row, so that a single row (one scale for
+# everything) still spreads over the threads.
+@njit(parallel=True, cache=True)
+def scale_forward(x, s, b, y):
+    """y[o, d, i] = x[o, d, i] * s[d] (+ b[d] unless b is None); x, y (O x D x I)."""
+    o_, d_, i_ = x.shape
+    chunks = _count(i_)
+    for item in prange(o_ * d_ * chunks):
+        plane = item // chunks
+        o = plane // d_
+        d = plane % d_
+        lo, hi = _bounds(item % chunks, i_)
+        src = x[o, d, lo:hi]
+        dst = y[o, d, lo:hi]
+        factor = s[d]
+        if b is None:
+            for i in range(hi - lo):
+                dst[i] = src[i] * factor
+        else:
+            shift = b[d]
+            for i in range(hi - lo):
+                dst[i] = src[i] * factor + shift
+
+
+@njit(fastmath={"reassoc"}, cache=True)
+def row_sum(row):
+    """The sum of a 1-D array in float64 (``reassoc``: in vector lanes, in an order fixed by the
+    compiled code, not by the data or the threads)."""
+    total = 0.0
+    for i in range(row.shape[0]):
+        total += row[i]
+    return total
+
+
+@njit(fastmath={"reassoc"}, cache=True)
+def _sums(x, dy):
+    """(sum of dy, sum of dy * x) of one row."""
+    total = 0.0
+    weighted = 0.0
+    for i in range(dy.shape[0]):
+        g = np.float64(dy[i])
+        total += g
+        weighted += g * x[i]
+    return total, weighted
+
+
+@njit(parallel=True, cache=True)
+def scale_backward(x, dy, s, dx, sums):
+    """sums (2 x D, float64) = per d, the sum over O and I of dy and of dy * x (0 when x is None);
+    dx = dy * s[d] unless dx is None. x, dy, dx (O x D x I)."""
+    o_, d_, i_ = dy.shape
+    chunks = _count(i_)
+    rows = o_ * chunks
+    partial = np.zeros((2, rows, d_))
+    for item in prange(o_ * d_ * chunks):
+        plane = item // chunks
+        o = plane // d_
+        d = plane % d_
+        chunk = item % chunks
+        lo, hi = _bounds(chunk, i_)
+        grad = dy[o, d, lo:hi]
+        if x is None:
+            partial[0, o * chunks + chunk, d] = row_sum(grad)
+        else:
+            total, weighted = _sums(x[o, d, lo:hi], grad)
+            partial[0, o * chunks + chunk, d] = total
+            partial[1, o * chunks + chunk, d] = weighted
+        if dx is not None:
+            out = dx[o, d, lo:hi]
+            factor = s[d]
+            for i in range(hi - lo):
+                out[i] = grad[i] * factor
+    for d in prange(d_):
+        total = 0.0
+        weighted = 0.0
+        for r in range(rows):
+            total += partial[0, r, d]
+            weighted += partial[1, r, d]
+        sums[0, d] = total
+        sums[1, d] = weighted
