@@ -23,10 +23,18 @@ mean netdef is faster. --per-layer adds netdef's per-layer-type forward and back
 """
 from __future__ import annotations
 
-import argparse
+import os
+
+# Idle OpenMP threads sleep in both frameworks: netdef's default for its kernels (netdef/threads.py),
+# and set here, before torch loads its own OpenMP runtime, because the steps alternate: torch's
+# threads spinning after each of its steps took the cores from netdef's next one (ResNet-50 2.0x
+# PyTorch's time with torch's spinning threads around, 0.98x without). OMP_WAIT_POLICY=ACTIVE in the
+# environment measures both with spinning threads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
 import collections
 import json
-import os
 import pathlib
 import statistics
 import subprocess
@@ -276,7 +284,8 @@ def main() -> None:
         print(f"# numpy BLAS: {pool.get('internal_api')} {pool.get('version')} threads={pool.get('num_threads')}")
     gflops = sgemm_gflops()
     print(f"# torch {torch.__version__} threads={torch.get_num_threads()}; sgemm {gflops:.0f} GFLOP/s; "
-          f"load average {os.getloadavg()[0]:.2f}; {time.strftime('%Y-%m-%d %H:%M')}")
+          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; load average {os.getloadavg()[0]:.2f}; "
+          f"{time.strftime('%Y-%m-%d %H:%M')}")
     print(f"{'net':<15}{'batch':>6} | {'fwd+bwd ms':>10}{'torch':>9}{'ratio':>7} | {'fwd ms':>8}{'torch':>8}"
           f"{'ratio':>7} | {'floor ms':>8}{'x floor':>8} | {'RSS MiB':>8}{'torch':>7}")
     for key in keys:

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 
 import pytest
 
-from netdef.threads import (ThreadPlan, kernel_threads, own_cores, plan_compute_threads, set_kernel_threads,
-                            yield_cores_to_compute)
+from netdef.threads import (ThreadPlan, kernel_threads, let_idle_kernel_threads_sleep, own_cores,
+                            plan_compute_threads, set_kernel_threads, yield_cores_to_compute)
 
 
 def test_ranks_share_the_cores_of_their_machine():
@@ -83,3 +84,28 @@ def test_a_data_thread_yields_to_compute_and_the_rest_of_the_process_does_not():
     worker.join()
     assert seen["thread"] == 19
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+
+
+def test_idle_kernel_threads_sleep_unless_the_user_chose():
+    env = {}
+    let_idle_kernel_threads_sleep(env)
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    env = {"OMP_WAIT_POLICY": "ACTIVE"}
+    let_idle_kernel_threads_sleep(env)
+    assert env == {"OMP_WAIT_POLICY": "ACTIVE"}
+
+
+@pytest.mark.parametrize("user", [None, "ACTIVE"])
+def test_the_wait_policy_is_set_before_the_kernels_pool_starts(user):
+    # A fresh process: libgomp reads the variable when numba first starts its pool.
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if user:
+        env["OMP_WAIT_POLICY"] = user
+    code = ("import os, numpy as np\n"
+            "from netdef.layers.jit import elementwise\n"
+            "import numba\n"
+            "numba.njit(parallel=True)(lambda a: a.sum())(np.ones(4))\n"
+            "print(os.environ['OMP_WAIT_POLICY'], numba.threading_layer())\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[0] == (user or "PASSIVE")

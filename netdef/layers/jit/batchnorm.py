@@ -11,7 +11,11 @@ std gives inf or NaN, as the twins, where numba would raise). Twins: ``batchnorm
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from ...threads import let_idle_kernel_threads_sleep
+
+let_idle_kernel_threads_sleep()  # before numba starts its thread pool
+
+from numba import njit, prange  # noqa: E402 (after the wait policy)
 
 from .elementwise import row_sum
 

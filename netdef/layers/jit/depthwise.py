@@ -23,7 +23,11 @@ the same from run to run on a given machine.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from ...threads import let_idle_kernel_threads_sleep
+
+let_idle_kernel_threads_sleep()  # before numba starts its thread pool
+
+from numba import njit, prange  # noqa: E402 (after the wait policy)
 
 FAST = {"contract"}
 FAST_SUMS = {"contract", "reassoc"}

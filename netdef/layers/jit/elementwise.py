@@ -11,7 +11,11 @@ any thread count. Twins: ``elementwise.*_reference``.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from ...threads import let_idle_kernel_threads_sleep
+
+let_idle_kernel_threads_sleep()  # before numba starts its thread pool
+
+from numba import njit, prange  # noqa: E402 (after the wait policy)
 
 BLOCK = 16384  # elements per work item: 64 KiB of float32, many items per thread on ResNet's layers
 

@@ -12,7 +12,11 @@ y (H x N x W x C) and out (N x C x H x W). All C-contiguous.
 """
 from __future__ import annotations
 
-from numba import njit, prange
+from ...threads import let_idle_kernel_threads_sleep
+
+let_idle_kernel_threads_sleep()  # before numba starts its thread pool
+
+from numba import njit, prange  # noqa: E402 (after the wait policy)
 
 COLUMN_BLOCK = 16
 

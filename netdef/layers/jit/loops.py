@@ -8,7 +8,11 @@ NumPy gives inf or NaN).
 """
 from __future__ import annotations
 
-from numba import njit
+from ...threads import let_idle_kernel_threads_sleep
+
+let_idle_kernel_threads_sleep()  # before numba starts its thread pool
+
+from numba import njit  # noqa: E402 (after the wait policy)
 
 ERRORS = "numpy"
 BLOCKS = 128  # at most this many blocks of work items (planes) for the threads to share

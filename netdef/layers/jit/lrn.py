@@ -30,7 +30,11 @@ against 1.3 and 1.2.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from ...threads import let_idle_kernel_threads_sleep
+
+let_idle_kernel_threads_sleep()  # before numba starts its thread pool
+
+from numba import njit, prange  # noqa: E402 (after the wait policy)
 
 from .loops import ERRORS, add, block_range, blocks, copy, fill
 

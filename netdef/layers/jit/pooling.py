@@ -37,7 +37,11 @@ over 16x16 planes) 1.4 and 1.6 against 0.6 and 0.8.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from ...threads import let_idle_kernel_threads_sleep
+
+let_idle_kernel_threads_sleep()  # before numba starts its thread pool
+
+from numba import njit, prange  # noqa: E402 (after the wait policy)
 
 from .loops import ERRORS, add, block_range, blocks, copy, fill
 
