@@ -213,8 +213,6 @@ def per_layer_type(net, iters: int) -> dict:
 # ---------------------------------------------------------------------------------------- peak RSS
 def rss_child(framework: str, key: str, batch: int | None, threads: int | None) -> None:
     """Run in a fresh process: build the net, 3 forward+backward passes, print peak RSS in MiB."""
-    import resource
-
     set_threads(threads, framework == "torch")
     train, test = netdef_nets(key, batch)
     del test
@@ -227,7 +225,22 @@ def rss_child(framework: str, key: str, batch: int | None, threads: int | None) 
         forward_backward = lambda: (train.clear_param_diffs(), train.forward_backward())  # noqa: E731
     for _ in range(3):
         forward_backward()
-    print(json.dumps({"rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({"rss_mib": peak_rss_of_this_process() / 2**20}))
+
+
+def peak_rss_of_this_process() -> float:
+    """Bytes: VmHWM where /proc has it. Linux carries ru_maxrss across exec, so a child started by a
+    large parent (this benchmark, after a few nets) reported the parent's peak instead of its own."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def peak_rss(framework: str, key: str, batch: int | None, threads: int | None) -> float:
