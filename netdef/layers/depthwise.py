@@ -15,15 +15,9 @@ Shapes: x, dx (N x C x H x W); w, dw (C*m x 1 x kh x kw); y, dy (N x C*m x H_out
 """
 from __future__ import annotations
 
-import numpy as np
-
 from .. import backend
 from . import jit
 from .im2col import Geometry, offset_slices, padded
-
-
-def _compiled(*arrays) -> bool:
-    return jit.ENABLED and all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays)
 
 
 def _geometry_args(geom: Geometry) -> tuple:
@@ -39,7 +33,7 @@ def _per_channel(w, c: int):
 
 def forward(x, w, geom: Geometry, out):
     """Writes the depthwise convolution of ``x`` with ``w`` (no bias) into ``out``."""
-    if _compiled(x, w, out):
+    if jit.usable(x, w, out):
         from .jit import depthwise as kernels
 
         kernels.forward(x, w, out, *_geometry_args(geom))
@@ -49,7 +43,7 @@ def forward(x, w, geom: Geometry, out):
 
 def backward_data(dy, w, geom: Geometry, out):
     """Writes the input gradient of the depthwise convolution into ``out`` (N x C x H x W)."""
-    if _compiled(dy, w, out):
+    if jit.usable(dy, w, out):
         from .jit import depthwise as kernels
 
         kernels.backward_data(dy, w, out, *_geometry_args(geom))
@@ -59,7 +53,7 @@ def backward_data(dy, w, geom: Geometry, out):
 
 def backward_weights(x, dy, geom: Geometry, dw):
     """Adds the weight gradient of the depthwise convolution to ``dw`` (C*m x 1 x kh x kw)."""
-    if _compiled(x, dy, dw):
+    if jit.usable(x, dy, dw):
         from .jit import depthwise as kernels
 
         kernels.backward_weights(x, dy, dw, *_geometry_args(geom))

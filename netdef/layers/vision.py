@@ -902,12 +902,6 @@ def _pool_target(out, shape, dtype):
     return np.empty(shape, dtype)
 
 
-def _compiled(*arrays) -> bool:
-    """Whether the compiled CPU kernels (jit/pooling.py, jit/lrn.py) take these arrays: ``jit.usable``
-    ones, float32 or float64."""
-    return jit.usable(*arrays) and arrays[0].dtype in (np.float32, np.float64)
-
-
 def _planes(a):
     """(N, C, ...) as (N*C, ...): the kernels' planes."""
     return a.reshape((-1,) + a.shape[2:])
@@ -936,7 +930,7 @@ def max_pool_forward(x, p: Pool2D, out=None):
         mask = xp.empty(shape, np.int32)
         kernels.launch("max_pool_forward", top.size, (x,) + _pool_args(p, x.shape) + (top, mask))
         return top, ("flat", mask)
-    if _compiled(x):
+    if jit.usable(x):
         from .jit import pooling as compiled
 
         top = _pool_target(out, shape, x.dtype)
@@ -1082,7 +1076,7 @@ def _max_pool_backward_flat(dy, mask, out):
     """max_pool_backward on the CPU from a flat mask (the compiled forward's): each top diff added to
     its cell, outputs in row-major order (the NumPy twin of the compiled kernel)."""
     planes = dy.shape[0] * dy.shape[1]
-    if _compiled(dy, out) and mask.flags.c_contiguous:
+    if jit.usable(dy, out) and mask.flags.c_contiguous:
         from .jit import pooling as compiled
 
         compiled.max_backward(dy.reshape(planes, -1), mask.reshape(planes, -1), out.reshape(planes, -1))
@@ -1106,7 +1100,7 @@ def ave_pool_forward(x, p: Pool2D, out=None):
         top = xp.empty(shape, x.dtype)
         kernels.launch("ave_pool_forward", top.size, (x,) + _pool_args(p, x.shape) + (top,))
         return top
-    if _compiled(x):
+    if jit.usable(x):
         from .jit import pooling as compiled
 
         top = _pool_target(out, shape, x.dtype)
@@ -1145,7 +1139,7 @@ def ave_pool_backward(dy, x_shape, p: Pool2D, out):
         if target is not out:
             out[...] = target
         return out
-    if _compiled(dy, out):
+    if jit.usable(dy, out):
         from .jit import pooling as compiled
 
         compiled.ave_backward(_planes(dy), _planes(out), *_pool_geometry(p))
@@ -1393,7 +1387,7 @@ def lrn_across_forward(x, size, alpha, beta, k):
         y = xp.empty_like(x)
         kernels.launch("lrn_compute_output", x.size, (x, scale, dtype(-beta), y))
         return y, scale, None
-    if _compiled(x):
+    if jit.usable(x):
         from .jit import lrn as compiled
 
         scale, power, y = np.empty_like(x), np.empty_like(x), np.empty_like(x)
@@ -1420,7 +1414,7 @@ def lrn_across_backward(x, y, scale, power, dy, size, alpha, beta):
         return dx
     if power is None:
         power = scale ** dtype(-beta)
-    if _compiled(x, y, scale, power, dy):
+    if jit.usable(x, y, scale, power, dy):
         from .jit import lrn as compiled
 
         dx = np.empty_like(x)
@@ -1437,7 +1431,7 @@ def lrn_within_forward(x, size, alpha, beta):
     """(y, scale, scale^-beta) of LRN WITHIN_CHANNEL (no CUDA kernel: on a GPU the array-module code
     below runs)."""
     dtype = x.dtype.type
-    if _compiled(x):
+    if jit.usable(x):
         from .jit import lrn as compiled
 
         scale, power, y = np.empty_like(x), np.empty_like(x), np.empty_like(x)
@@ -1454,7 +1448,7 @@ def lrn_within_forward(x, size, alpha, beta):
 def lrn_within_backward(x, y, scale, power, dy, size, alpha, beta):
     """Bottom gradient of LRN WITHIN_CHANNEL."""
     dtype = x.dtype.type
-    if _compiled(x, y, scale, power, dy):
+    if jit.usable(x, y, scale, power, dy):
         from .jit import lrn as compiled
 
         dx = np.empty_like(x)

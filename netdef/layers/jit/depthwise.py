@@ -71,17 +71,22 @@ def _phase_rows(plane_rows, sh, ph, a):
 
 
 @njit(inline="always")
+def _phase_columns(w_, sw, pw, a, b, cells):
+    """(c0, count, base) of phase (a, b): its first plane column c0 ((c0 + pw) % sw == b), how many
+    plane columns it holds (0 when none), and where that column's cells start in the flat phases."""
+    c0 = (b - pw) % sw
+    count = (w_ - c0 + sw - 1) // sw if c0 < w_ else 0
+    return c0, count, (a * sw + b) * cells + (c0 + pw) // sw
+
+
+@njit(inline="always")
 def _split_phases(plane, sh, sw, ph, pw, wq, cells, phases):
     """The ``plane`` (H x W) into its sh*sw phases (flat, ``cells`` each, Wq wide) inside the
     padding: ``phases`` comes zeroed and the cells of the padding are never written."""
     h_, w_ = plane.shape
     for a in range(sh):
         for b in range(sw):
-            c0 = (b - pw) % sw  # the first column that phase column b holds
-            if c0 >= w_:
-                continue
-            count = (w_ - c0 + sw - 1) // sw
-            base = (a * sw + b) * cells + (c0 + pw) // sw
+            c0, count, base = _phase_columns(w_, sw, pw, a, b, cells)
             for r in _phase_rows(h_, sh, ph, a):
                 start = base + ((r + ph) // sh) * wq
                 if sw == 1:  # a contiguous copy, compiled apart from the strided one
@@ -96,11 +101,7 @@ def _merge_phases(phases, sh, sw, ph, pw, wq, cells, plane):
     h_, w_ = plane.shape
     for a in range(sh):
         for b in range(sw):
-            c0 = (b - pw) % sw
-            if c0 >= w_:
-                continue
-            count = (w_ - c0 + sw - 1) // sw
-            base = (a * sw + b) * cells + (c0 + pw) // sw
+            c0, count, base = _phase_columns(w_, sw, pw, a, b, cells)
             for r in _phase_rows(h_, sh, ph, a):
                 start = base + ((r + ph) // sh) * wq
                 if sw == 1:
