@@ -62,7 +62,7 @@ import numpy as np
 
 from .. import backend
 from .progress import choose_mode, make_driver
-from .scheduler import PriorityTransport, choose_sizes
+from .scheduler import PriorityTransport, ScheduleThread, choose_sizes
 from .timeline import BucketRecord, ChunkRecord, Measurements
 
 logger = logging.getLogger("netdef")
@@ -353,10 +353,12 @@ class AllreduceExchange(ExchangeRule):
             return
         chunk, credit = self.options.chunk_bytes, self.options.credit_bytes
         if not chunk or not credit:
-            measured_chunk, measured_credit, latency, rate = choose_sizes(self.comm, self.clock)
+            measured_chunk, measured_credit, link = choose_sizes(self.comm, self.clock)
             if self.comm.rank == 0:
-                logger.info("Priority schedule: measured allreduce latency %.0f us and %.0f MB/s: chunks of %d "
-                            "bytes, at most %d bytes in flight%s", latency * 1e6, rate / 1e6,
+                logger.info("Priority schedule: measured allreduce latency %.0f us, %.0f MB/s, %.1f ms for a chunk "
+                            "tested every %.0f ms: chunks of %d bytes, at most %d bytes in flight%s",
+                            link.latency_s * 1e6, link.bytes_per_s / 1e6, link.polled_s * 1e3,
+                            ScheduleThread.poll_interval * 1e3,
                             chunk or measured_chunk, max(credit or measured_credit, chunk or measured_chunk),
                             " (as set)" if chunk or credit else "")
             chunk, credit = chunk or measured_chunk, credit or measured_credit

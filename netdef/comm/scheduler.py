@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -337,15 +338,44 @@ class PriorityTransport:
             self._thread.close()
 
 
-def choose_sizes(comm, clock=time.perf_counter, repeats: int = 5) -> tuple[int, int, float, float]:
-    """(chunk_bytes, credit_bytes, latency_s, bytes_per_s) from timing blocking allreduces of 64 KiB
-    and 1 MiB on every rank (a collective call; rank 0's figures decide, for every rank).
+class LinkMeasurement(NamedTuple):
+    """What ``measure_link`` found: a blocking allreduce costs ``latency_s`` plus one second per
+    ``bytes_per_s`` bytes of the vector; one chunk's non-blocking allreduce, tested every poll
+    interval as the communication thread does, completes after ``polled_s``."""
 
-    A chunk costs one latency beyond its bytes: chunks are made large enough that the latency is at
-    most 5% of a chunk's transfer (and at least 256 KiB, at most 8 MiB). The credit covers the
-    bytes the link moves while a completion waits to be noticed (a communication thread polls every
-    2 ms) twice over, and at least two chunks, so that the link never idles between chunks; more
-    would only delay an urgent bucket."""
+    latency_s: float
+    bytes_per_s: float
+    polled_s: float
+
+
+CHUNK_FLOOR, CHUNK_CEILING = 256 << 10, 8 << 20
+CREDIT_CEILING = 16 << 20
+
+
+def chunk_size(latency_s: float, bytes_per_s: float) -> int:
+    """Large enough that a chunk's latency is at most 5% of its transfer (19 latencies' worth of
+    bytes), between 256 KiB and 8 MiB, rounded down to a power of two."""
+    chunk = int(min(max(19 * latency_s * bytes_per_s, CHUNK_FLOOR), CHUNK_CEILING))
+    return 1 << (chunk.bit_length() - 1)
+
+
+def credit_size(chunk: int, link: LinkMeasurement) -> int:
+    """The bytes in flight that keep the link busy (Little's law: the link's rate times the time one
+    chunk takes to complete when it is only tested now and then), twice over because the training
+    thread delays the tests further; at least two chunks, at most 16 MiB, a whole number of chunks.
+
+    Why the polled time and not the blocking latency: every step of the MPI library's protocol (a
+    rendezvous handshake, each round of the allreduce) waits until both ranks next test. Over Open
+    MPI's TCP transport at 1 Gbit/s a 64 KiB allreduce takes 0.8 ms blocking and 12 ms tested every
+    2 ms; with two 256 KiB chunks in flight the link moved 0.40 of what a blocking allreduce moves,
+    with eight (2 MiB) all of it (benchmarks/README.md)."""
+    wanted = 2 * link.polled_s * link.bytes_per_s
+    chunks = max(2, -(-int(wanted) // chunk))
+    return max(2 * chunk, min(chunks * chunk, CREDIT_CEILING // chunk * chunk))
+
+
+def measure_blocking(comm, clock=time.perf_counter, repeats: int = 5) -> tuple[float, float]:
+    """(latency_s, bytes_per_s) of this rank's blocking allreduces of 64 KiB and 1 MiB (a collective call)."""
     small, large = 64 << 10, 1 << 20
     times = {}
     for size in (small, large):
@@ -357,11 +387,32 @@ def choose_sizes(comm, clock=time.perf_counter, repeats: int = 5) -> tuple[int, 
             comm.allreduce(buffer)
         times[size] = (clock() - start) / repeats
     per_byte = max((times[large] - times[small]) / (large - small), 1e-12)
-    latency = max(times[small] - small * per_byte, 1e-6)
-    chunk = int(min(max(19 * latency / per_byte, 256 << 10), 8 << 20))
-    chunk = 1 << (chunk.bit_length() - 1)  # a power of two at most the bound
-    credit = max(2 * chunk, int(2 * ScheduleThread.poll_interval / per_byte))
-    credit = min(credit, 16 << 20)
-    chunk = comm.broadcast_int(chunk)
-    credit = comm.broadcast_int(max(credit, chunk))
-    return chunk, credit, latency, 1.0 / per_byte
+    return max(times[small] - small * per_byte, 1e-6), 1.0 / per_byte
+
+
+def measure_polled(comm, chunk: int, clock=time.perf_counter, sleep=time.sleep, repeats: int = 5,
+                   poll_interval: float | None = None) -> float:
+    """The median time this rank sees one ``chunk``-byte non-blocking allreduce take when it is
+    tested every ``poll_interval`` (the communication thread's); a collective call, ``chunk`` the
+    same on every rank."""
+    poll_interval = ScheduleThread.poll_interval if poll_interval is None else poll_interval
+    buffer = np.zeros(chunk // 4, dtype=np.float32)
+    times = []
+    for _ in range(repeats):
+        comm.barrier()
+        start = clock()
+        pending = [comm.iallreduce(buffer)]
+        while not comm.test_some(pending):
+            sleep(poll_interval)
+        times.append(clock() - start)
+    return float(np.median(times))
+
+
+def choose_sizes(comm, clock=time.perf_counter, sleep=time.sleep, repeats: int = 5
+                 ) -> tuple[int, int, LinkMeasurement]:
+    """(chunk_bytes, credit_bytes, rank 0's measurement), the same on every rank (a collective call)."""
+    latency, rate = measure_blocking(comm, clock, repeats)
+    chunk = comm.broadcast_int(chunk_size(latency, rate))
+    link = LinkMeasurement(latency, rate, measure_polled(comm, chunk, clock, sleep, repeats))
+    credit = comm.broadcast_int(credit_size(chunk, link))
+    return chunk, credit, link

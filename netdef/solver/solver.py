@@ -593,12 +593,13 @@ class Solver:
             if param_id not in pending.remaining:
                 continue
             self.parallel.before_update(param_id)
-            self.normalize(param_id)
-            self.regularize(param_id)
-            self.compute_update_value(param_id, pending.rate, pending.iteration)
             blob = params[param_id]
-            data = blob.data
-            data -= blob.diff
+            if not self._fused_update(param_id, pending.rate, pending.iteration):
+                self.normalize(param_id)
+                self.regularize(param_id)
+                self.compute_update_value(param_id, pending.rate, pending.iteration)
+                data = blob.data
+                data -= blob.diff
             if pending.diffs_cleared:
                 blob.zero_diff()  # the iteration after this update has begun and cleared the others
             del pending.remaining[param_id]
@@ -615,6 +616,20 @@ class Solver:
         for param_id, blob in enumerate(self.net.learnable_params):
             if param_id not in self._pending.remaining:
                 blob.zero_diff()
+
+    def _fused_update(self, param_id: int, rate, iteration: int) -> bool:
+        """normalize, regularize, compute_update_value and ``data -= diff`` in one compiled pass where
+        the update rule has one (the same bits); False where it has not and nothing was done."""
+        p = self.param
+        if p.regularization_type not in ("L1", "L2"):
+            return False  # regularize() names the bad value
+        decay = f32(p.weight_decay) * f32(self.net.params_weight_decay[param_id])
+        if decay and p.regularization_type != "L2":
+            return False
+        scale = f32(1) / f32(p.iter_size) if p.iter_size != 1 else f32(1)
+        local_rate = f32(rate) * f32(self.net.params_lr[param_id])
+        return self.update_rule.fused_step(param_id, self.net.learnable_params[param_id], scale,
+                                           decay if decay else None, local_rate, iteration)
 
     def clip_gradients(self) -> None:
         clip = f32(self.param.clip_gradients)

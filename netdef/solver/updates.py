@@ -63,6 +63,16 @@ def registered_update_rules() -> list[str]:
     return sorted(_RULES)
 
 
+def _flat_float32(*arrays):
+    """The arrays as flat views, where the compiled steps take them (float32 NumPy arrays,
+    C-contiguous, one size); else None."""
+    from ..layers import jit
+
+    if not (jit.usable(*arrays) and arrays[0].dtype == np.float32 and len({a.size for a in arrays}) == 1):
+        return None
+    return tuple(a.reshape(-1) for a in arrays)
+
+
 class UpdateRule:
     """Base class. ``history_sets`` blobs per learnable parameter, allocated by ``setup``."""
 
@@ -92,6 +102,14 @@ class UpdateRule:
     def compute_update_value(self, param_id: int, blob: Blob, local_rate, iteration: int) -> None:
         raise NotImplementedError
 
+    def fused_step(self, param_id: int, blob: Blob, scale, decay, local_rate, iteration: int) -> bool:
+        """The whole step of one blob in one pass, where this rule has a compiled kernel for its
+        arrays: ``diff *= scale`` (normalization), ``diff += decay * data`` (L2 regularization;
+        ``decay`` None for none), the update value into ``diff`` and ``data -= diff``, the same bits
+        as those steps one by one. Returns False (having touched nothing) where it has none; the
+        solver then runs the steps one by one."""
+        return False
+
     # The second history set of AdaDelta / Adam.
     def _second(self, param_id: int) -> Blob:
         return self.history[self.num_params + param_id]
@@ -107,6 +125,16 @@ class SGDUpdate(UpdateRule):
         v[...] = local_rate * blob.diff + momentum * v
         blob.diff[...] = v
 
+    def fused_step(self, param_id, blob, scale, decay, local_rate, iteration):
+        arrays = _flat_float32(blob.data, blob.diff, self.history[param_id].data)
+        if arrays is None:
+            return False
+        from . import jit_updates
+
+        jit_updates.sgd_step(*arrays, f32(scale), f32(decay or 0), decay is not None, f32(local_rate),
+                             f32(self.param.momentum))
+        return True
+
 
 @register_update_rule("Nesterov")
 class NesterovUpdate(UpdateRule):
@@ -118,6 +146,17 @@ class NesterovUpdate(UpdateRule):
         previous = v.copy()
         v[...] = local_rate * blob.diff + momentum * v
         blob.diff[...] = (f32(1) + momentum) * v + (-momentum) * previous
+
+    def fused_step(self, param_id, blob, scale, decay, local_rate, iteration):
+        arrays = _flat_float32(blob.data, blob.diff, self.history[param_id].data)
+        if arrays is None:
+            return False
+        from . import jit_updates
+
+        momentum = f32(self.param.momentum)
+        jit_updates.nesterov_step(*arrays, f32(scale), f32(decay or 0), decay is not None, f32(local_rate),
+                                  momentum, f32(1) + momentum)
+        return True
 
 
 @register_update_rule("AdaGrad")

@@ -10,7 +10,7 @@ import pytest
 
 from netdef.comm.communicator import Communicator
 from netdef.comm.exchange import Bucket
-from netdef.comm.scheduler import PrioritySchedule, choose_sizes
+from netdef.comm.scheduler import LinkMeasurement, PrioritySchedule, choose_sizes, credit_size
 
 
 class World:
@@ -149,18 +149,43 @@ def test_a_waiting_rank_blocks_only_on_what_it_started():
     assert calls <= 2
 
 
-def test_chunk_and_credit_chosen_from_measurement():
-    class Timed(Communicator):
-        """Latency 50 us, 100 MB/s: a chunk of 19 latencies' worth of bytes, rounded down to a power of 2."""
+class TimedLink(Communicator):
+    """A simulated link: a blocking allreduce costs 50 us + bytes / 100 MB/s; a non-blocking one
+    completes ``steps`` tests after it starts (the protocol steps that each wait for a test)."""
 
-        def __init__(self):
-            self.now = 0.0
+    def __init__(self, steps: int):
+        self.now = 0.0
+        self.steps = steps
 
-        def allreduce(self, array, op="sum"):
-            self.now += 50e-6 + array.nbytes / 100e6
+    def allreduce(self, array, op="sum"):
+        self.now += 50e-6 + array.nbytes / 100e6
 
-    comm = Timed()
-    chunk, credit, latency, rate = choose_sizes(comm, clock=lambda: comm.now)
-    assert latency == pytest.approx(50e-6, rel=1e-6) and rate == pytest.approx(100e6, rel=1e-6)
+    def iallreduce(self, array, op="sum"):
+        return [self.steps]
+
+    def test_some(self, requests):
+        requests[0][0] -= 1
+        if requests[0][0] > 0:
+            return []
+        requests[0] = None
+        return [0]
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_chunk_from_blocking_latency_credit_from_polled_completion():
+    comm = TimedLink(steps=6)
+    chunk, credit, link = choose_sizes(comm, clock=lambda: comm.now, sleep=comm.sleep)
+    assert link.latency_s == pytest.approx(50e-6, rel=1e-6) and link.bytes_per_s == pytest.approx(100e6, rel=1e-6)
     assert chunk == 256 << 10  # 19 * 50 us * 100 MB/s = 95 KB, below the 256 KiB floor
-    assert credit == max(2 * chunk, int(2 * 0.002 * 100e6))
+    assert link.polled_s == pytest.approx(5 * 0.002)  # five sleeps of the poll interval before the sixth test
+    # Twice what the link moves while one chunk completes: 2 * 10 ms * 100 MB/s = 2 MB, in whole chunks.
+    assert credit == 8 * chunk
+
+
+def test_credit_at_least_two_chunks_and_at_most_16_mib():
+    chunk = 1 << 20
+    assert credit_size(chunk, LinkMeasurement(1e-6, 100e6, 0.0)) == 2 * chunk
+    assert credit_size(chunk, LinkMeasurement(1e-6, 10e9, 0.5)) == 16 << 20
+    assert credit_size(256 << 10, LinkMeasurement(1e-6, 100e6, 0.0105)) == 9 * (256 << 10)  # 2.1 MB rounded up

@@ -20,7 +20,7 @@ from numba import njit, prange  # noqa: E402 (after the wait policy)
 from .elementwise import row_sum
 
 
-@njit(fastmath={"reassoc"}, cache=True)
+@njit(nogil=True, fastmath={"reassoc"}, cache=True)
 def _squared_deviation(row, center):
     total = 0.0
     for j in range(row.shape[0]):
@@ -29,7 +29,7 @@ def _squared_deviation(row, center):
     return total
 
 
-@njit(fastmath={"reassoc"}, error_model="numpy", cache=True)
+@njit(nogil=True, fastmath={"reassoc"}, error_model="numpy", cache=True)
 def _gradient_sums(x, dy, mean, std):
     """(sum of dy, sum of y * dy) over one row, y = (x - mean) / std recomputed as forward did."""
     total_dy = 0.0
@@ -41,13 +41,13 @@ def _gradient_sums(x, dy, mean, std):
     return total_dy, total_ydy
 
 
-@njit(error_model="numpy", cache=True)
+@njit(nogil=True, error_model="numpy", cache=True)
 def _normalize_row(x, mean, std, y):
     for j in range(x.shape[0]):
         y[j] = (x[j] - mean) / std
 
 
-@njit(parallel=True, error_model="numpy", cache=True)
+@njit(nogil=True, parallel=True, error_model="numpy", cache=True)
 def forward_batch(x, eps, y, mean, var, std):
     """Batch mean and biased variance of each channel into ``mean``, ``var``; ``std`` =
     sqrt(var + eps) (``eps`` of x's dtype); y = (x - mean) / std."""
@@ -68,7 +68,7 @@ def forward_batch(x, eps, y, mean, var, std):
             _normalize_row(x[n, c], mean[c], std[c], y[n, c])
 
 
-@njit(parallel=True, error_model="numpy", cache=True)
+@njit(nogil=True, parallel=True, error_model="numpy", cache=True)
 def forward_global(x, mean, std, y):
     """y = (x - mean) / std with the given per-channel statistics."""
     n_, c_, m_ = x.shape
@@ -78,7 +78,7 @@ def forward_global(x, mean, std, y):
         _normalize_row(x[n, c], mean[c], std[c], y[n, c])
 
 
-@njit(parallel=True, error_model="numpy", cache=True)
+@njit(nogil=True, parallel=True, error_model="numpy", cache=True)
 def backward_batch(x, dy, mean, std, dx):
     """dx = (dy - mean(dy) - y * mean(y * dy)) / std per channel, y recomputed from x."""
     n_, c_, m_ = x.shape

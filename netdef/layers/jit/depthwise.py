@@ -134,7 +134,7 @@ def _unwiden(wide, wq, plane):
         _copy(plane[r], wide[r * wq:r * wq + wo_])
 
 
-@njit(parallel=True, cache=True, fastmath=FAST)
+@njit(nogil=True, parallel=True, cache=True, fastmath=FAST)
 def forward(x, w, y, sh, sw, ph, pw, dh, dw):
     """y = the depthwise convolution of x with w (no bias)."""
     n_, c_, h_, w_ = x.shape
@@ -156,7 +156,7 @@ def forward(x, w, y, sh, sw, ph, pw, dh, dw):
         _unwiden(wide, wq, y[n, o])
 
 
-@njit(parallel=True, cache=True, fastmath=FAST)
+@njit(nogil=True, parallel=True, cache=True, fastmath=FAST)
 def backward_data(dy, w, dx, sh, sw, ph, pw, dh, dw):
     """dx = the input gradient: each tap scatters the (wide) top gradient into the input's phases."""
     n_, c_, h_, w_ = dx.shape
@@ -180,7 +180,7 @@ def backward_data(dy, w, dx, sh, sw, ph, pw, dh, dw):
         _merge_phases(phases, sh, sw, ph, pw, wq, cells, dx[n, c])
 
 
-@njit(parallel=True, cache=True, fastmath=FAST_SUMS)
+@njit(nogil=True, parallel=True, cache=True, fastmath=FAST_SUMS)
 def backward_weights(x, dy, dw_out, sh, sw, ph, pw, dh, dw):
     """dw_out (C*m x 1 x kh x kw) += the weight gradient (accumulated in float64 per output channel,
     one channel per task and the samples in order, so the sum is the same whatever the thread count)."""

@@ -33,7 +33,7 @@ def _count(size):
 
 # ---------------------------------------------------------------------------------------------- ReLU
 # One value in, one out: numba splits the loop over the threads as it likes, which changes no bits.
-@njit(parallel=True, cache=True)
+@njit(nogil=True, parallel=True, cache=True)
 def relu_forward(x, negative_slope, y):
     """y = x where x > 0, else negative_slope * x (slope 0: +0 where x <= 0, as NumPy's max(x, 0))."""
     if negative_slope == 0:
@@ -47,7 +47,7 @@ def relu_forward(x, negative_slope, y):
             y[i] = v if v > 0 else v * negative_slope
 
 
-@njit(parallel=True, cache=True)
+@njit(nogil=True, parallel=True, cache=True)
 def relu_backward(x, dy, negative_slope, dx):
     for i in prange(x.shape[0]):
         g = dy[i]
@@ -57,7 +57,7 @@ def relu_backward(x, dy, negative_slope, dx):
 # ---------------------------------------------------------------------------------------------- sums
 # Several inputs: a block of each at a time (slices indexed from 0, which LLVM vectorizes; an index
 # that numba cannot prove non-negative carries a wrap-around check that stops it).
-@njit(parallel=True, cache=True)
+@njit(nogil=True, parallel=True, cache=True)
 def weighted_sum(xs, coeffs, y):
     """y = sum_k coeffs[k] * xs[k], added from k = 0 up."""
     size = y.shape[0]
@@ -75,7 +75,7 @@ def weighted_sum(xs, coeffs, y):
                 out[i] += c * term[i]
 
 
-@njit(parallel=True, cache=True)
+@njit(nogil=True, parallel=True, cache=True)
 def product(xs, y):
     """y = prod_k xs[k], multiplied from k = 0 up."""
     size = y.shape[0]
@@ -91,7 +91,7 @@ def product(xs, y):
                 out[i] *= term[i]
 
 
-@njit(parallel=True, error_model="numpy", cache=True)
+@njit(nogil=True, parallel=True, error_model="numpy", cache=True)
 def product_gradients(xs, dy, wanted, stable, outs):
     """outs[j] = dy * (the product of every xs[k] but k = wanted[j]). Stable: the inputs before k
     multiplied from the first up, times those after k multiplied from the last down; otherwise the
@@ -118,7 +118,7 @@ def product_gradients(xs, dy, wanted, stable, outs):
 
 
 # ---------------------------------------------------------------------------------------------- maxima
-@njit(parallel=True, cache=True)
+@njit(nogil=True, parallel=True, cache=True)
 def maximum(xs, y, mask):
     """y = max_k xs[k], mask = the k it came from: xs[0] only where strictly above xs[1], a later
     input only where strictly above the running maximum (Caffe's ties)."""
@@ -141,7 +141,7 @@ def maximum(xs, y, mask):
                     arg[i] = k
 
 
-@njit(parallel=True, cache=True)
+@njit(nogil=True, parallel=True, cache=True)
 def maximum_gradients(dy, mask, wanted, outs):
     """outs[j] = dy where mask == wanted[j], else 0 (as dy * 0: NaN stays NaN)."""
     zero = dy.dtype.type(0)
@@ -156,7 +156,7 @@ def maximum_gradients(dy, mask, wanted, outs):
 # ---------------------------------------------------------------------------------------------- Scale
 # Work items: a chunk of at most BLOCK values of one (o, d) row, so that a single row (one scale for
 # everything) still spreads over the threads.
-@njit(parallel=True, cache=True)
+@njit(nogil=True, parallel=True, cache=True)
 def scale_forward(x, s, b, y):
     """y[o, d, i] = x[o, d, i] * s[d] (+ b[d] unless b is None); x, y (O x D x I)."""
     o_, d_, i_ = x.shape
@@ -178,7 +178,7 @@ def scale_forward(x, s, b, y):
                 dst[i] = src[i] * factor + shift
 
 
-@njit(fastmath={"reassoc"}, cache=True)
+@njit(nogil=True, fastmath={"reassoc"}, cache=True)
 def row_sum(row):
     """The sum of a 1-D array in float64 (``reassoc``: in vector lanes, in an order fixed by the
     compiled code, not by the data or the threads)."""
@@ -188,7 +188,7 @@ def row_sum(row):
     return total
 
 
-@njit(fastmath={"reassoc"}, cache=True)
+@njit(nogil=True, fastmath={"reassoc"}, cache=True)
 def _sums(x, dy):
     """(sum of dy, sum of dy * x) of one row."""
     total = 0.0
@@ -200,7 +200,7 @@ def _sums(x, dy):
     return total, weighted
 
 
-@njit(parallel=True, cache=True)
+@njit(nogil=True, parallel=True, cache=True)
 def scale_backward(x, dy, s, dx, sums):
     """sums (2 x D, float64) = per d, the sum over O and I of dy and of dy * x (0 when x is None);
     dx = dy * s[d] unless dx is None. x, dy, dx (O x D x I)."""

@@ -21,7 +21,7 @@ from numba import njit, prange  # noqa: E402 (after the wait policy)
 COLUMN_BLOCK = 16
 
 
-@njit(parallel=True, cache=True)
+@njit(nogil=True, parallel=True, cache=True)
 def rows_from_nchw(x, xb, ph, pw):
     """xb[h + ph, n, w + pw, c] = x[n, c, h, w] (xb's border is left as it is)."""
     n_, c_, h_, w_ = x.shape
@@ -39,7 +39,7 @@ def rows_from_nchw(x, xb, ph, pw):
                     dst[w, c] = src[w]
 
 
-@njit(parallel=True, cache=True)
+@njit(nogil=True, parallel=True, cache=True)
 def nchw_from_rows(y, out):
     """out[n, c, h, w] = y[h, n, w, c]."""
     h_, n_, w_, c_ = y.shape
@@ -53,7 +53,7 @@ def nchw_from_rows(y, out):
                 dst[w] = src[w, c]
 
 
-@njit(parallel=True, cache=True)
+@njit(nogil=True, parallel=True, cache=True)
 def nchw_from_rows_plus_bias(y, bias, out):
     """out[n, c, h, w] = y[h, n, w, c] + bias[c]."""
     h_, n_, w_, c_ = y.shape
@@ -72,7 +72,7 @@ def nchw_from_rows_plus_bias(y, bias, out):
 # so that each block's writes (or reads) on the A side are one cache line while the other side runs
 # contiguously. NumPy's transposed copies of VGG's 512 x 512 x 3 x 3 filters took 6 ms each, and the
 # weight gradient's transposed accumulation 10 ms, per layer and iteration.
-@njit(parallel=True, cache=True)
+@njit(nogil=True, parallel=True, cache=True)
 def weights_to_rows(w, out):
     """out[i, j, b, a] = w[a, b, i, j]; ``w`` may be any strided view (flipped, transposed)."""
     a_, b_, kh, kw = w.shape
@@ -87,7 +87,7 @@ def weights_to_rows(w, out):
                         dst[a] = w[a, b, i, j]
 
 
-@njit(parallel=True, cache=True)
+@njit(nogil=True, parallel=True, cache=True)
 def add_weights_from_rows(rows, grad):
     """grad[a, b, i, j] += rows[i, j, b, a]."""
     kh, kw, b_, a_ = rows.shape

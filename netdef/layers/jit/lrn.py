@@ -114,7 +114,7 @@ def _item_scratch(item, spans, c_, size, cells, dtype):
     return item // spans, m0, m1, rows, np.empty(m1 - m0, dtype)
 
 
-@njit(parallel=True, cache=True, error_model=ERRORS)
+@njit(nogil=True, parallel=True, cache=True, error_model=ERRORS)
 def across_forward(x, size, alpha_over, k, beta, scale, power, y):
     """scale, power, y of LRN across channels; ``alpha_over`` = alpha / size (x's dtype)."""
     n_, c_, cells = x.shape
@@ -130,7 +130,7 @@ def across_forward(x, size, alpha_over, k, beta, scale, power, y):
                             y[n, c, m0:m1])
 
 
-@njit(parallel=True, cache=True, error_model=ERRORS)
+@njit(nogil=True, parallel=True, cache=True, error_model=ERRORS)
 def across_backward(x, y, scale, power, dy, size, ratio, dx):
     """dx of LRN across channels; ``ratio`` = 2 alpha beta / size (x's dtype)."""
     n_, c_, cells = x.shape
@@ -168,7 +168,7 @@ def _within_scratch(h_, w_, size, dtype):
             np.empty(length, dtype))
 
 
-@njit(parallel=True, cache=True, error_model=ERRORS)
+@njit(nogil=True, parallel=True, cache=True, error_model=ERRORS)
 def within_forward(x, size, alpha_over, beta, scale, power, y):
     """scale, power, y of LRN within a channel; ``alpha_over`` = alpha / size^2 (x's dtype)."""
     planes, h_, w_ = x.shape
@@ -188,7 +188,7 @@ def within_forward(x, size, alpha_over, beta, scale, power, y):
                                 power[p, h], y[p, h])
 
 
-@njit(parallel=True, cache=True, error_model=ERRORS)
+@njit(nogil=True, parallel=True, cache=True, error_model=ERRORS)
 def within_backward(x, y, scale, power, dy, size, ratio, dx):
     """dx of LRN within a channel; ``ratio`` = 2 alpha beta / size^2 (x's dtype)."""
     planes, h_, w_ = x.shape

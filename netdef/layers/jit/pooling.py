@@ -82,7 +82,7 @@ def _starts(h_, kh, kw, sh, sw, ph, pw, rows, wq):
     return rows_at, across_at, down_at
 
 
-@njit(cache=True)  # not inlined: the parallel kernels' array analysis trips over its tuple of arrays
+@njit(nogil=True, cache=True)  # not inlined: the parallel kernels' array analysis trips over its tuple of arrays
 def _plan(h_, w_, ho_, wo_, kh, kw, sh, sw, ph, pw):
     """What one call needs: (Wq, whether the stages pay, _starts, cells per column phase, AVE's
     (row divisors, column divisors))."""
@@ -341,7 +341,7 @@ def _ave_back_windows(dy, dx, kh, kw, sh, sw, ph, pw):
 
 
 # ---------------------------------------------------------------- kernels
-@njit(parallel=True, cache=True, error_model=ERRORS)
+@njit(nogil=True, parallel=True, cache=True, error_model=ERRORS)
 def max_forward(x, y, mask, kh, kw, sh, sw, ph, pw):
     """y = MAX pooling of x; mask = each output's winner as h*W + w (-1: none)."""
     planes, h_, w_ = x.shape
@@ -363,7 +363,7 @@ def max_forward(x, y, mask, kh, kw, sh, sw, ph, pw):
                 _max_windows(x[p], y[p], mask[p], kh, kw, sh, sw, ph, pw)
 
 
-@njit(parallel=True, cache=True, error_model=ERRORS)
+@njit(nogil=True, parallel=True, cache=True, error_model=ERRORS)
 def max_backward(dy, mask, dx):
     """dx = each top diff added to its mask's cell (outputs in row-major order); dx (P x H*W),
     dy and mask (P x H_out*W_out)."""
@@ -377,7 +377,7 @@ def max_backward(dy, mask, dx):
                 dx[p, where] += dy[p, k]
 
 
-@njit(parallel=True, cache=True, error_model=ERRORS)
+@njit(nogil=True, parallel=True, cache=True, error_model=ERRORS)
 def ave_forward(x, y, kh, kw, sh, sw, ph, pw):
     """y = AVE pooling of x."""
     planes, h_, w_ = x.shape
@@ -396,7 +396,7 @@ def ave_forward(x, y, kh, kw, sh, sw, ph, pw):
                 _ave_windows(x[p], y[p], kh, kw, sh, sw, ph, pw)
 
 
-@njit(parallel=True, cache=True, error_model=ERRORS)
+@njit(nogil=True, parallel=True, cache=True, error_model=ERRORS)
 def ave_backward(dy, dx, kh, kw, sh, sw, ph, pw):
     """dx = the gradient of AVE pooling: each top diff / divisor spread over its window's cells."""
     planes, h_, w_ = dx.shape
