@@ -215,8 +215,8 @@ class ScheduleThread:
 
     It never blocks inside MPI: MPI libraries wait by spinning, and with every core computing (ranks
     share the machine's cores) a spinning thread takes a core from another rank's backprop. Over Open
-    MPI's TCP at 1 Gbit/s, 2 ranks on 2 cores, waiting inside MPI cost the communication thread 91-100
-    ms of CPU per iteration, polling every 0.2 ms 74-79 ms."""
+    MPI's TCP at 1 Gbit/s, 2 ranks on 2 cores (benchmarks/schedule.py's compute-bound regime), the
+    thread's CPU time per iteration went from about 95 to about 77 ms (read from /proc/self/task)."""
 
     poll_interval = 0.002
     urgent_poll_interval = 0.0002
@@ -373,14 +373,14 @@ def credit_size(chunk: int, link: LinkMeasurement) -> int:
     Why the polled time and not the blocking latency: every step of the MPI library's protocol (a
     rendezvous handshake, each round of the allreduce) waits until both ranks next test. Over Open
     MPI's TCP transport at 1 Gbit/s with its default 64 KiB eager limit, a 64 KiB allreduce took
-    0.8 ms blocking and 12 ms tested every 2 ms, and two 256 KiB chunks in flight moved 0.40 of what
-    a blocking allreduce moves (eight: all of it). With the eager limit netdef sets
-    (``communicator.OPEN_MPI_TCP_EAGER``) two chunks move 0.98 of it.
+    0.6 ms blocking and 10.6 ms tested every 2 ms, and two 256 KiB chunks in flight moved 0.54 of what
+    a blocking allreduce moves (eight: 0.94). With the eager limit netdef sets
+    (``communicator.OPEN_MPI_TCP_EAGER``) two chunks move 0.97 of it (benchmarks/polled_link.py).
 
     Why no more: the ranks learn that a bucket is ready everywhere from the marks of chunks started
     after it, which queue behind the bytes in flight, and its own chunk queues behind them again;
     the next forward's first layer waits about twice the credit's transfer time at each iteration's
-    start (benchmarks/README.md)."""
+    start."""
     wanted = link.polled_s * link.bytes_per_s + chunk
     chunks = max(2, -(-int(wanted) // chunk))
     return min(chunks * chunk, max(2 * chunk, CREDIT_CEILING // chunk * chunk))
