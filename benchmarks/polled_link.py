@@ -24,14 +24,12 @@ import os
 import pathlib
 import statistics
 import sys
-import tempfile
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from overlap import _run  # noqa: E402
-from schedule import command  # noqa: E402
+from schedule import launch  # noqa: E402
 
 TOTAL = 46 << 20
 SIZES = (64 << 10, 256 << 10, 1 << 20, 4 << 20)
@@ -106,17 +104,9 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args.worker)
         return 0
-    with tempfile.TemporaryDirectory(prefix="netdef-link-") as folder:
-        path = os.path.join(folder, "spec.json")
-        pathlib.Path(path).write_text(json.dumps({"poll": args.poll, "eager": args.eager}))
-        cmd, env = command(args, path)
-        cmd[cmd.index("--worker") - 1] = str(pathlib.Path(__file__).resolve())
-        code, output = _run(cmd, env, args.timeout)
-        out = pathlib.Path(path + ".out.json")
-        if code != 0 or not out.exists():
-            sys.stderr.write(output[-6000:] + f"\n[polled_link] launch failed: exit {code}\n")
-            return 1
-        doc = json.loads(out.read_text())
+    doc = launch(args, {"poll": args.poll, "eager": args.eager}, __file__)
+    if doc is None:
+        return 1
     eager = args.eager or "netdef's"
     print(f"# {args.ranks} ranks, {args.emulated or 'shared memory'} ({doc['library']}), eager limit {eager}, "
           f"tests every {args.poll * 1e3:g} ms")

@@ -36,7 +36,6 @@ import json
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -121,8 +120,24 @@ def worker(spec_path: str) -> None:
 
 
 # ============================================================================================== launching
-def command(args, spec: str) -> tuple[list[str], dict]:
-    worker_cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", spec]
+def launch(args, spec: dict, script: str = __file__) -> dict | None:
+    """Run ``script --worker SPEC`` on ``args.ranks`` ranks (``command``); rank 0's results, or None
+    after printing the tail of the output when the launch failed."""
+    name = pathlib.Path(script).stem
+    with tempfile.TemporaryDirectory(prefix=f"netdef-{name}-") as folder:
+        path = os.path.join(folder, "spec.json")
+        pathlib.Path(path).write_text(json.dumps(spec))
+        cmd, env = command(args, path, script)
+        code, output = _run(cmd, env, args.timeout)
+        out = pathlib.Path(path + ".out.json")
+        if code != 0 or not out.exists():
+            sys.stderr.write(output[-6000:] + f"\n[{name}] launch failed: exit {code}\n")
+            return None
+        return json.loads(out.read_text())
+
+
+def command(args, spec: str, script: str = __file__) -> tuple[list[str], dict]:
+    worker_cmd = [sys.executable, str(pathlib.Path(script).resolve()), "--worker", spec]
     env = _clean_env(1)
     if not args.emulated:
         mpiexec = pathlib.Path(sys.executable).parent / "mpiexec"
@@ -194,17 +209,10 @@ def main(argv=None) -> int:
             "configs": args.configs, "rounds": args.rounds,
             "priority_sizes": {k: v for k, v in (("chunk_bytes", args.chunk_bytes), ("credit_bytes", args.credit_bytes))
                                if v}, "iters": args.iters, "warmup": args.warmup}
-    with tempfile.TemporaryDirectory(prefix="netdef-schedule-") as folder:
-        path = os.path.join(folder, "spec.json")
-        pathlib.Path(path).write_text(json.dumps(spec))
-        cmd, env = command(args, path)
-        started = time.monotonic()
-        code, output = _run(cmd, env, args.timeout)
-        out = pathlib.Path(path + ".out.json")
-        if code != 0 or not out.exists():
-            sys.stderr.write(output[-6000:] + f"\n[schedule] launch failed: exit {code}\n")
-            return 1
-        doc = json.loads(out.read_text())
+    started = time.monotonic()
+    doc = launch(args, spec)
+    if doc is None:
+        return 1
     report(args, doc)
     print(f"# wall time {time.monotonic() - started:.0f} s")
     if args.json:
