@@ -700,6 +700,15 @@ RESNET_SOLVER = (
     [("test_initialization", False), ("iter_size", 8), ("base_lr", 0.1), ("lr_policy", "multistep"),
      ("gamma", 0.1), ("stepvalue", (150000, 300000, 450000)), ("max_iter", 600000), ("momentum", 0.9),
      ("weight_decay", 0.0001)])
+# DeepScale released one recipe for both SqueezeNets.
+SQUEEZENET_SOLVER = (
+    ("DeepScale's SqueezeNet recipe (forresti/SqueezeNet, the same for v1.0 and v1.1): SGD with momentum 0.9,\n"
+     "weight decay 0.0002, batch 512 (32 images x iter_size 16), learning rate 0.04 decaying linearly (poly,\n"
+     "power 1) to zero over 170,000 iterations. The 50,000 validation images are 2,000 batches of 25."),
+    2000, 1000, 40, 1000,
+    [("test_initialization", False), ("average_loss", 40), ("iter_size", 16), ("base_lr", 0.04),
+     ("lr_policy", "poly"), ("power", 1.0), ("max_iter", 170000), ("momentum", 0.9),
+     ("weight_decay", 0.0002), ("random_seed", 42)])
 # model: (header comment, test_iter, test_interval, display, snapshot, the recipe's fields)
 SOLVERS = {
     "cifar10_quick": (
@@ -747,23 +756,8 @@ SOLVERS = {
     "resnet50": RESNET_SOLVER,
     "resnet101": RESNET_SOLVER,
     "resnet152": RESNET_SOLVER,
-    "squeezenet": (
-        ("DeepScale's SqueezeNet recipe: SGD with momentum 0.9, weight decay 0.0002, batch 512 (32 images x\n"
-         "iter_size 16), learning rate 0.04 decaying linearly (poly, power 1) to zero over 170,000 iterations.\n"
-         "The 50,000 validation images are 2,000 batches of 25."),
-        2000, 1000, 40, 1000,
-        [("test_initialization", False), ("average_loss", 40), ("iter_size", 16), ("base_lr", 0.04),
-         ("lr_policy", "poly"), ("power", 1.0), ("max_iter", 170000), ("momentum", 0.9),
-         ("weight_decay", 0.0002), ("random_seed", 42)]),
-    "squeezenet_v1_0": (
-        ("DeepScale's SqueezeNet v1.0 recipe (forresti/SqueezeNet, SqueezeNet_v1.0/solver.prototxt): SGD with\n"
-         "momentum 0.9, weight decay 0.0002, batch 512 (32 images x iter_size 16), learning rate 0.04 decaying\n"
-         "linearly (poly, power 1) to zero over 170,000 iterations. The 50,000 validation images are 2,000\n"
-         "batches of 25."),
-        2000, 1000, 40, 1000,
-        [("test_initialization", False), ("average_loss", 40), ("iter_size", 16), ("base_lr", 0.04),
-         ("lr_policy", "poly"), ("power", 1.0), ("max_iter", 170000), ("momentum", 0.9),
-         ("weight_decay", 0.0002), ("random_seed", 42)]),
+    "squeezenet": SQUEEZENET_SOLVER,
+    "squeezenet_v1_0": SQUEEZENET_SOLVER,
     "mobilenet": (
         ("The MobileNet paper trained with asynchronous RMSProp in TensorFlow and gives no complete schedule; this\n"
          "is a plain SGD adaptation: momentum 0.9, a small weight decay (0.00004, as TensorFlow's reference\n"
