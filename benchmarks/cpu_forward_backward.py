@@ -4,7 +4,7 @@
                                               [--batch N] [--per-layer] [--no-rss] [--column-path]
 
 For every net (the zoo's deploy.prototxt with its batch set, its final Softmax replaced by
-SoftmaxWithLoss for training; MobileNet v2 from benchmarks/mobilenet_v2.py) it prints:
+SoftmaxWithLoss for training) it prints:
 
 - forward+backward ms per iteration (TRAIN phase: BatchNorm on batch statistics, dropout on) of netdef
   and of PyTorch, and netdef / PyTorch;
@@ -49,12 +49,11 @@ sys.path.insert(0, str(HERE))
 import netdef  # noqa: E402
 from netdef.proto import io as proto_io  # noqa: E402
 from netdef.proto import netdef_pb2 as pb  # noqa: E402
-
-import mobilenet_v2  # noqa: E402
+from netdef.summary import summarize  # noqa: E402
 
 MODELS = HERE.parent / "models"
 
-# key: (label, deploy prototxt or a function of the batch, batch, classes)
+# key: (label, deploy prototxt, batch, classes)
 NETS = collections.OrderedDict([
     ("lenet", ("LeNet", MODELS / "lenet/lenet.prototxt", 64, 10)),
     ("cifar10_quick", ("CIFAR-10 quick", MODELS / "cifar10_quick/deploy.prototxt", 100, 10)),
@@ -64,9 +63,12 @@ NETS = collections.OrderedDict([
     ("googlenet", ("GoogLeNet", MODELS / "googlenet/deploy.prototxt", 8, 1000)),
     ("vgg16", ("VGG-16", MODELS / "vgg16/deploy.prototxt", 2, 1000)),
     ("resnet50", ("ResNet-50", MODELS / "resnet50/deploy.prototxt", 8, 1000)),
-    ("squeezenet", ("SqueezeNet", MODELS / "squeezenet/deploy.prototxt", 8, 1000)),
+    ("resnet101", ("ResNet-101", MODELS / "resnet101/deploy.prototxt", 4, 1000)),
+    ("resnet152", ("ResNet-152", MODELS / "resnet152/deploy.prototxt", 4, 1000)),
+    ("squeezenet", ("SqueezeNet v1.1", MODELS / "squeezenet/deploy.prototxt", 8, 1000)),
+    ("squeezenet_v1_0", ("SqueezeNet v1.0", MODELS / "squeezenet_v1_0/deploy.prototxt", 8, 1000)),
     ("mobilenet", ("MobileNet v1", MODELS / "mobilenet/deploy.prototxt", 8, 1000)),
-    ("mobilenet_v2", ("MobileNet v2", mobilenet_v2.deploy, 8, 1000)),
+    ("mobilenet_v2", ("MobileNet v2", MODELS / "mobilenet_v2/deploy.prototxt", 8, 1000)),
 ])
 
 
@@ -75,8 +77,7 @@ def deploy_param(key: str, batch: int | None) -> tuple[pb.NetParameter, int, int
     """(deploy NetParameter with its Input batch set, batch, classes)."""
     _, source, default_batch, classes = NETS[key]
     batch = batch or default_batch
-    text = source(batch) if callable(source) else pathlib.Path(source).read_text()
-    param = proto_io.parse_text(text, pb.NetParameter(), str(source))
+    param = proto_io.read_text(source, pb.NetParameter)
     data = param.layer[0]
     if data.type != "Input":
         raise SystemExit(f"{key}: the first layer of the deploy net must be an Input")
@@ -102,20 +103,13 @@ def train_param(deploy: pb.NetParameter) -> pb.NetParameter:
 
 
 def multiply_adds(net) -> tuple[int, int]:
-    """(forward, forward+backward) multiply-adds of the net's convolutions and inner products. Backward
-    costs one product for the weight gradient and one for the input gradient where one is needed."""
+    """(forward, forward+backward) multiply-adds of the net's convolutions and inner products (as
+    `netdef summary` counts them). Backward costs one product for the weight gradient and one for the
+    input gradient where one is needed."""
     forward = both = 0
-    for li, layer in enumerate(net.layers):
-        lp = layer.layer_param
-        if lp.type == "Convolution":
-            top = net._top_vecs[li][0]
-            macs = top.count * (layer.channels // layer.group) * layer.geom.kernel_count
-        elif lp.type == "InnerProduct":
-            macs = layer.blobs[0].count * net._bottom_vecs[li][0].shape[0]
-        else:
-            continue
-        forward += macs
-        both += macs * (2 + (1 if any(net.bottom_need_backward[li]) else 0))
+    for li, layer in enumerate(summarize(net).layers):
+        forward += layer.macs
+        both += layer.macs * (2 + (1 if any(net.bottom_need_backward[li]) else 0))
     return forward, both
 
 

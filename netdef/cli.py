@@ -324,6 +324,19 @@ def cmd_zoo(args) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------------------- summary
+def cmd_summary(args) -> int:
+    """Per layer: top shapes, parameters, multiply-adds and activation memory, then totals."""
+    import netdef
+    from netdef import summary
+
+    data_shape = summary.parse_data_shape(args.data_shape) if args.data_shape else None
+    phase = netdef.TRAIN if args.phase.upper() == "TRAIN" else netdef.TEST
+    net = summary.build_net(args.model, phase, stages=_stages(args), level=args.level, data_shape=data_shape)
+    print(summary.format_summary(summary.summarize(net)))
+    return 0
+
+
 # ------------------------------------------------------------------------------------------ parser
 def _common_flags() -> argparse.ArgumentParser:
     """Flags every verb takes (also before the verb: ``netdef --debug train ...``). Defaults are
@@ -460,6 +473,17 @@ def build_parser() -> argparse.ArgumentParser:
                              help="show the GPU that --gpu would use")
     _flag(query, "gpu_id", type=int, default=0, help="GPU id")
     query.set_defaults(func=cmd_device_query)
+
+    described = verbs.add_parser("summary", parents=[common],
+                                 help="per layer: top shapes, parameters, multiply-adds, activation memory; totals")
+    described.add_argument("model", help="the model prototxt")
+    _flag(described, "phase", default="TEST", choices=["TRAIN", "TEST", "train", "test"], help="net phase (default TEST)")
+    _flag(described, "stage", help="comma-separated stages of the net state")
+    _flag(described, "level", type=int, default=0, help="level of the net state")
+    _flag(described, "data_shape", metavar="C,H,W",
+          help="build the net without its data: each Data/ImageData/HDF5Data layer becomes an Input of this shape "
+               "(batch: the layer's batch_size; or give N,C,H,W)")
+    described.set_defaults(func=cmd_summary)
 
     models = verbs.add_parser("zoo", parents=[common], help="list the model zoo, or copy a model's prototxts out")
     models.add_argument("action", choices=["list", "copy"])

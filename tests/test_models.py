@@ -105,6 +105,16 @@ SPECS = {
                       "res5a_branch1": _s(2048, 7, 7), "res5c": _s(2048, 7, 7), "pool5": _s(2048, 1, 1),
                       "fc1000": _s(1000)},
                      batch=256, val_images=50_000, mean_file=True),
+    "resnet101": Spec(1000, (3, 224, 224), 44_549_160,
+                      {"conv1": _s(64, 112, 112), "res2c": _s(256, 56, 56), "res3b3": _s(512, 28, 28),
+                       "res4b22": _s(1024, 14, 14), "res5c": _s(2048, 7, 7), "pool5": _s(2048, 1, 1),
+                       "fc1000": _s(1000)},
+                      batch=256, val_images=50_000, mean_file=True),
+    "resnet152": Spec(1000, (3, 224, 224), 60_192_808,
+                      {"conv1": _s(64, 112, 112), "res2c": _s(256, 56, 56), "res3b7": _s(512, 28, 28),
+                       "res4b35": _s(1024, 14, 14), "res5c": _s(2048, 7, 7), "pool5": _s(2048, 1, 1),
+                       "fc1000": _s(1000)},
+                      batch=256, val_images=50_000, mean_file=True),
     # 227 x 227 input, as DeepScale's definition: conv10 is 14 x 14 (13 x 13 at 224, see below).
     "squeezenet": Spec(1000, (3, 227, 227), 1_235_496,
                        {"conv1": _s(64, 113, 113), "pool1": _s(64, 56, 56), "fire2/concat": _s(128, 56, 56),
@@ -112,12 +122,28 @@ SPECS = {
                         "pool5": _s(256, 14, 14), "fire9/concat": _s(512, 14, 14), "conv10": _s(1000, 14, 14),
                         "pool10": _s(1000, 1, 1), "flatten": _s(1000)},
                        batch=512, val_images=50_000, mean_file=False),
+    # DeepScale's v1.0 release pads conv10 (a 1x1 convolution) by 1: 15 x 15 at 227.
+    "squeezenet_v1_0": Spec(1000, (3, 227, 227), 1_248_424,
+                            {"conv1": _s(96, 111, 111), "pool1": _s(96, 55, 55), "fire2/concat": _s(128, 55, 55),
+                             "fire4/concat": _s(256, 55, 55), "pool4": _s(256, 27, 27),
+                             "fire8/concat": _s(512, 27, 27), "pool8": _s(512, 13, 13),
+                             "fire9/concat": _s(512, 13, 13), "conv10": _s(1000, 15, 15), "pool10": _s(1000, 1, 1),
+                             "flatten": _s(1000)},
+                            batch=512, val_images=50_000, mean_file=False),
     "mobilenet": Spec(1000, (3, 224, 224), 4_231_976,
                       {"conv1": _s(32, 112, 112), "conv2_1/dw": _s(32, 112, 112), "conv2_1/sep": _s(64, 112, 112),
                        "conv2_2/dw": _s(64, 56, 56), "conv3_2/sep": _s(256, 28, 28), "conv4_2/sep": _s(512, 14, 14),
                        "conv5_5/sep": _s(512, 14, 14), "conv5_6/dw": _s(512, 7, 7), "conv6/sep": _s(1024, 7, 7),
                        "pool6": _s(1024, 1, 1), "fc7": _s(1000)},
                       batch=256, val_images=50_000, mean_file=False),
+    "mobilenet_v2": Spec(1000, (3, 224, 224), 3_504_872,
+                         {"conv1": _s(32, 112, 112), "conv2_1/dwise": _s(32, 112, 112), "conv2_1/linear": _s(16, 112, 112),
+                          "conv2_2/expand": _s(96, 112, 112), "conv2_2/dwise": _s(96, 56, 56), "block_3_1": _s(24, 56, 56),
+                          "conv3_2/linear": _s(32, 28, 28), "block_4_2": _s(32, 28, 28), "block_4_6": _s(64, 14, 14),
+                          "conv4_7/linear": _s(96, 14, 14), "block_5_2": _s(96, 14, 14), "block_6_2": _s(160, 7, 7),
+                          "conv6_3/linear": _s(320, 7, 7), "conv6_4": _s(1280, 7, 7), "pool6": _s(1280, 1, 1),
+                          "fc7": _s(1000)},
+                         batch=256, val_images=50_000, mean_file=False),
 }
 NAMES = list(SPECS)
 
@@ -243,9 +269,10 @@ def test_squeezenet_conv10_is_13x13_at_224():
 
 def test_layers_the_architectures_are_known_for(model, deploy_net):
     layers = deploy_net.layer_dict
-    if model == "resnet50":
+    if model.startswith("resnet"):
+        blocks = {"resnet50": 16, "resnet101": 33, "resnet152": 50}[model]
         convs = [n for n, x in layers.items() if x.type == "Convolution"]
-        assert len(convs) == 53  # conv1, 16 bottlenecks of 3, 4 projection shortcuts
+        assert len(convs) == 1 + 3 * blocks + 4  # conv1, the bottlenecks' three, 4 projection shortcuts
         for conv in convs:
             assert not layers[conv].layer_param.convolution_param.bias_term, conv
             after = list(layers)[list(layers).index(conv) + 1:list(layers).index(conv) + 3]
@@ -254,17 +281,24 @@ def test_layers_the_architectures_are_known_for(model, deploy_net):
         # The authors' Caffe model subsamples in the first 1x1 convolution of a stage, not in the 3x3.
         assert [layers[f"res3a_branch2{b}"].layer_param.convolution_param.stride for b in "abc"] == [[2], [], []]
         sums = [n for n, x in layers.items() if x.type == "Eltwise"]
-        assert len(sums) == 16
+        assert len(sums) == blocks
         assert all(layers[s].layer_param.eltwise_param.operation == pb.EltwiseParameter.SUM for s in sums)
-    elif model == "mobilenet":
-        dws = [n for n in layers if n.endswith("/dw")]
-        assert len(dws) == 13
+    elif model in ("mobilenet", "mobilenet_v2"):
+        dws = [n for n, x in layers.items() if x.type == "Convolution" and n.endswith(("/dw", "/dwise"))]
+        assert len(dws) == (13 if model == "mobilenet" else 17)
         for dw in dws:
             channels = deploy_net.blobs[deploy_net.bottom_names[dw][0]].shape[1]
             cp = layers[dw].layer_param.convolution_param
             assert cp.group == channels == cp.num_output, dw
             assert deploy_net.params[dw][0].shape == (channels, 1, 3, 3)
-    elif model == "squeezenet":
+        if model == "mobilenet_v2":
+            # Linear bottlenecks: no ReLU after a projection; the input is added back in 10 blocks.
+            relu_inputs = {deploy_net.bottom_names[n][0] for n, x in layers.items() if x.type == "ReLU"}
+            assert not [n for n in layers if n.endswith("/linear") and n in relu_inputs]
+            assert len([n for n, x in layers.items() if x.type == "Eltwise"]) == 10
+    elif model.startswith("squeezenet"):
+        first = (64, 3) if model == "squeezenet" else (96, 7)
+        assert deploy_net.params["conv1"][0].shape[::2] == first
         fires = [n for n in layers if n.endswith("/concat")]
         assert len(fires) == 8
         for concat in fires:
@@ -359,7 +393,8 @@ def test_train_val_data_layers(model, train_val):
 
 
 # Running the big nets (AlexNet, VGG-16, ResNet-50) would cost seconds each; their shapes are checked above.
-@pytest.mark.parametrize("model", ["cifar10_quick", "cifar10_full", "googlenet", "squeezenet", "mobilenet"],
+@pytest.mark.parametrize("model", ["cifar10_quick", "cifar10_full", "googlenet", "squeezenet", "squeezenet_v1_0",
+                                   "mobilenet", "mobilenet_v2"],
                          indirect=True)
 def test_train_forward_runs(model, train_nets):
     """A TRAIN forward at batch 1 (BatchNorm on batch statistics, dropout on) gives finite losses."""

@@ -1,231 +1,228 @@
 """Writes the zoo's prototxts: train_val.prototxt, deploy.prototxt and solver.prototxt of every model
 folder listed in MODELS (LeNet and digits are written by hand and are not touched).
 
-The long definitions (ResNet-50's train_val has 232 layers) are easier to review as the loops below
-than as text, and the TRAIN and deploy nets of a model come from the same function, so they cannot
-drift apart. The files are committed; tests/test_models.py checks that they equal this script's output.
-After changing this script, rewrite them:
+The nets are built with netdef's NetSpec (pycaffe's ``NetSpec``/``L``): the long definitions
+(ResNet-152's train_val has 777 layers) are easier to review as the loops below than as text, and
+the TRAIN and deploy nets of a model come from the same function, so they cannot drift apart. The
+files are committed; tests/test_models.py checks that they equal this script's output. After
+changing this script, rewrite them:
 
     python models/tools/generate.py            # write the files
     python models/tools/generate.py --check    # exit 1 if a committed file differs
 """
 from __future__ import annotations
 
+import io
 import pathlib
 import sys
+
+from google.protobuf import text_format
+
+from netdef import NetSpec
+from netdef import layers as L
 
 HERE = pathlib.Path(__file__).resolve().parent
 MODELS_DIR = HERE.parent
 
+GENERATED = "\n(Written by models/tools/generate.py: change that script, not this file.)"
+WIDTH = 100  # a sub-message goes on one line when it fits in this many characters
+
+
+def filler(kind: str, **fields) -> dict:
+    return dict(type=kind, **fields)
+
+
+# param specs: weights learn at the base rate and decay; biases learn twice as fast and do not decay.
+W_B = (dict(lr_mult=1, decay_mult=1), dict(lr_mult=2, decay_mult=0))
+FROZEN3 = (dict(lr_mult=0, decay_mult=0),) * 3  # BatchNorm's mean, variance and moving-average factor
+TRAIN_ONLY, TEST_ONLY = dict(phase="TRAIN"), dict(phase="TEST")
+
 
 # ------------------------------------------------------------------------------------------ text format
-class Enum(str):
-    """A protobuf enum value: written without quotes."""
+def _holds_messages(message) -> bool:
+    return any(field.message_type is not None for field, _ in message.ListFields())
 
 
-def _value(v) -> str:
-    if isinstance(v, Enum):
-        return str(v)
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return f'"{v}"'
-    if isinstance(v, float):
-        return f"{v:.10f}".rstrip("0").rstrip(".")
-    return str(v)
+def message_lines(message, indent: str) -> list[str]:
+    """``message``'s fields, one a line; a sub-message on one line when it fits and holds no message
+    itself (input shapes excepted), else one field a line."""
+    lines = []
+    for field, value in message.ListFields():
+        for item in (value if field.is_repeated else [value]):
+            if field.message_type is None:
+                out = io.StringIO()
+                text_format.PrintField(field, item, out)
+                lines.append(indent + out.getvalue().rstrip("\n"))
+                continue
+            one_line = f"{indent}{field.name} {{ {text_format.MessageToString(item, as_one_line=True)} }}"
+            if (not _holds_messages(item) or field.name == "input_param") and len(one_line) <= WIDTH:
+                lines.append(one_line)
+            else:
+                lines += [f"{indent}{field.name} {{", *message_lines(item, indent + "  "), f"{indent}}}"]
+    return lines
 
 
-def _inline(key: str, fields: list) -> str:
-    inner = " ".join(_inline(k, v) if isinstance(v, list) else f"{k}: {_value(v)}" for k, v in fields)
-    return f"{key} {{ {inner} }}"
+def comment_lines(text: str) -> list[str]:
+    return [f"# {line}".rstrip() for line in text.splitlines()]
 
 
-def _message(key: str, fields: list, indent: str, width: int = 100) -> list[str]:
-    """``key { ... }`` on one line when it fits and holds no sub-message (input shapes excepted), else
-    one field a line."""
-    nested = any(isinstance(v, list) for _, v in fields)
-    if not nested or key == "input_param":
-        line = indent + _inline(key, fields)
-        if len(line) <= width:
-            return [line]
-    out = [f"{indent}{key} {{"]
-    for k, v in fields:
-        if isinstance(v, list):
-            out.extend(_message(k, v, indent + "  ", width))
-        else:
-            out.append(f"{indent}  {k}: {_value(v)}")
-    out.append(f"{indent}}}")
-    return out
-
-
-def filler(kind: str, **kw) -> list:
-    return [("type", kind)] + list(kw.items())
-
-
-MAX, AVE, SUM = Enum("MAX"), Enum("AVE"), Enum("SUM")
-TRAIN, TEST = Enum("TRAIN"), Enum("TEST")
-LMDB = Enum("LMDB")
-# param specs: weights learn at the base rate and decay; biases learn twice as fast and do not decay.
-W_B = ({"lr_mult": 1, "decay_mult": 1}, {"lr_mult": 2, "decay_mult": 0})
-FROZEN3 = ({"lr_mult": 0, "decay_mult": 0},) * 3  # BatchNorm's mean, variance and moving-average factor
-
-
-GENERATED = "\n(Written by models/tools/generate.py: change that script, not this file.)"
-
-
+# ------------------------------------------------------------------------------------------ nets
 class NetWriter:
-    """Accumulates layers. ``deploy`` drops what only training needs: param specs, fillers, data
-    layers, losses and accuracies."""
+    """One net of a model, built as a NetSpec. ``deploy`` drops what only training needs: param specs,
+    fillers, data layers, losses and accuracies.
+
+    Each method adds a layer and returns its top (in-place layers return theirs, so the next layer
+    reads after them). A top is assigned to the spec under the layer's name, which names the layer
+    and, unless the layer works in place, its blob."""
 
     def __init__(self, name: str, deploy: bool, header: str):
+        self.name = name
         self.deploy = deploy
-        self.lines = [f"# {line}".rstrip() for line in (header.strip() + GENERATED).splitlines()]
-        self.lines.append(f'name: "{name}"')
+        self.header = header.strip() + GENERATED
+        self.spec = NetSpec()
+        self.label = None
+        self.test_data = None   # TRAIN and TEST Data layers share their tops' names: the TEST one is kept apart
+        self.comments: dict[str, str] = {}  # layer name: the comment line written before it
+        self._pending_comment = None
 
     def comment(self, text: str) -> None:
-        self.lines.append(f"# {text}")
+        """A comment line before the next layer."""
+        self._pending_comment = text
 
-    def layer(self, name, kind, bottom=(), top=(), *, params=(), include=None, loss_weight=None,
-              body=None, body_key=None, extra=()) -> None:
-        bottom = [bottom] if isinstance(bottom, str) else list(bottom)
-        top = [top] if isinstance(top, str) else list(top)
-        out = ["layer {", f'  name: "{name}"', f'  type: "{kind}"']
-        out += [f'  bottom: "{b}"' for b in bottom]
-        out += [f'  top: "{t}"' for t in top]
-        if include is not None:
-            out.append(f"  include {{ phase: {include} }}")
-        if loss_weight is not None:
-            out.append(f"  loss_weight: {_value(loss_weight)}")
-        if not self.deploy:
-            for spec in params:
-                out.extend(_message("param", list(spec.items()), "  "))
-        for key, fields in extra:
-            out.extend(_message(key, fields, "  "))
-        if body:
-            out.extend(_message(body_key, body, "  "))
-        out.append("}")
-        self.lines.extend(out)
+    def add(self, name: str, top):
+        self.spec[name] = top
+        if self._pending_comment:
+            self.comments[top.fn.name or name] = self._pending_comment
+            self._pending_comment = None
+        return top
 
     def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
+        layers = list(self.spec.to_proto().layer)
+        if self.test_data is not None:
+            layers.insert(1, self.test_data)
+        lines = comment_lines(self.header) + [f'name: "{self.name}"']
+        for layer in layers:
+            if layer.name in self.comments:
+                lines += comment_lines(self.comments[layer.name])
+            lines += ["layer {", *message_lines(layer, "  "), "}"]
+        return "\n".join(lines) + "\n"
 
     # ---------------------------------------------------------------------------------- data
-    def data(self, train_batch, test_batch, transform_train, transform_test, deploy_shape) -> None:
+    def data(self, train_batch, test_batch, transform_train, transform_test, deploy_shape):
         """Data layers reading train_lmdb / val_lmdb (TRAIN / TEST), or the deploy Input."""
         if self.deploy:
-            self.layer("data", "Input", top="data",
-                       body=[("shape", [("dim", d) for d in deploy_shape])], body_key="input_param")
-            return
-        for phase, batch, source, transform in ((TRAIN, train_batch, "train_lmdb", transform_train),
-                                                (TEST, test_batch, "val_lmdb", transform_test)):
-            self.layer("data", "Data", top=["data", "label"], include=phase,
-                       extra=[("transform_param", transform)],
-                       body=[("source", source), ("batch_size", batch), ("backend", LMDB)], body_key="data_param")
+            return self.add("data", L.Input(shape=dict(dim=list(deploy_shape))))
+        data, self.label = L.Data(ntop=2, include=TRAIN_ONLY, transform_param=transform_train, source="train_lmdb",
+                                  batch_size=train_batch, backend="LMDB")
+        test = NetSpec()
+        test.data, test.label = L.Data(ntop=2, include=TEST_ONLY, transform_param=transform_test, source="val_lmdb",
+                                       batch_size=test_batch, backend="LMDB")
+        self.test_data = test.to_proto().layer[0]
+        self.add("data", data)
+        self.spec.label = self.label
+        return data
 
     # ---------------------------------------------------------------------------------- layers
-    def conv(self, name, bottom, top, num_output, kernel, *, stride=1, pad=0, group=1, bias=True,
-             weight_filler=None, bias_filler=None, params=None) -> None:
-        body = [("num_output", num_output)]
+    def conv(self, name, bottom, num_output, kernel, *, stride=1, pad=0, group=1, bias=True,
+             weight_filler=None, bias_filler=None, params=None):
+        fields = dict(num_output=num_output)
         if not bias:
-            body.append(("bias_term", False))
+            fields["bias_term"] = False
         if pad:
-            body.append(("pad", pad))
-        body.append(("kernel_size", kernel))
+            fields["pad"] = pad
+        fields["kernel_size"] = kernel
         if stride != 1:
-            body.append(("stride", stride))
+            fields["stride"] = stride
         if group != 1:
-            body.append(("group", group))
+            fields["group"] = group
         if not self.deploy:
             if weight_filler:
-                body.append(("weight_filler", weight_filler))
+                fields["weight_filler"] = weight_filler
             if bias and bias_filler:
-                body.append(("bias_filler", bias_filler))
-        if params is None:
-            params = W_B if bias else ()
-        self.layer(name, "Convolution", bottom, top, params=params, body=body, body_key="convolution_param")
+                fields["bias_filler"] = bias_filler
+            params = (W_B if bias else ()) if params is None else params
+            if params:
+                fields["param"] = list(params)
+        return self.add(name, L.Convolution(bottom, **fields))
 
-    def fc(self, name, bottom, top, num_output, *, weight_filler=None, bias_filler=None, params=W_B) -> None:
-        body = [("num_output", num_output)]
+    def fc(self, name, bottom, num_output, *, weight_filler=None, bias_filler=None, params=W_B):
+        fields = dict(num_output=num_output)
         if not self.deploy:
             if weight_filler:
-                body.append(("weight_filler", weight_filler))
+                fields["weight_filler"] = weight_filler
             if bias_filler:
-                body.append(("bias_filler", bias_filler))
-        self.layer(name, "InnerProduct", bottom, top, params=params, body=body, body_key="inner_product_param")
+                fields["bias_filler"] = bias_filler
+            if params:
+                fields["param"] = list(params)
+        return self.add(name, L.InnerProduct(bottom, **fields))
 
-    def relu(self, name, blob) -> None:
-        self.layer(name, "ReLU", blob, blob)
+    def relu(self, name, bottom):
+        return self.add(name, L.ReLU(bottom, in_place=True))
 
-    def pool(self, name, bottom, top, method, kernel=None, stride=None, *, pad=0, global_pooling=False) -> None:
-        body = [("pool", method)]
+    def pool(self, name, bottom, method, kernel=None, stride=None, *, pad=0, global_pooling=False):
+        fields = dict(pool=method)
         if global_pooling:
-            body.append(("global_pooling", True))
+            fields["global_pooling"] = True
         else:
-            body.append(("kernel_size", kernel))
-            body.append(("stride", stride))
+            fields.update(kernel_size=kernel, stride=stride)
             if pad:
-                body.append(("pad", pad))
-        self.layer(name, "Pooling", bottom, top, body=body, body_key="pooling_param")
+                fields["pad"] = pad
+        return self.add(name, L.Pooling(bottom, **fields))
 
-    def lrn(self, name, bottom, top, local_size, alpha, beta, region=None) -> None:
-        body = [("local_size", local_size), ("alpha", alpha), ("beta", beta)]
+    def lrn(self, name, bottom, local_size, alpha, beta, region=None):
+        fields = dict(local_size=local_size, alpha=alpha, beta=beta)
         if region:
-            body.append(("norm_region", Enum(region)))
-        self.layer(name, "LRN", bottom, top, body=body, body_key="lrn_param")
+            fields["norm_region"] = region
+        return self.add(name, L.LRN(bottom, **fields))
 
-    def dropout(self, name, blob, ratio) -> None:
-        self.layer(name, "Dropout", blob, blob, body=[("dropout_ratio", ratio)], body_key="dropout_param")
+    def dropout(self, name, bottom, ratio):
+        return self.add(name, L.Dropout(bottom, in_place=True, dropout_ratio=ratio))
 
-    def concat(self, name, bottoms, top) -> None:
-        self.layer(name, "Concat", bottoms, top)
+    def concat(self, name, bottoms):
+        return self.add(name, L.Concat(*bottoms))
 
-    def bn_scale(self, bn_name, scale_name, blob) -> None:
+    def eltwise_sum(self, name, *bottoms):
+        return self.add(name, L.Eltwise(*bottoms, operation="SUM"))
+
+    def flatten(self, name, bottom):
+        return self.add(name, L.Flatten(bottom))
+
+    def bn_scale(self, bn_name, scale_name, bottom):
         """Caffe-style batch normalization: BatchNorm (statistics only, in place) then a learned Scale
         with bias. The statistics are not learned: their lr_mult is 0."""
-        self.layer(bn_name, "BatchNorm", blob, blob, params=FROZEN3)
-        self.layer(scale_name, "Scale", blob, blob, body=[("bias_term", True)], body_key="scale_param")
+        frozen = {} if self.deploy else dict(param=list(FROZEN3))
+        normalized = self.add(bn_name, L.BatchNorm(bottom, in_place=True, **frozen))
+        return self.add(scale_name, L.Scale(normalized, in_place=True, bias_term=True))
 
     def loss_and_accuracy(self, bottom, *, loss="loss", top5=True, prob="prob", names=None) -> None:
         """Softmax loss (and TEST accuracies) in training; class probabilities in deploy."""
         if self.deploy:
-            self.layer(prob, "Softmax", bottom, prob)
+            self.add(prob, L.Softmax(bottom))
             return
         acc1, acc5 = names or ("accuracy", "accuracy_top5")
-        self.layer(acc1, "Accuracy", [bottom, "label"], acc1, include=TEST)
+        self.add(acc1, L.Accuracy(bottom, self.label, include=TEST_ONLY))
         if top5:
-            self.layer(acc5, "Accuracy", [bottom, "label"], acc5, include=TEST,
-                       body=[("top_k", 5)], body_key="accuracy_param")
-        self.layer(loss, "SoftmaxWithLoss", [bottom, "label"], loss)
+            self.add(acc5, L.Accuracy(bottom, self.label, include=TEST_ONLY, top_k=5))
+        self.add(loss, L.SoftmaxWithLoss(bottom, self.label))
 
 
-def solver_text(header: str, fields: list) -> str:
-    lines = [f"# {line}".rstrip() for line in (header.strip() + GENERATED).splitlines()]
-    for item in fields:
-        if isinstance(item, str):  # a comment line
-            lines.append(f"# {item}")
-            continue
-        key, value = item
-        values = value if isinstance(value, tuple) else (value,)
-        lines.extend(f"{key}: {_value(v)}" for v in values)
-    return "\n".join(lines) + "\n"
-
-
-def imagenet_transform(crop, *, mirror, mean_file=None, mean_value=(), scale=None) -> list:
-    t = []
+def imagenet_transform(crop, *, mirror, mean_file=None, mean_value=(), scale=None) -> dict:
+    transform = {}
     if scale is not None:
-        t.append(("scale", scale))
+        transform["scale"] = scale
     if mirror:
-        t.append(("mirror", True))
-    t.append(("crop_size", crop))
+        transform["mirror"] = True
+    transform["crop_size"] = crop
     if mean_file:
-        t.append(("mean_file", mean_file))
-    t += [("mean_value", v) for v in mean_value]
-    return t
+        transform["mean_file"] = mean_file
+    if mean_value:
+        transform["mean_value"] = list(mean_value)
+    return transform
 
 
-def imagenet_data(w: NetWriter, crop, train_batch, test_batch, **mean) -> None:
-    w.data(train_batch, test_batch, imagenet_transform(crop, mirror=True, **mean),
-           imagenet_transform(crop, mirror=False, **mean), (10, 3, crop, crop))
+def imagenet_data(w: NetWriter, crop, train_batch, test_batch, **mean):
+    return w.data(train_batch, test_batch, imagenet_transform(crop, mirror=True, **mean),
+                  imagenet_transform(crop, mirror=False, **mean), (10, 3, crop, crop))
 
 
 DEPLOY_NOTE = ("Deployment net: the layers of train_val.prototxt behind an Input of 10 images (Caffe's ten crops),\n"
@@ -233,107 +230,89 @@ DEPLOY_NOTE = ("Deployment net: the layers of train_val.prototxt behind an Input
 
 
 # ------------------------------------------------------------------------------------------ CIFAR-10
-def cifar10_quick(deploy: bool) -> str:
-    header = ("CIFAR-10 quick (Caffe's cifar10_quick example): three 5x5 convolution stages of 32, 32 and 64\n"
-              "filters with max/average pooling, then fully connected 64 and 10. 32x32 RGB images, mean-subtracted.\n"
-              + ("Deployment net: Input of one image, ending in class probabilities." if deploy else
-                 "The Data layers read train_lmdb / val_lmdb and mean.binaryproto (see README.md)."))
-    w = NetWriter("CIFAR10_quick", deploy, header)
-    t = [("mean_file", "mean.binaryproto")]
-    w.data(100, 100, t, t, (1, 3, 32, 32))
-    wb = ({"lr_mult": 1}, {"lr_mult": 2})
+def _cifar10(deploy: bool, name: str, header: str, full: bool) -> str:
+    w = NetWriter(name, deploy, header)
+    mean = dict(mean_file="mean.binaryproto")
+    x = w.data(100, 100, mean, mean, (1, 3, 32, 32))
+    wb = (dict(lr_mult=1), dict(lr_mult=2))
     const = filler("constant")
-    w.conv("conv1", "data", "conv1", 32, 5, pad=2, weight_filler=filler("gaussian", std=0.0001),
-           bias_filler=const, params=wb)
-    w.pool("pool1", "conv1", "pool1", MAX, 3, 2)
-    w.relu("relu1", "pool1")
-    w.conv("conv2", "pool1", "conv2", 32, 5, pad=2, weight_filler=filler("gaussian", std=0.01),
-           bias_filler=const, params=wb)
-    w.relu("relu2", "conv2")
-    w.pool("pool2", "conv2", "pool2", AVE, 3, 2)
-    w.conv("conv3", "pool2", "conv3", 64, 5, pad=2, weight_filler=filler("gaussian", std=0.01),
-           bias_filler=const, params=wb)
-    w.relu("relu3", "conv3")
-    w.pool("pool3", "conv3", "pool3", AVE, 3, 2)
-    w.fc("ip1", "pool3", "ip1", 64, weight_filler=filler("gaussian", std=0.1), bias_filler=const, params=wb)
-    w.fc("ip2", "ip1", "ip2", 10, weight_filler=filler("gaussian", std=0.1), bias_filler=const, params=wb)
-    w.loss_and_accuracy("ip2", top5=False)
+
+    def conv(i: int, bottom, n: int, std: float):
+        return w.conv(f"conv{i}", bottom, n, 5, pad=2, weight_filler=filler("gaussian", std=std), bias_filler=const,
+                      params=wb)
+
+    x = conv(1, x, 32, 0.0001)
+    x = w.pool("pool1", x, "MAX", 3, 2)
+    x = w.relu("relu1", x)
+    if full:
+        x = w.lrn("norm1", x, 3, 0.00005, 0.75, "WITHIN_CHANNEL")
+    x = w.relu("relu2", conv(2, x, 32, 0.01))
+    x = w.pool("pool2", x, "AVE", 3, 2)
+    if full:
+        x = w.lrn("norm2", x, 3, 0.00005, 0.75, "WITHIN_CHANNEL")
+    x = w.relu("relu3", conv(3, x, 64, 0.01))
+    x = w.pool("pool3", x, "AVE", 3, 2)
+    if full:
+        if not deploy:
+            w.comment("The only fully connected layer: its weights decay 250 times harder than the convolutions'.")
+        x = w.fc("ip1", x, 10, weight_filler=filler("gaussian", std=0.01), bias_filler=const,
+                 params=(dict(lr_mult=1, decay_mult=250), dict(lr_mult=2, decay_mult=0)))
+    else:
+        x = w.fc("ip1", x, 64, weight_filler=filler("gaussian", std=0.1), bias_filler=const, params=wb)
+        x = w.fc("ip2", x, 10, weight_filler=filler("gaussian", std=0.1), bias_filler=const, params=wb)
+    w.loss_and_accuracy(x, top5=False)
     return w.text()
+
+
+def _cifar10_header(description: str, deploy: bool) -> str:
+    return description + ("Deployment net: Input of one image, ending in class probabilities." if deploy else
+                          "The Data layers read train_lmdb / val_lmdb and mean.binaryproto (see README.md).")
+
+
+def cifar10_quick(deploy: bool) -> str:
+    header = _cifar10_header(
+        "CIFAR-10 quick (Caffe's cifar10_quick example): three 5x5 convolution stages of 32, 32 and 64\n"
+        "filters with max/average pooling, then fully connected 64 and 10. 32x32 RGB images, mean-subtracted.\n",
+        deploy)
+    return _cifar10(deploy, "CIFAR10_quick", header, full=False)
 
 
 def cifar10_full(deploy: bool) -> str:
-    header = ("CIFAR-10 full (Caffe's cifar10_full example): cifar10_quick with local response normalization\n"
-              "within channels after the first two stages and a single fully connected layer of 10 outputs.\n"
-              + ("Deployment net: Input of one image, ending in class probabilities." if deploy else
-                 "The Data layers read train_lmdb / val_lmdb and mean.binaryproto (see README.md)."))
-    w = NetWriter("CIFAR10_full", deploy, header)
-    t = [("mean_file", "mean.binaryproto")]
-    w.data(100, 100, t, t, (1, 3, 32, 32))
-    wb = ({"lr_mult": 1}, {"lr_mult": 2})
-    const = filler("constant")
-    w.conv("conv1", "data", "conv1", 32, 5, pad=2, weight_filler=filler("gaussian", std=0.0001),
-           bias_filler=const, params=wb)
-    w.pool("pool1", "conv1", "pool1", MAX, 3, 2)
-    w.relu("relu1", "pool1")
-    w.lrn("norm1", "pool1", "norm1", 3, 0.00005, 0.75, "WITHIN_CHANNEL")
-    w.conv("conv2", "norm1", "conv2", 32, 5, pad=2, weight_filler=filler("gaussian", std=0.01),
-           bias_filler=const, params=wb)
-    w.relu("relu2", "conv2")
-    w.pool("pool2", "conv2", "pool2", AVE, 3, 2)
-    w.lrn("norm2", "pool2", "norm2", 3, 0.00005, 0.75, "WITHIN_CHANNEL")
-    w.conv("conv3", "norm2", "conv3", 64, 5, pad=2, weight_filler=filler("gaussian", std=0.01),
-           bias_filler=const, params=wb)
-    w.relu("relu3", "conv3")
-    w.pool("pool3", "conv3", "pool3", AVE, 3, 2)
-    if not deploy:
-        w.comment("The only fully connected layer: its weights decay 250 times harder than the convolutions'.")
-    w.fc("ip1", "pool3", "ip1", 10, weight_filler=filler("gaussian", std=0.01), bias_filler=const,
-         params=({"lr_mult": 1, "decay_mult": 250}, {"lr_mult": 2, "decay_mult": 0}))
-    w.loss_and_accuracy("ip1", top5=False)
-    return w.text()
+    header = _cifar10_header(
+        "CIFAR-10 full (Caffe's cifar10_full example): cifar10_quick with local response normalization\n"
+        "within channels after the first two stages and a single fully connected layer of 10 outputs.\n", deploy)
+    return _cifar10(deploy, "CIFAR10_full", header, full=True)
 
 
 # ------------------------------------------------------------------------------------------ AlexNet
 def _alexnet(deploy: bool, name: str, header: str, pool_before_norm: bool) -> str:
     w = NetWriter(name, deploy, header)
-    imagenet_data(w, 227, 256, 50, mean_file="mean.binaryproto")
+    x = imagenet_data(w, 227, 256, 50, mean_file="mean.binaryproto")
 
     def g(std):
         return filler("gaussian", std=std)
 
     c0, c1 = filler("constant", value=0), filler("constant", value=0.1)
 
-    def pool_norm(i: int, bottom: str) -> str:
-        pool, norm = f"pool{i}", f"norm{i}"
+    def pool_norm(i: int, bottom):
         if pool_before_norm:
-            w.pool(pool, bottom, pool, MAX, 3, 2)
-            w.lrn(norm, pool, norm, 5, 0.0001, 0.75)
-            return norm
-        w.lrn(norm, bottom, norm, 5, 0.0001, 0.75)
-        w.pool(pool, norm, pool, MAX, 3, 2)
-        return pool
+            return w.lrn(f"norm{i}", w.pool(f"pool{i}", bottom, "MAX", 3, 2), 5, 0.0001, 0.75)
+        return w.pool(f"pool{i}", w.lrn(f"norm{i}", bottom, 5, 0.0001, 0.75), "MAX", 3, 2)
 
-    w.conv("conv1", "data", "conv1", 96, 11, stride=4, weight_filler=g(0.01), bias_filler=c0)
-    w.relu("relu1", "conv1")
-    x = pool_norm(1, "conv1")
-    w.conv("conv2", x, "conv2", 256, 5, pad=2, group=2, weight_filler=g(0.01), bias_filler=c1)
-    w.relu("relu2", "conv2")
-    x = pool_norm(2, "conv2")
-    w.conv("conv3", x, "conv3", 384, 3, pad=1, weight_filler=g(0.01), bias_filler=c0)
-    w.relu("relu3", "conv3")
-    w.conv("conv4", "conv3", "conv4", 384, 3, pad=1, group=2, weight_filler=g(0.01), bias_filler=c1)
-    w.relu("relu4", "conv4")
-    w.conv("conv5", "conv4", "conv5", 256, 3, pad=1, group=2, weight_filler=g(0.01), bias_filler=c1)
-    w.relu("relu5", "conv5")
-    w.pool("pool5", "conv5", "pool5", MAX, 3, 2)
-    w.fc("fc6", "pool5", "fc6", 4096, weight_filler=g(0.005), bias_filler=c1)
-    w.relu("relu6", "fc6")
-    w.dropout("drop6", "fc6", 0.5)
-    w.fc("fc7", "fc6", "fc7", 4096, weight_filler=g(0.005), bias_filler=c1)
-    w.relu("relu7", "fc7")
-    w.dropout("drop7", "fc7", 0.5)
-    w.fc("fc8", "fc7", "fc8", 1000, weight_filler=g(0.01), bias_filler=c0)
-    w.loss_and_accuracy("fc8")
+    x = w.relu("relu1", w.conv("conv1", x, 96, 11, stride=4, weight_filler=g(0.01), bias_filler=c0))
+    x = pool_norm(1, x)
+    x = w.relu("relu2", w.conv("conv2", x, 256, 5, pad=2, group=2, weight_filler=g(0.01), bias_filler=c1))
+    x = pool_norm(2, x)
+    x = w.relu("relu3", w.conv("conv3", x, 384, 3, pad=1, weight_filler=g(0.01), bias_filler=c0))
+    x = w.relu("relu4", w.conv("conv4", x, 384, 3, pad=1, group=2, weight_filler=g(0.01), bias_filler=c1))
+    x = w.relu("relu5", w.conv("conv5", x, 256, 3, pad=1, group=2, weight_filler=g(0.01), bias_filler=c1))
+    x = w.pool("pool5", x, "MAX", 3, 2)
+    x = w.relu("relu6", w.fc("fc6", x, 4096, weight_filler=g(0.005), bias_filler=c1))
+    x = w.dropout("drop6", x, 0.5)
+    x = w.relu("relu7", w.fc("fc7", x, 4096, weight_filler=g(0.005), bias_filler=c1))
+    x = w.dropout("drop7", x, 0.5)
+    x = w.fc("fc8", x, 1000, weight_filler=g(0.01), bias_filler=c0)
+    w.loss_and_accuracy(x)
     return w.text()
 
 
@@ -361,25 +340,20 @@ def vgg16(deploy: bool) -> str:
               "connected 4096, 4096, 1000 with dropout. 224x224 BGR crops minus the per-channel mean.\n"
               + (DEPLOY_NOTE if deploy else "The Data layers read train_lmdb / val_lmdb (see README.md)."))
     w = NetWriter("VGG_ILSVRC_16_layers", deploy, header)
-    imagenet_data(w, 224, 64, 50, mean_value=(103.939, 116.779, 123.68))
-    x = "data"
+    x = imagenet_data(w, 224, 64, 50, mean_value=(103.939, 116.779, 123.68))
     for stage, (width, depth) in enumerate(((64, 2), (128, 2), (256, 3), (512, 3), (512, 3)), start=1):
         for i in range(1, depth + 1):
-            name = f"conv{stage}_{i}"
-            w.conv(name, x, name, width, 3, pad=1, weight_filler=filler("msra"), bias_filler=filler("constant"))
-            w.relu(f"relu{stage}_{i}", name)
-            x = name
-        w.pool(f"pool{stage}", x, f"pool{stage}", MAX, 2, 2)
-        x = f"pool{stage}"
+            x = w.conv(f"conv{stage}_{i}", x, width, 3, pad=1, weight_filler=filler("msra"),
+                       bias_filler=filler("constant"))
+            x = w.relu(f"relu{stage}_{i}", x)
+        x = w.pool(f"pool{stage}", x, "MAX", 2, 2)
     c1 = filler("constant", value=0.1)
-    w.fc("fc6", "pool5", "fc6", 4096, weight_filler=filler("gaussian", std=0.005), bias_filler=c1)
-    w.relu("relu6", "fc6")
-    w.dropout("drop6", "fc6", 0.5)
-    w.fc("fc7", "fc6", "fc7", 4096, weight_filler=filler("gaussian", std=0.005), bias_filler=c1)
-    w.relu("relu7", "fc7")
-    w.dropout("drop7", "fc7", 0.5)
-    w.fc("fc8", "fc7", "fc8", 1000, weight_filler=filler("gaussian", std=0.01), bias_filler=filler("constant"))
-    w.loss_and_accuracy("fc8")
+    x = w.relu("relu6", w.fc("fc6", x, 4096, weight_filler=filler("gaussian", std=0.005), bias_filler=c1))
+    x = w.dropout("drop6", x, 0.5)
+    x = w.relu("relu7", w.fc("fc7", x, 4096, weight_filler=filler("gaussian", std=0.005), bias_filler=c1))
+    x = w.dropout("drop7", x, 0.5)
+    x = w.fc("fc8", x, 1000, weight_filler=filler("gaussian", std=0.01), bias_filler=filler("constant"))
+    w.loss_and_accuracy(x)
     return w.text()
 
 
@@ -402,171 +376,203 @@ def googlenet(deploy: bool) -> str:
                  "Training adds the paper's two auxiliary classifiers on inception_4a and inception_4d, whose\n"
                  "losses count 0.3 each. The Data layers read train_lmdb / val_lmdb (see README.md)."))
     w = NetWriter("GoogleNet", deploy, header)
-    imagenet_data(w, 224, 32, 50, mean_value=(104, 117, 123))
+    x = imagenet_data(w, 224, 32, 50, mean_value=(104, 117, 123))
     xav, b02, b0 = filler("xavier"), filler("constant", value=0.2), filler("constant", value=0)
 
-    w.conv("conv1/7x7_s2", "data", "conv1/7x7_s2", 64, 7, pad=3, stride=2, weight_filler=xav, bias_filler=b02)
-    w.relu("conv1/relu_7x7", "conv1/7x7_s2")
-    w.pool("pool1/3x3_s2", "conv1/7x7_s2", "pool1/3x3_s2", MAX, 3, 2)
-    w.lrn("pool1/norm1", "pool1/3x3_s2", "pool1/norm1", 5, 0.0001, 0.75)
-    w.conv("conv2/3x3_reduce", "pool1/norm1", "conv2/3x3_reduce", 64, 1, weight_filler=xav, bias_filler=b02)
-    w.relu("conv2/relu_3x3_reduce", "conv2/3x3_reduce")
-    w.conv("conv2/3x3", "conv2/3x3_reduce", "conv2/3x3", 192, 3, pad=1, weight_filler=xav, bias_filler=b02)
-    w.relu("conv2/relu_3x3", "conv2/3x3")
-    w.lrn("conv2/norm2", "conv2/3x3", "conv2/norm2", 5, 0.0001, 0.75)
-    w.pool("pool2/3x3_s2", "conv2/norm2", "pool2/3x3_s2", MAX, 3, 2)
-    x = "pool2/3x3_s2"
+    def conv_relu(name: str, relu: str, bottom, n: int, k: int, **kw):
+        return w.relu(relu, w.conv(name, bottom, n, k, weight_filler=xav, bias_filler=b02, **kw))
 
-    def inception(tag: str, bottom: str) -> str:
+    x = conv_relu("conv1/7x7_s2", "conv1/relu_7x7", x, 64, 7, pad=3, stride=2)
+    x = w.pool("pool1/3x3_s2", x, "MAX", 3, 2)
+    x = w.lrn("pool1/norm1", x, 5, 0.0001, 0.75)
+    x = conv_relu("conv2/3x3_reduce", "conv2/relu_3x3_reduce", x, 64, 1)
+    x = conv_relu("conv2/3x3", "conv2/relu_3x3", x, 192, 3, pad=1)
+    x = w.lrn("conv2/norm2", x, 5, 0.0001, 0.75)
+    x = w.pool("pool2/3x3_s2", x, "MAX", 3, 2)
+
+    def inception(tag: str, bottom):
         n1, r3, n3, r5, n5, pp = INCEPTION[tag]
         p = f"inception_{tag}"
         w.comment(f"{p}: 1x1 {n1}, 1x1 {r3} -> 3x3 {n3}, 1x1 {r5} -> 5x5 {n5}, 3x3 max pool -> 1x1 {pp}; "
                   f"{n1 + n3 + n5 + pp} channels out")
-        branches = []
-        for conv, n, k, pad, src in (("1x1", n1, 1, 0, bottom), ("3x3_reduce", r3, 1, 0, bottom),
-                                     ("3x3", n3, 3, 1, f"{p}/3x3_reduce"), ("5x5_reduce", r5, 1, 0, bottom),
-                                     ("5x5", n5, 5, 2, f"{p}/5x5_reduce")):
-            w.conv(f"{p}/{conv}", src, f"{p}/{conv}", n, k, pad=pad, weight_filler=xav, bias_filler=b02)
-            w.relu(f"{p}/relu_{conv}", f"{p}/{conv}")
-            if conv in ("1x1", "3x3", "5x5"):
-                branches.append(f"{p}/{conv}")
-        w.pool(f"{p}/pool", bottom, f"{p}/pool", MAX, 3, 1, pad=1)
-        w.conv(f"{p}/pool_proj", f"{p}/pool", f"{p}/pool_proj", pp, 1, weight_filler=xav, bias_filler=b02)
-        w.relu(f"{p}/relu_pool_proj", f"{p}/pool_proj")
-        w.concat(f"{p}/output", branches + [f"{p}/pool_proj"], f"{p}/output")
-        return f"{p}/output"
+        one = conv_relu(f"{p}/1x1", f"{p}/relu_1x1", bottom, n1, 1)
+        reduced = conv_relu(f"{p}/3x3_reduce", f"{p}/relu_3x3_reduce", bottom, r3, 1)
+        three = conv_relu(f"{p}/3x3", f"{p}/relu_3x3", reduced, n3, 3, pad=1)
+        reduced = conv_relu(f"{p}/5x5_reduce", f"{p}/relu_5x5_reduce", bottom, r5, 1)
+        five = conv_relu(f"{p}/5x5", f"{p}/relu_5x5", reduced, n5, 5, pad=2)
+        pooled = w.pool(f"{p}/pool", bottom, "MAX", 3, 1, pad=1)
+        projected = conv_relu(f"{p}/pool_proj", f"{p}/relu_pool_proj", pooled, pp, 1)
+        return w.concat(f"{p}/output", [one, three, five, projected])
 
-    def auxiliary(i: int, bottom: str) -> None:
+    def auxiliary(i: int, bottom) -> None:
         if deploy:
             return
         p = f"loss{i}"
         w.comment(f"Auxiliary classifier {i} (training only): 5x5/3 average pool, 1x1 conv 128, fc 1024, "
                   "dropout 0.7, loss weight 0.3")
-        w.pool(f"{p}/ave_pool", bottom, f"{p}/ave_pool", AVE, 5, 3)
-        w.conv(f"{p}/conv", f"{p}/ave_pool", f"{p}/conv", 128, 1, weight_filler=xav, bias_filler=b02)
-        w.relu(f"{p}/relu_conv", f"{p}/conv")
-        w.fc(f"{p}/fc", f"{p}/conv", f"{p}/fc", 1024, weight_filler=xav, bias_filler=b02)
-        w.relu(f"{p}/relu_fc", f"{p}/fc")
-        w.dropout(f"{p}/drop_fc", f"{p}/fc", 0.7)
-        w.fc(f"{p}/classifier", f"{p}/fc", f"{p}/classifier", 1000, weight_filler=xav, bias_filler=b0)
-        w.layer(f"{p}/loss", "SoftmaxWithLoss", [f"{p}/classifier", "label"], f"{p}/loss{i}", loss_weight=0.3)
-        w.layer(f"{p}/top-1", "Accuracy", [f"{p}/classifier", "label"], f"{p}/top-1", include=TEST)
-        w.layer(f"{p}/top-5", "Accuracy", [f"{p}/classifier", "label"], f"{p}/top-5", include=TEST,
-                body=[("top_k", 5)], body_key="accuracy_param")
+        y = w.pool(f"{p}/ave_pool", bottom, "AVE", 5, 3)
+        y = conv_relu(f"{p}/conv", f"{p}/relu_conv", y, 128, 1)
+        y = w.relu(f"{p}/relu_fc", w.fc(f"{p}/fc", y, 1024, weight_filler=xav, bias_filler=b02))
+        y = w.dropout(f"{p}/drop_fc", y, 0.7)
+        y = w.fc(f"{p}/classifier", y, 1000, weight_filler=xav, bias_filler=b0)
+        w.add(f"{p}/loss{i}", L.SoftmaxWithLoss(y, w.label, name=f"{p}/loss", loss_weight=0.3))
+        w.add(f"{p}/top-1", L.Accuracy(y, w.label, include=TEST_ONLY))
+        w.add(f"{p}/top-5", L.Accuracy(y, w.label, include=TEST_ONLY, top_k=5))
 
     x = inception("3a", x)
     x = inception("3b", x)
-    w.pool("pool3/3x3_s2", x, "pool3/3x3_s2", MAX, 3, 2)
-    x = inception("4a", "pool3/3x3_s2")
+    x = w.pool("pool3/3x3_s2", x, "MAX", 3, 2)
+    x = inception("4a", x)
     auxiliary(1, x)
     for tag in ("4b", "4c", "4d"):
         x = inception(tag, x)
     auxiliary(2, x)
     x = inception("4e", x)
-    w.pool("pool4/3x3_s2", x, "pool4/3x3_s2", MAX, 3, 2)
-    x = inception("5a", "pool4/3x3_s2")
+    x = w.pool("pool4/3x3_s2", x, "MAX", 3, 2)
+    x = inception("5a", x)
     x = inception("5b", x)
-    w.pool("pool5/7x7_s1", x, "pool5/7x7_s1", AVE, 7, 1)
-    w.dropout("pool5/drop_7x7_s1", "pool5/7x7_s1", 0.4)
-    w.fc("loss3/classifier", "pool5/7x7_s1", "loss3/classifier", 1000, weight_filler=xav, bias_filler=b0)
-    w.loss_and_accuracy("loss3/classifier", loss="loss3/loss3", names=("loss3/top-1", "loss3/top-5"))
+    x = w.pool("pool5/7x7_s1", x, "AVE", 7, 1)
+    x = w.dropout("pool5/drop_7x7_s1", x, 0.4)
+    x = w.fc("loss3/classifier", x, 1000, weight_filler=xav, bias_filler=b0)
+    w.loss_and_accuracy(x, loss="loss3/loss3", names=("loss3/top-1", "loss3/top-5"))
     return w.text()
 
 
-# ------------------------------------------------------------------------------------------ ResNet-50
-def resnet50(deploy: bool) -> str:
-    header = ("ResNet-50 (He, Zhang, Ren & Sun 2016) in the style of the authors' Caffe release: every\n"
+# ------------------------------------------------------------------------------------------ ResNet
+RESNET_STAGES = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
+
+
+def _resnet_block_tag(depth: int, stage: int, block: int, blocks: int) -> str:
+    """2a, 2b, 2c ...; in the authors' ResNet-101 and -152 a stage of more than three blocks numbers
+    them after the first: 4a, 4b1, 4b2 ... 4b22."""
+    if depth > 50 and blocks > 3 and block > 0:
+        return f"{stage}b{block}"
+    return f"{stage}{chr(ord('a') + block)}"
+
+
+def _resnet(depth: int, deploy: bool) -> str:
+    stages = RESNET_STAGES[depth]
+    header = (f"ResNet-{depth} (He, Zhang, Ren & Sun 2016) in the style of the authors' Caffe release: every\n"
               "convolution (no bias) is followed by BatchNorm and a Scale with bias; bottleneck blocks\n"
               "(1x1, 3x3, 1x1) add their input (identity, or a 1x1 projection in each stage's first block) with\n"
-              "an Eltwise SUM before the ReLU. Stages of 3, 4, 6, 3 blocks; the first block of stages 3-5\n"
-              "subsamples by 2 in its first 1x1 convolution, as the authors' Caffe model does. 224x224 BGR crops\n"
-              "minus the mean image.\n"
+              f"an Eltwise SUM before the ReLU. Stages of {', '.join(map(str, stages))} blocks; the first block of "
+              "stages 3-5\nsubsamples by 2 in its first 1x1 convolution, as the authors' Caffe model does. 224x224 "
+              "BGR crops\nminus the mean image.\n"
               + (DEPLOY_NOTE if deploy else "The Data layers read train_lmdb / val_lmdb and mean.binaryproto "
                  "(see README.md)."))
-    w = NetWriter("ResNet-50", deploy, header)
-    imagenet_data(w, 224, 32, 50, mean_file="mean.binaryproto")
+    w = NetWriter(f"ResNet-{depth}", deploy, header)
+    x = imagenet_data(w, 224, 32, 50, mean_file="mean.binaryproto")
     msra = filler("msra")
 
-    def conv_bn(conv, suffix, bottom, n, k, *, stride=1, pad=0, relu=True) -> str:
-        w.conv(conv, bottom, conv, n, k, stride=stride, pad=pad, bias=False, weight_filler=msra)
-        w.bn_scale(f"bn{suffix}", f"scale{suffix}", conv)
-        if relu:
-            w.relu(f"{conv}_relu", conv)
-        return conv
+    def conv_bn(conv: str, suffix: str, bottom, n: int, k: int, *, stride=1, pad=0, relu=True):
+        y = w.conv(conv, bottom, n, k, stride=stride, pad=pad, bias=False, weight_filler=msra)
+        y = w.bn_scale(f"bn{suffix}", f"scale{suffix}", y)
+        return w.relu(f"{conv}_relu", y) if relu else y
 
-    conv_bn("conv1", "_conv1", "data", 64, 7, stride=2, pad=3)
-    w.pool("pool1", "conv1", "pool1", MAX, 3, 2)
-    x = "pool1"
-    for stage, (blocks, width) in enumerate(((3, 64), (4, 128), (6, 256), (3, 512)), start=2):
+    x = conv_bn("conv1", "_conv1", x, 64, 7, stride=2, pad=3)
+    x = w.pool("pool1", x, "MAX", 3, 2)
+    for stage, (blocks, width) in enumerate(zip(stages, (64, 128, 256, 512)), start=2):
         w.comment(f"---- res{stage}: {blocks} bottleneck blocks, {width} -> {4 * width} channels")
         for b in range(blocks):
-            tag = f"{stage}{chr(ord('a') + b)}"
+            tag = _resnet_block_tag(depth, stage, b, blocks)
             stride = 2 if (b == 0 and stage > 2) else 1
             if b == 0:
-                shortcut = conv_bn(f"res{tag}_branch1", f"{tag}_branch1", x, 4 * width, 1, stride=stride,
-                                   relu=False)
+                shortcut = conv_bn(f"res{tag}_branch1", f"{tag}_branch1", x, 4 * width, 1, stride=stride, relu=False)
             else:
                 shortcut = x
             y = conv_bn(f"res{tag}_branch2a", f"{tag}_branch2a", x, width, 1, stride=stride)
             y = conv_bn(f"res{tag}_branch2b", f"{tag}_branch2b", y, width, 3, pad=1)
             y = conv_bn(f"res{tag}_branch2c", f"{tag}_branch2c", y, 4 * width, 1, relu=False)
-            w.layer(f"res{tag}", "Eltwise", [shortcut, y], f"res{tag}", body=[("operation", SUM)],
-                    body_key="eltwise_param")
-            w.relu(f"res{tag}_relu", f"res{tag}")
-            x = f"res{tag}"
-    w.pool("pool5", x, "pool5", AVE, 7, 1)
-    w.fc("fc1000", "pool5", "fc1000", 1000, weight_filler=filler("gaussian", std=0.01),
-         bias_filler=filler("constant"))
-    w.loss_and_accuracy("fc1000")
+            x = w.relu(f"res{tag}_relu", w.eltwise_sum(f"res{tag}", shortcut, y))
+    x = w.pool("pool5", x, "AVE", 7, 1)
+    x = w.fc("fc1000", x, 1000, weight_filler=filler("gaussian", std=0.01), bias_filler=filler("constant"))
+    w.loss_and_accuracy(x)
     return w.text()
 
 
+def resnet50(deploy: bool) -> str:
+    return _resnet(50, deploy)
+
+
+def resnet101(deploy: bool) -> str:
+    return _resnet(101, deploy)
+
+
+def resnet152(deploy: bool) -> str:
+    return _resnet(152, deploy)
+
+
 # ------------------------------------------------------------------------------------------ SqueezeNet
-def squeezenet(deploy: bool) -> str:
-    header = ("SqueezeNet v1.1 (Iandola et al. 2016; DeepScale's v1.1 revision): a 3x3/2 convolution of 64, eight\n"
-              "Fire modules (a 1x1 squeeze convolution feeding 1x1 and 3x3 expand convolutions whose outputs are\n"
-              "concatenated), dropout, a 1x1 convolution to 1000 channels and global average pooling; no fully\n"
-              "connected layer. 227x227 BGR crops minus the per-channel mean.\n"
-              + (DEPLOY_NOTE if deploy else "The Data layers read train_lmdb / val_lmdb (see README.md)."))
-    w = NetWriter("SqueezeNet_v1.1", deploy, header)
-    imagenet_data(w, 227, 32, 25, mean_value=(104, 117, 123))
+def _fire(w: NetWriter, i: int, bottom, squeeze: int, expand: int):
+    """A Fire module: a 1x1 squeeze convolution feeding 1x1 and 3x3 expand convolutions, concatenated."""
+    p = f"fire{i}"
     xav, b0 = filler("xavier"), filler("constant")
+    w.comment(f"{p}: squeeze 1x1 {squeeze}, expand 1x1 {expand} + 3x3 {expand}")
+    squeezed = w.conv(f"{p}/squeeze1x1", bottom, squeeze, 1, weight_filler=xav, bias_filler=b0, params=())
+    squeezed = w.relu(f"{p}/relu_squeeze1x1", squeezed)
+    one = w.conv(f"{p}/expand1x1", squeezed, expand, 1, weight_filler=xav, bias_filler=b0, params=())
+    one = w.relu(f"{p}/relu_expand1x1", one)
+    three = w.conv(f"{p}/expand3x3", squeezed, expand, 3, pad=1, weight_filler=xav, bias_filler=b0, params=())
+    three = w.relu(f"{p}/relu_expand3x3", three)
+    return w.concat(f"{p}/concat", [one, three])
 
-    def fire(i: int, bottom: str, squeeze: int, expand: int) -> str:
-        p = f"fire{i}"
-        w.comment(f"{p}: squeeze 1x1 {squeeze}, expand 1x1 {expand} + 3x3 {expand}")
-        w.conv(f"{p}/squeeze1x1", bottom, f"{p}/squeeze1x1", squeeze, 1, weight_filler=xav, bias_filler=b0, params=())
-        w.relu(f"{p}/relu_squeeze1x1", f"{p}/squeeze1x1")
-        w.conv(f"{p}/expand1x1", f"{p}/squeeze1x1", f"{p}/expand1x1", expand, 1, weight_filler=xav, bias_filler=b0,
+
+def _squeezenet_head(w: NetWriter, x, conv10_pad: int) -> None:
+    """Dropout, conv10 (1x1 to 1000 classes), global average pooling and a Flatten to N x 1000."""
+    x = w.dropout("drop9", x, 0.5)
+    x = w.conv("conv10", x, 1000, 1, pad=conv10_pad, weight_filler=filler("gaussian", mean=0.0, std=0.01),
+               bias_filler=filler("constant"), params=())
+    x = w.relu("relu_conv10", x)
+    x = w.pool("pool10", x, "AVE", global_pooling=True)
+    w.comment("N x 1000 x 1 x 1 to N x 1000, so the scores have the shape of every other model's.")
+    w.loss_and_accuracy(w.flatten("flatten", x))
+
+
+def _squeezenet_header(version: str, body: str, deploy: bool) -> str:
+    return (f"SqueezeNet v{version} (Iandola et al. 2016; {body}).\n"
+            "A Fire module is a 1x1 squeeze convolution feeding 1x1 and 3x3 expand convolutions whose outputs are\n"
+            "concatenated; no fully connected layer. 227x227 BGR crops minus the per-channel mean.\n"
+            + (DEPLOY_NOTE if deploy else "The Data layers read train_lmdb / val_lmdb (see README.md)."))
+
+
+def squeezenet(deploy: bool) -> str:
+    header = _squeezenet_header("1.1", "DeepScale's v1.1 revision): a 3x3/2 convolution of 64, eight Fire\n"
+                                "modules, dropout, a 1x1 convolution to 1000 channels and global average pooling",
+                                deploy)
+    w = NetWriter("SqueezeNet_v1.1", deploy, header)
+    x = imagenet_data(w, 227, 32, 25, mean_value=(104, 117, 123))
+    x = w.conv("conv1", x, 64, 3, stride=2, weight_filler=filler("xavier"), bias_filler=filler("constant"),
                params=())
-        w.relu(f"{p}/relu_expand1x1", f"{p}/expand1x1")
-        w.conv(f"{p}/expand3x3", f"{p}/squeeze1x1", f"{p}/expand3x3", expand, 3, pad=1, weight_filler=xav,
-               bias_filler=b0, params=())
-        w.relu(f"{p}/relu_expand3x3", f"{p}/expand3x3")
-        w.concat(f"{p}/concat", [f"{p}/expand1x1", f"{p}/expand3x3"], f"{p}/concat")
-        return f"{p}/concat"
+    x = w.pool("pool1", w.relu("relu_conv1", x), "MAX", 3, 2)
+    x = _fire(w, 3, _fire(w, 2, x, 16, 64), 16, 64)
+    x = w.pool("pool3", x, "MAX", 3, 2)
+    x = _fire(w, 5, _fire(w, 4, x, 32, 128), 32, 128)
+    x = w.pool("pool5", x, "MAX", 3, 2)
+    for i, (squeeze, expand) in zip(range(6, 10), ((48, 192), (48, 192), (64, 256), (64, 256))):
+        x = _fire(w, i, x, squeeze, expand)
+    _squeezenet_head(w, x, conv10_pad=0)
+    return w.text()
 
-    w.conv("conv1", "data", "conv1", 64, 3, stride=2, weight_filler=xav, bias_filler=b0, params=())
-    w.relu("relu_conv1", "conv1")
-    w.pool("pool1", "conv1", "pool1", MAX, 3, 2)
-    x = fire(2, "pool1", 16, 64)
-    x = fire(3, x, 16, 64)
-    w.pool("pool3", x, "pool3", MAX, 3, 2)
-    x = fire(4, "pool3", 32, 128)
-    x = fire(5, x, 32, 128)
-    w.pool("pool5", x, "pool5", MAX, 3, 2)
-    x = fire(6, "pool5", 48, 192)
-    x = fire(7, x, 48, 192)
-    x = fire(8, x, 64, 256)
-    x = fire(9, x, 64, 256)
-    w.dropout("drop9", x, 0.5)
-    w.conv("conv10", x, "conv10", 1000, 1, weight_filler=filler("gaussian", mean=0.0, std=0.01), bias_filler=b0,
-           params=())
-    w.relu("relu_conv10", "conv10")
-    w.pool("pool10", "conv10", "pool10", AVE, global_pooling=True)
-    # N x 1000 x 1 x 1 to N x 1000, so the scores have the shape of every other model's.
-    w.layer("flatten", "Flatten", "pool10", "flatten")
-    w.loss_and_accuracy("flatten")
+
+def squeezenet_v1_0(deploy: bool) -> str:
+    header = _squeezenet_header("1.0", "the paper's network, as DeepScale released it): a 7x7/2 convolution of\n"
+                                "96, eight Fire modules with max pooling after conv1, fire4 and fire8, dropout, a 1x1\n"
+                                "convolution to 1000 channels (pad 1, as the release) and global average pooling",
+                                deploy)
+    w = NetWriter("SqueezeNet_v1.0", deploy, header)
+    x = imagenet_data(w, 227, 32, 25, mean_value=(104, 117, 123))
+    x = w.conv("conv1", x, 96, 7, stride=2, weight_filler=filler("xavier"), bias_filler=filler("constant"),
+               params=())
+    x = w.pool("pool1", w.relu("relu_conv1", x), "MAX", 3, 2)
+    x = _fire(w, 2, x, 16, 64)
+    x = _fire(w, 3, x, 16, 64)
+    x = _fire(w, 4, x, 32, 128)
+    x = w.pool("pool4", x, "MAX", 3, 2)
+    for i, (squeeze, expand) in zip(range(5, 9), ((32, 128), (48, 192), (48, 192), (64, 256))):
+        x = _fire(w, i, x, squeeze, expand)
+    x = w.pool("pool8", x, "MAX", 3, 2)
+    x = _fire(w, 9, x, 64, 256)
+    _squeezenet_head(w, x, conv10_pad=1)
     return w.text()
 
 
@@ -575,6 +581,10 @@ MOBILENET = [  # (output channels of the pointwise convolution, stride of the de
     (64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2),
     (512, 1), (512, 1), (512, 1), (512, 1), (512, 1), (1024, 2), (1024, 1),
 ]
+# The block names of the widely used Caffe port, numbered by the resolution they work at.
+MOBILENET_TAGS = ["conv2_1", "conv2_2", "conv3_1", "conv3_2", "conv4_1", "conv4_2",
+                  "conv5_1", "conv5_2", "conv5_3", "conv5_4", "conv5_5", "conv5_6", "conv6"]
+MOBILENET_MEAN = dict(mean_value=(103.94, 116.78, 123.68), scale=0.017)
 
 
 def mobilenet(deploy: bool) -> str:
@@ -586,40 +596,119 @@ def mobilenet(deploy: bool) -> str:
               + (DEPLOY_NOTE if deploy else "The Data layers read train_lmdb / val_lmdb (see README.md). The depthwise "
                  "filters do not\ndecay (decay_mult 0), as the paper advises."))
     w = NetWriter("MobileNet", deploy, header)
-    imagenet_data(w, 224, 64, 50, mean_value=(103.94, 116.78, 123.68), scale=0.017)
-    msra = filler("msra")
+    x = imagenet_data(w, 224, 64, 50, **MOBILENET_MEAN)
 
-    def conv_bn_relu(name, bottom, n, k, *, stride=1, pad=0, group=1, params=()) -> str:
-        w.conv(name, bottom, name, n, k, stride=stride, pad=pad, group=group, bias=False, weight_filler=msra,
-               params=params)
-        w.bn_scale(f"{name}/bn", f"{name}/scale", name)
-        w.relu(f"{name}/relu", name)
-        return name
+    def conv_bn_relu(name: str, bottom, n: int, k: int, *, stride=1, pad=0, group=1, params=()):
+        y = w.conv(name, bottom, n, k, stride=stride, pad=pad, group=group, bias=False, weight_filler=filler("msra"),
+                   params=params)
+        return w.relu(f"{name}/relu", w.bn_scale(f"{name}/bn", f"{name}/scale", y))
 
-    x = conv_bn_relu("conv1", "data", 32, 3, stride=2, pad=1)
+    x = conv_bn_relu("conv1", x, 32, 3, stride=2, pad=1)
     channels = 32
-    for i, (out, stride) in enumerate(MOBILENET):
-        tag = _mobilenet_tag(i)
+    for tag, (out, stride) in zip(MOBILENET_TAGS, MOBILENET):
         w.comment(f"{tag}: depthwise 3x3/{stride} over {channels} channels, pointwise 1x1 to {out}")
         x = conv_bn_relu(f"{tag}/dw", x, channels, 3, stride=stride, pad=1, group=channels,
-                         params=({"lr_mult": 1, "decay_mult": 0},))
+                         params=(dict(lr_mult=1, decay_mult=0),))
         x = conv_bn_relu(f"{tag}/sep", x, out, 1)
         channels = out
-    w.pool("pool6", x, "pool6", AVE, global_pooling=True)
-    w.fc("fc7", "pool6", "fc7", 1000, weight_filler=filler("gaussian", std=0.01), bias_filler=filler("constant"))
-    w.loss_and_accuracy("fc7")
+    x = w.pool("pool6", x, "AVE", global_pooling=True)
+    x = w.fc("fc7", x, 1000, weight_filler=filler("gaussian", std=0.01), bias_filler=filler("constant"))
+    w.loss_and_accuracy(x)
     return w.text()
 
 
-def _mobilenet_tag(i: int) -> str:
-    """conv2_1, conv2_2, conv3_1, conv3_2, conv4_1, conv4_2, conv5_1 ... conv5_6, conv6: the block names
-    of the widely used Caffe port, numbered by the resolution they work at."""
-    names = ["conv2_1", "conv2_2", "conv3_1", "conv3_2", "conv4_1", "conv4_2",
-             "conv5_1", "conv5_2", "conv5_3", "conv5_4", "conv5_5", "conv5_6", "conv6"]
-    return names[i]
+# (expansion t, output channels c, repeats n, stride s of the first repeat): the paper's table 2.
+MOBILENET_V2 = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
+                (6, 320, 1, 1))
+# The 17 blocks' names in the widely used Caffe port (shicai/MobileNet-Caffe).
+MOBILENET_V2_TAGS = ["conv2_1", "conv2_2", "conv3_1", "conv3_2", "conv4_1", "conv4_2", "conv4_3", "conv4_4",
+                     "conv4_5", "conv4_6", "conv4_7", "conv5_1", "conv5_2", "conv5_3", "conv6_1", "conv6_2", "conv6_3"]
+
+
+def mobilenet_v2(deploy: bool) -> str:
+    header = ("MobileNet v2 1.0-224 (Sandler et al. 2018): a 3x3/2 convolution of 32, 17 inverted residual blocks\n"
+              "(a 1x1 expansion to t times the channels, a 3x3 depthwise convolution, i.e. a Convolution with\n"
+              "group == channels, and a linear 1x1 projection; the input added back where the shapes agree), a 1x1\n"
+              "convolution to 1280, global average pooling and one fully connected classifier. Every convolution\n"
+              "(no bias) is followed by BatchNorm and Scale with bias, and all but the projections by ReLU (the\n"
+              "paper's ReLU6 as the Caffe ports have it). 224x224 BGR crops minus the per-channel mean, times 0.017.\n"
+              + (DEPLOY_NOTE if deploy else "The Data layers read train_lmdb / val_lmdb (see README.md)."))
+    w = NetWriter("MobileNetV2", deploy, header)
+    x = imagenet_data(w, 224, 64, 50, **MOBILENET_MEAN)
+
+    def conv_bn(name: str, bottom, n: int, k: int, relu: str | None, *, stride=1, group=1):
+        y = w.conv(name, bottom, n, k, stride=stride, pad=(k - 1) // 2, group=group, bias=False,
+                   weight_filler=filler("msra"))
+        y = w.bn_scale(f"{name}/bn", f"{name}/scale", y)
+        return w.relu(relu, y) if relu else y
+
+    x = conv_bn("conv1", x, 32, 3, "relu1", stride=2)
+    tags = iter(MOBILENET_V2_TAGS)
+    channels = 32
+    for t, c, n, s in MOBILENET_V2:
+        for i in range(n):
+            tag = next(tags)
+            number = tag[len("conv"):]
+            stride = s if i == 0 else 1
+            hidden = channels * t
+            w.comment(f"{tag}: expand 1x1 to {hidden}, depthwise 3x3/{stride}, project 1x1 to {c}"
+                      + (", plus the input" if stride == 1 and channels == c else ""))
+            y = x if t == 1 else conv_bn(f"{tag}/expand", x, hidden, 1, f"relu{number}/expand")
+            y = conv_bn(f"{tag}/dwise", y, hidden, 3, f"relu{number}/dwise", stride=stride, group=hidden)
+            y = conv_bn(f"{tag}/linear", y, c, 1, None)
+            x = w.eltwise_sum(f"block_{number}", x, y) if stride == 1 and channels == c else y
+            channels = c
+    x = conv_bn("conv6_4", x, 1280, 1, "relu6_4")
+    x = w.pool("pool6", x, "AVE", global_pooling=True)
+    x = w.fc("fc7", x, 1000, weight_filler=filler("gaussian", std=0.01), bias_filler=filler("constant"))
+    w.loss_and_accuracy(x)
+    return w.text()
 
 
 # ------------------------------------------------------------------------------------------ solvers
+class Enum(str):
+    """A protobuf enum value: written without quotes."""
+
+
+def _value(v) -> str:
+    if isinstance(v, Enum):
+        return str(v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, float):
+        return f"{v:.10f}".rstrip("0").rstrip(".")
+    return str(v)
+
+
+def solver_text(header: str, fields: list) -> str:
+    lines = comment_lines(header.strip() + GENERATED)
+    for key, value in fields:
+        values = value if isinstance(value, tuple) else (value,)
+        lines.extend(f"{key}: {_value(v)}" for v in values)
+    return "\n".join(lines) + "\n"
+
+
+# The three ResNets train alike: the paper trained them all with this recipe.
+RESNET_SOLVER = (
+    ("The ResNet paper's ImageNet recipe (He et al. 2016, section 3.4): SGD with momentum 0.9, weight decay\n"
+     "0.0001, batch 256 (here 32 images x iter_size 8), learning rate 0.1 divided by 10 when the error\n"
+     "plateaus, up to 600,000 iterations; the fixed steps below (every 30 epochs) stand in for the\n"
+     "plateaus. The 50,000 validation images are 1,000 batches of 50."),
+    1000, 5000, 20, 10000,
+    [("test_initialization", False), ("iter_size", 8), ("base_lr", 0.1), ("lr_policy", "multistep"),
+     ("gamma", 0.1), ("stepvalue", (150000, 300000, 450000)), ("max_iter", 600000), ("momentum", 0.9),
+     ("weight_decay", 0.0001)])
+# DeepScale released one recipe for both SqueezeNets.
+SQUEEZENET_SOLVER = (
+    ("DeepScale's SqueezeNet recipe (forresti/SqueezeNet, the same for v1.0 and v1.1): SGD with momentum 0.9,\n"
+     "weight decay 0.0002, batch 512 (32 images x iter_size 16), learning rate 0.04 decaying linearly (poly,\n"
+     "power 1) to zero over 170,000 iterations. The 50,000 validation images are 2,000 batches of 25."),
+    2000, 1000, 40, 1000,
+    [("test_initialization", False), ("average_loss", 40), ("iter_size", 16), ("base_lr", 0.04),
+     ("lr_policy", "poly"), ("power", 1.0), ("max_iter", 170000), ("momentum", 0.9),
+     ("weight_decay", 0.0002), ("random_seed", 42)])
 # model: (header comment, test_iter, test_interval, display, snapshot, the recipe's fields)
 SOLVERS = {
     "cifar10_quick": (
@@ -664,23 +753,11 @@ SOLVERS = {
         1000, 4000, 40, 40000,
         [("test_initialization", False), ("average_loss", 40), ("base_lr", 0.01), ("lr_policy", "poly"),
          ("power", 0.5), ("max_iter", 2400000), ("momentum", 0.9), ("weight_decay", 0.0002)]),
-    "resnet50": (
-        ("The ResNet paper's ImageNet recipe (He et al. 2016, section 3.4): SGD with momentum 0.9, weight decay\n"
-         "0.0001, batch 256 (here 32 images x iter_size 8), learning rate 0.1 divided by 10 when the error\n"
-         "plateaus, up to 600,000 iterations; the fixed steps below (every 30 epochs) stand in for the\n"
-         "plateaus. The 50,000 validation images are 1,000 batches of 50."),
-        1000, 5000, 20, 10000,
-        [("test_initialization", False), ("iter_size", 8), ("base_lr", 0.1), ("lr_policy", "multistep"),
-         ("gamma", 0.1), ("stepvalue", (150000, 300000, 450000)), ("max_iter", 600000), ("momentum", 0.9),
-         ("weight_decay", 0.0001)]),
-    "squeezenet": (
-        ("DeepScale's SqueezeNet recipe: SGD with momentum 0.9, weight decay 0.0002, batch 512 (32 images x\n"
-         "iter_size 16), learning rate 0.04 decaying linearly (poly, power 1) to zero over 170,000 iterations.\n"
-         "The 50,000 validation images are 2,000 batches of 25."),
-        2000, 1000, 40, 1000,
-        [("test_initialization", False), ("average_loss", 40), ("iter_size", 16), ("base_lr", 0.04),
-         ("lr_policy", "poly"), ("power", 1.0), ("max_iter", 170000), ("momentum", 0.9),
-         ("weight_decay", 0.0002), ("random_seed", 42)]),
+    "resnet50": RESNET_SOLVER,
+    "resnet101": RESNET_SOLVER,
+    "resnet152": RESNET_SOLVER,
+    "squeezenet": SQUEEZENET_SOLVER,
+    "squeezenet_v1_0": SQUEEZENET_SOLVER,
     "mobilenet": (
         ("The MobileNet paper trained with asynchronous RMSProp in TensorFlow and gives no complete schedule; this\n"
          "is a plain SGD adaptation: momentum 0.9, a small weight decay (0.00004, as TensorFlow's reference\n"
@@ -690,6 +767,15 @@ SOLVERS = {
         1000, 5000, 20, 10000,
         [("test_initialization", False), ("iter_size", 4), ("base_lr", 0.1), ("lr_policy", "multistep"),
          ("gamma", 0.1), ("stepvalue", (150000, 300000)), ("max_iter", 450000), ("momentum", 0.9),
+         ("weight_decay", 0.00004)]),
+    "mobilenet_v2": (
+        ("MobileNet v2 with the paper's learning rate (0.045, times 0.98 after every epoch) and weight decay\n"
+         "(0.00004), in torchvision's reference recipe that reproduced it with SGD instead of the paper's\n"
+         "asynchronous RMSProp (Caffe's RMSProp takes no momentum): momentum 0.9, batch 256 (64 images x\n"
+         "iter_size 4), 300 epochs of 5,005 iterations. The 50,000 validation images are 1,000 batches of 50."),
+        1000, 5005, 20, 10000,
+        [("test_initialization", False), ("iter_size", 4), ("base_lr", 0.045), ("lr_policy", "step"),
+         ("gamma", 0.98), ("stepsize", 5005), ("max_iter", 1501500), ("momentum", 0.9),
          ("weight_decay", 0.00004)]),
 }
 
@@ -703,8 +789,9 @@ def solver(model: str) -> str:
 
 MODELS = {
     "cifar10_quick": cifar10_quick, "cifar10_full": cifar10_full, "alexnet": alexnet, "caffenet": caffenet,
-    "vgg16": vgg16, "googlenet": googlenet, "resnet50": resnet50, "squeezenet": squeezenet,
-    "mobilenet": mobilenet,
+    "vgg16": vgg16, "googlenet": googlenet, "resnet50": resnet50, "resnet101": resnet101, "resnet152": resnet152,
+    "squeezenet": squeezenet, "squeezenet_v1_0": squeezenet_v1_0, "mobilenet": mobilenet,
+    "mobilenet_v2": mobilenet_v2,
 }
 
 
