@@ -17,7 +17,8 @@ SoftmaxWithLoss for training) it prints:
 
 PyTorch runs the same net through torch_mirror.py (its own operators, weights copied from netdef's).
 Both use the same thread count (--threads, default: all cores). Timed steps alternate netdef and
-PyTorch, so the machine's other load falls on both; figures are medians after warm-up. Ratios below 1
+PyTorch, so the machine's other load falls on both, each timed step right after untimed runs of the same
+step (warm, as in a training loop); figures are medians after warm-up. Ratios below 1
 mean netdef is faster. --per-layer adds netdef's per-layer-type forward and backward medians.
 --column-path runs every convolution through im2col (the CPU row-product path off).
 """
@@ -140,11 +141,20 @@ def netdef_nets(key, batch):
     return train, test
 
 
+SETTLE_RUNS = 2
+
+
 def alternate(steps: dict, iters: int, warmup: int = 2) -> dict:
-    """Median ms of each step, the steps run in turn every round (warm-up rounds untimed)."""
+    """Median ms of each step. Every round runs the steps in turn, so that the machine's other load falls
+    on all of them; each step runs SETTLE_RUNS times untimed right before its timed run, so that the
+    other framework's threads have gone quiet and this one's are awake, as in a training loop. Timed
+    straight after a netdef step, PyTorch's CIFAR-10 quick took 94 ms against 45-48 ms alone (netdef's
+    96 ms either way): the table of 2026-11-25 morning, made that way, flattered netdef."""
     times = {name: [] for name in steps}
     for round_ in range(warmup + iters):
         for name, fn in steps.items():
+            for _ in range(SETTLE_RUNS):
+                fn()
             start = time.perf_counter()
             fn()
             if round_ >= warmup:
