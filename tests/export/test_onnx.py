@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import netdef
+from netdef.fillers import fill
 from netdef.proto import io as proto_io
 from netdef.proto import netdef_pb2 as pb
 from tests.helpers import REPO
@@ -22,10 +23,11 @@ MODELS = REPO / "models"
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def randomize_statistics(net, rng) -> None:
-    """BatchNorm's running sums with a scale factor other than 1 and positive variances, and
-    random Scale, bias and PReLU blobs: parameters the fillers leave at 0 or 1 would let a
-    converter drop them and still pass."""
+def randomize_parameters(net, rng) -> None:
+    """Weights a deploy prototxt leaves without filler (all 0) drawn by netdef's msra filler;
+    BatchNorm's running sums with a scale factor other than 1 and positive variances; random
+    Scale, Bias, PReLU and bias blobs: parameters left at 0 or 1 would let a converter drop them
+    and still pass."""
     for layer in net.layers:
         blobs = layer.blobs
         if layer.type == "BatchNorm":
@@ -37,8 +39,33 @@ def randomize_statistics(net, rng) -> None:
         elif layer.type in ("Scale", "Bias", "PReLU"):
             for blob in blobs:
                 blob.data[...] = rng.uniform(0.5, 1.5, blob.shape)
-        elif layer.type in ("Convolution", "Deconvolution", "InnerProduct") and len(blobs) > 1:
-            blobs[1].data[...] = rng.normal(0, 0.1, blobs[1].shape)
+        elif layer.type in ("Convolution", "Deconvolution", "InnerProduct"):
+            if not np.any(netdef.backend.to_host(blobs[0].data)):
+                fill(blobs[0], pb.FillerParameter(type="msra"))
+            if len(blobs) > 1:
+                blobs[1].data[...] = rng.normal(0, 0.1, blobs[1].shape)
+
+
+def calibrate(net, feeds, rng) -> None:
+    """Scale each Convolution's and InnerProduct's weights and bias so that its output has unit
+    standard deviation on ``feeds`` (LSUV's idea), and give each BatchNorm the statistics of its own
+    input there, perturbed, so that a deep net of random weights neither fades into its last bias nor
+    blows up into a one-hot softmax: either would hide errors in the layers before. One forward pass."""
+    for name, value in feeds.items():
+        net.blobs[name].data[...] = value
+    for index, layer in enumerate(net.layers):
+        if layer.type == "BatchNorm":
+            x = netdef.backend.to_host(net.blobs[layer.layer_param.bottom[0]].data)
+            axes = (0,) + tuple(range(2, x.ndim))
+            factor = float(layer.blobs[2].data[0])
+            layer.blobs[0].data[...] = x.mean(axis=axes) * rng.uniform(0.8, 1.2, x.shape[1]) * factor
+            layer.blobs[1].data[...] = x.var(axis=axes) * rng.uniform(0.5, 2.0, x.shape[1]) * factor
+        net.forward_range(index, index)
+        if layer.type in ("Convolution", "InnerProduct"):
+            spread = float(np.std(netdef.backend.to_host(net.blobs[layer.layer_param.top[0]].data)))
+            for blob in layer.blobs:
+                blob.data[...] /= spread
+            net.forward_range(index, index)
 
 
 def relative_error(got, expected) -> float:
@@ -55,7 +82,8 @@ def run_both(net, feeds, outputs=None, model=None):
     names = [o.name for o in session.get_outputs()]
     got = dict(zip(names, session.run(None, feeds)))
     netdef_out = net.forward(blobs=outputs, **feeds)
-    return {name: (got[name], netdef.backend.to_host(netdef_out[name])) for name in names}
+    # Copies: netdef reuses its arrays from one forward pass to the next.
+    return {name: (got[name], np.array(netdef.backend.to_host(netdef_out[name]))) for name in names}
 
 
 def assert_matches(net, feeds, outputs=None, tolerance=1e-5, model=None):
@@ -71,7 +99,7 @@ def assert_matches(net, feeds, outputs=None, tolerance=1e-5, model=None):
 def tiny_net(text: str, seed: int = 0):
     netdef.set_random_seed(seed)
     net = netdef.Net(text, netdef.TEST)
-    randomize_statistics(net, np.random.default_rng(seed))
+    randomize_parameters(net, np.random.default_rng(seed))
     return net
 
 
@@ -297,7 +325,8 @@ def test_argmax_orders_ties_as_caffe(settings):
 SCORING_NET = """
 layer { name: "data" type: "Input" top: "data" top: "label"
         input_param { shape { dim: 2 dim: 3 dim: 4 dim: 4 } shape { dim: 2 } } }
-layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 5 } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+        inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.3 } } }
 layer { name: "prob" type: "Softmax" bottom: "ip" top: "prob" }
 layer { name: "accuracy" type: "Accuracy" bottom: "ip" bottom: "label" top: "accuracy" }
 """
@@ -342,7 +371,7 @@ def test_an_argmax_mask_top_is_refused_by_name():
 
 def test_in_place_versions_get_their_own_names_and_the_last_keeps_the_blob_name():
     net = tiny_net(on_input('layer { name: "c" type: "Convolution" bottom: "x" top: "c" '
-                            'convolution_param { num_output: 3 kernel_size: 1 } }\n'
+                            'convolution_param { num_output: 3 kernel_size: 1 weight_filler { type: "gaussian" std: 0.5 } } }\n'
                             'layer { name: "p" type: "Power" bottom: "c" top: "c" power_param { scale: 2 } }\n'
                             'layer { name: "r" type: "ReLU" bottom: "c" top: "c" }'))
     model, _ = to_onnx(net)
@@ -383,14 +412,19 @@ ZOO = {
 def test_zoo_net_runs_in_onnxruntime_as_in_netdef(name):
     netdef.set_random_seed(3)
     net = netdef.Net(ZOO[name](), netdef.TEST)
-    randomize_statistics(net, np.random.default_rng(3))
+    randomize_parameters(net, np.random.default_rng(3))
     # The scores before the final Softmax too: a saturated softmax would hide differences.
     last = net.layers[-1]
     assert last.type == "Softmax"
     outputs = net.outputs + list(last.layer_param.bottom)
-    pairs = assert_matches(net, feeds_for(net, seed=3), outputs=outputs, tolerance=1e-4)
-    logits = pairs[last.layer_param.bottom[0]][1]
-    assert np.std(logits) > 1e-3, "the scores are constant: the comparison would prove little"
+    feeds = feeds_for(net, seed=3)
+    calibrate(net, feeds, np.random.default_rng(3))
+    pairs = assert_matches(net, feeds, outputs=outputs, tolerance=1e-4)
+    # The scores must depend on the input (by far more than the tolerance), or the comparison would
+    # only have checked what every input gives, such as the last layer's bias.
+    scores = last.layer_param.bottom[0]
+    other = netdef.backend.to_host(net.forward(blobs=[scores], **feeds_for(net, seed=4))[scores])
+    assert relative_error(other, pairs[scores][1]) > 1e-3, "the scores hardly depend on the input"
 
 
 # ---------------------------------------------------------------------------------------------- command line
@@ -401,7 +435,8 @@ layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
 layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "conv" }
 layer { name: "scale" type: "Scale" bottom: "conv" top: "conv" scale_param { bias_term: true } }
 layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool" pooling_param { pool: AVE kernel_size: 3 stride: 2 } }
-layer { name: "ip" type: "InnerProduct" bottom: "pool" top: "ip" inner_product_param { num_output: 3 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool" top: "ip"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.5 } } }
 layer { name: "prob" type: "Softmax" bottom: "ip" top: "prob" }
 """
 

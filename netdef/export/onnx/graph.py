@@ -12,8 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ... import backend
 
-#: The ONNX operator set the exported graphs use: onnxruntime 1.14 and later run it (checked with
-#: onnxruntime 1.32), and its Softmax works along one axis as Caffe's does (from opset 13 on).
+#: The ONNX operator set the exported graphs use (ONNX 1.12, 2022; checked with onnxruntime 1.32): its
+#: Softmax works along one axis as Caffe's does (from opset 13 on), Split takes its sizes as an input.
 OPSET = 17
 #: The file format version that goes with opset 17 (ONNX 1.12), so that older runtimes read the file.
 IR_VERSION = 8
