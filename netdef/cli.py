@@ -337,6 +337,40 @@ def cmd_summary(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------- export-onnx
+def cmd_export_onnx(args) -> int:
+    import netdef
+    from netdef.export.onnx import OPSET, export_onnx  # first: without onnx, say which extra to install
+
+    if not args.model:
+        raise CommandLineError("export-onnx: --model is required")
+    net = netdef.Net(args.model, netdef.TEST, weights=args.weights or None, stages=_stages(args), level=args.level)
+    outputs = [name for name in (args.outputs or "").split(",") if name]
+    plan = export_onnx(net, args.output, outputs=outputs or None, overwrite=args.overwrite)
+    for layer in plan.left_out:
+        log.info("Left out layer %s (%s): no exported output needs it", layer.name, layer.type)
+    log.info("Wrote %s (ONNX opset %d): inputs %s, outputs %s", args.output, OPSET,
+             ", ".join(f"{name} {list(shape)}" for name, shape in plan.inputs),
+             ", ".join(f"{name} {list(shape)}" for name, shape in plan.outputs))
+    return 0
+
+
+def _add_export_onnx(verbs, common) -> None:
+    export = verbs.add_parser("export-onnx", parents=[common],
+                              help="write the TEST-phase net and its weights as an ONNX model",
+                              description="Write the TEST-phase net as an ONNX graph (opset 17) with its weights. "
+                                          "Needs the onnx package (pip install 'netdef-trainer[onnx]').")
+    export.add_argument("output", metavar="OUT.onnx", help="the ONNX file to write")
+    _flag(export, "model", help="the model prototxt")
+    _flag(export, "weights", help="the .caffemodel to export (default: the fillers' weights)")
+    _flag(export, "outputs", metavar="BLOB,...",
+          help="the blobs to export as outputs (default: the net's outputs, less losses and metrics)")
+    _flag(export, "stage", help="comma-separated stages of the net state")
+    _flag(export, "level", type=int, default=0, help="level of the net state")
+    export.add_argument("--overwrite", action="store_true", help="replace OUT.onnx if it exists")
+    export.set_defaults(func=cmd_export_onnx)
+
+
 # ------------------------------------------------------------------------------------------ parser
 def _common_flags() -> argparse.ArgumentParser:
     """Flags every verb takes (also before the verb: ``netdef --debug train ...``). Defaults are
@@ -491,6 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("destination", nargs="?", help="the folder to copy into (default: the model's name)")
     models.add_argument("--overwrite", action="store_true", help="replace files that exist")
     models.set_defaults(func=cmd_zoo)
+    _add_export_onnx(verbs, common)
     return parser
 
 
