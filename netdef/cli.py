@@ -15,6 +15,8 @@ import os
 import sys
 import time
 
+from netdef.progress import bar as progress_bar
+
 log = logging.getLogger("netdef")
 
 
@@ -106,7 +108,6 @@ def cmd_train(args) -> int:
     comm = create_communicator(async_progress=options.progress == "MPI_ASYNC")
     if comm.rank > 0:
         log.setLevel(logging.WARNING)  # only rank 0 logs progress; every rank reports its errors
-        args._progress = None
     if comm.size > 1:
         log.info("%s", share_cores(comm))
     return run_guarded(comm, _train, args, param, path, comm, options, debug=args.debug)
@@ -133,14 +134,13 @@ def _train(args, param, path, comm, options) -> int:
             for test_net in solver.test_nets:
                 test_net.copy_from(weights)
     install_signal_handlers(solver, sigint_effect=args.sigint_effect, sighup_effect=args.sighup_effect)
-    progress = getattr(args, "_progress", None)
-    if progress is not None:
-        progress.total = solver.param.max_iter
-        solver.add_callback(after_update=lambda: progress.update(solver.iter))
     log.info("Starting Optimization")
-    solver.solve(resume_file=args.snapshot or None)
-    if progress is not None:
-        progress.clear()
+    if comm.rank > 0:
+        solver.solve(resume_file=args.snapshot or None)
+        return 0
+    with progress_bar("train", total=solver.param.max_iter, unit="iter") as iterations:
+        solver.add_callback(after_update=lambda: iterations.update(solver.iter - iterations.n))
+        solver.solve(resume_file=args.snapshot or None)
     return 0
 
 
@@ -163,7 +163,7 @@ def cmd_test(args) -> int:
     totals: dict[str, np.ndarray] = {}
     order: list[str] = []
     loss = 0.0
-    for i in range(iterations):
+    for i in progress_bar("test", range(iterations), unit="batch"):
         outputs = net.forward()
         loss += net.loss
         for name, value in outputs.items():
@@ -208,7 +208,7 @@ def cmd_time(args) -> int:
     log.info("Testing for %d iterations.", args.iterations)
     total_start = time.perf_counter()
     total_forward = total_backward = 0.0
-    for it in range(1, args.iterations + 1):
+    for it in progress_bar("time", range(1, args.iterations + 1)):
         iter_start = time.perf_counter()
         for li in range(n_layers):
             start = time.perf_counter()
@@ -479,9 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verb:
         parser.print_help()
         return 1
-    progress = logs.ProgressLine() if (args.verb == "train" and sys.stderr.isatty()) else None
-    args._progress = progress
-    logs.configure(progress=progress)
+    logs.configure()
     _apply_python_trust(args)
     try:
         return args.func(args)
@@ -491,8 +489,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line (or a traceback with --debug)
         if args.debug:
             raise
-        if progress is not None:
-            progress.clear()
         # netdef's errors already name the file, line, layer, blob or field: show them plainly.
         sys.stderr.write(_one_line(exc, isinstance(exc, _expected_errors())) + "\n")
         return 1
