@@ -324,6 +324,15 @@ def cmd_zoo(args) -> int:
     return 0
 
 
+def cmd_upgrade(args) -> int:
+    from netdef.tools.upgrade_cmd import upgrade_file
+
+    done = upgrade_file(args.input, args.output, overwrite=args.overwrite)
+    state = "upgraded" if done.changed else "already in the current format; copied"
+    log.info("%s (%s): %s to %s", args.input, done.kind, state, args.output)
+    return 0
+
+
 # ------------------------------------------------------------------------------------------ parser
 def _common_flags() -> argparse.ArgumentParser:
     """Flags every verb takes (also before the verb: ``netdef --debug train ...``). Defaults are
@@ -354,12 +363,20 @@ def _apply_python_trust(args) -> None:
         os.environ[PYTHON_PATH_ENV] = os.pathsep.join(existing + folders)
 
 
+def _version() -> str:
+    from netdef.version import version
+
+    return version()
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _common_flags()
     parser = argparse.ArgumentParser(
         prog="netdef", parents=[common],
         description="netdef: train, test and time Caffe-format networks (prototxt) on NumPy/CuPy, and "
                     "prepare their data. Flags follow Caffe's command line (-solver, --solver=...).")
+    parser.add_argument("--version", action="version", version=f"netdef {_version()}",
+                        help="print netdef's version and exit")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
 
     train = verbs.add_parser("train", parents=[common],
@@ -467,6 +484,15 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("destination", nargs="?", help="the folder to copy into (default: the model's name)")
     models.add_argument("--overwrite", action="store_true", help="replace files that exist")
     models.set_defaults(func=cmd_zoo)
+
+    upgrade = verbs.add_parser("upgrade", parents=[common],
+                               help="rewrite a legacy (V0/V1) net prototxt, caffemodel or solver in the current "
+                                    "format", description="Rewrite IN in the current format: a binary "
+                                    ".caffemodel stays binary, a prototxt net or solver stays text.")
+    upgrade.add_argument("input", metavar="IN", help="the legacy prototxt or caffemodel")
+    upgrade.add_argument("output", metavar="OUT", help="where to write the upgraded file")
+    upgrade.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    upgrade.set_defaults(func=cmd_upgrade)
     return parser
 
 
