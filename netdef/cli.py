@@ -333,6 +333,16 @@ def cmd_upgrade(args) -> int:
     return 0
 
 
+def cmd_draw(args) -> int:
+    import netdef
+    from netdef.tools.draw import draw
+
+    phase = {"TRAIN": netdef.TRAIN, "TEST": netdef.TEST, "ALL": None}[args.phase.upper()]
+    draw(args.model, args.output, rankdir=args.rankdir.upper(), phase=phase, overwrite=args.overwrite)
+    log.info("Drew %s to %s", args.model, args.output)
+    return 0
+
+
 # ------------------------------------------------------------------------------------------ parser
 def _common_flags() -> argparse.ArgumentParser:
     """Flags every verb takes (also before the verb: ``netdef --debug train ...``). Defaults are
@@ -493,6 +503,19 @@ def build_parser() -> argparse.ArgumentParser:
     upgrade.add_argument("output", metavar="OUT", help="where to write the upgraded file")
     upgrade.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     upgrade.set_defaults(func=cmd_upgrade)
+
+    drawing = verbs.add_parser("draw", parents=[common], help="draw a net definition through Graphviz",
+                               description="Draw MODEL (layers as boxes, blobs as octagons) to OUT; the "
+                                           "extension of OUT gives the format: .png, .svg, .pdf, or .dot "
+                                           "for the Graphviz text. Needs Graphviz's dot program.")
+    drawing.add_argument("model", metavar="MODEL", help="the net prototxt")
+    drawing.add_argument("output", metavar="OUT", help="the picture to write (.png, .svg, .pdf or .dot)")
+    _flag(drawing, "rankdir", default="LR", type=str.upper, choices=["LR", "TB", "BT", "RL"],
+          help="direction of the data flow (default LR, as Caffe's draw_net.py)")
+    _flag(drawing, "phase", default="ALL", type=str.upper, choices=["TRAIN", "TEST", "ALL"],
+          help="draw the layers of this phase only (default ALL)")
+    drawing.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    drawing.set_defaults(func=cmd_draw)
     return parser
 
 
