@@ -343,6 +343,22 @@ def cmd_draw(args) -> int:
     return 0
 
 
+def cmd_plot(args) -> int:
+    from netdef.tools.plot import plot_logs
+
+    plot_logs(args.logs, args.output, x=args.x, overwrite=args.overwrite)
+    log.info("Plotted %s to %s", ", ".join(args.logs), args.output)
+    return 0
+
+
+def cmd_parse_log(args) -> int:
+    from netdef.tools.curves import write_tables
+
+    for path in write_tables(args.log, args.output_dir, delimiter=args.delimiter, overwrite=args.overwrite):
+        log.info("Wrote %s", path)
+    return 0
+
+
 # ------------------------------------------------------------------------------------------ parser
 def _common_flags() -> argparse.ArgumentParser:
     """Flags every verb takes (also before the verb: ``netdef --debug train ...``). Defaults are
@@ -516,6 +532,28 @@ def build_parser() -> argparse.ArgumentParser:
           help="draw the layers of this phase only (default ALL)")
     drawing.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     drawing.set_defaults(func=cmd_draw)
+
+    plotting = verbs.add_parser("plot", parents=[common], help="plot learning curves of training logs (matplotlib)",
+                                description="Plot the train outputs, test outputs and learning rate of one or "
+                                            "more caffe/netdef training logs (their stderr) to OUT (.png, .svg "
+                                            "or .pdf). Needs matplotlib (the [plot] extra).")
+    plotting.add_argument("logs", metavar="LOG", nargs="+", help="a training log")
+    plotting.add_argument("output", metavar="OUT", help="the picture to write")
+    plotting.add_argument("--x", default="iterations", type=str.lower, choices=["iterations", "seconds"],
+                          help="the x axis (default iterations)")
+    plotting.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    plotting.set_defaults(func=cmd_plot)
+
+    parse_log = verbs.add_parser("parse-log", parents=[common],
+                                 help="a training log as the two CSV tables of Caffe's parse_log.py",
+                                 description="Write OUTDIR/LOG.train and OUTDIR/LOG.test (NumIters, Seconds, "
+                                             "LearningRate, then each output), as Caffe's "
+                                             "tools/extra/parse_log.py does.")
+    parse_log.add_argument("log", metavar="LOG", help="a caffe/netdef training log")
+    parse_log.add_argument("output_dir", metavar="OUTDIR", help="the folder for the two tables")
+    parse_log.add_argument("--delimiter", default=",", help="column delimiter (default ',')")
+    parse_log.add_argument("--overwrite", action="store_true", help="replace the tables if they exist")
+    parse_log.set_defaults(func=cmd_parse_log)
     return parser
 
 
