@@ -10,6 +10,7 @@ its own line and the job is aborted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -135,11 +136,15 @@ def _train(args, param, path, comm, options) -> int:
                 test_net.copy_from(weights)
     install_signal_handlers(solver, sigint_effect=args.sigint_effect, sighup_effect=args.sighup_effect)
     log.info("Starting Optimization")
-    if comm.rank > 0:
-        solver.solve(resume_file=args.snapshot or None)
-        return 0
-    with progress_bar("train", total=solver.param.max_iter, unit="iter") as iterations:
-        solver.add_callback(after_update=lambda: iterations.update(solver.iter - iterations.n))
+    with contextlib.ExitStack() as on_rank_0:
+        if comm.rank == 0:
+            if args.tensorboard:
+                from netdef.tensorboard import TensorBoardWriter
+
+                solver.add_scalar_observer(on_rank_0.enter_context(TensorBoardWriter(args.tensorboard)))
+                log.info("Writing TensorBoard scalars to %s", args.tensorboard)
+            iterations = on_rank_0.enter_context(progress_bar("train", total=solver.param.max_iter, unit="iter"))
+            solver.add_callback(after_update=lambda: iterations.update(solver.iter - iterations.n))
         solver.solve(resume_file=args.snapshot or None)
     return 0
 
@@ -419,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
           help="what Ctrl-C (SIGINT) does: stop (snapshot if enabled, then exit), snapshot, none")
     _flag(train, "sighup_effect", default="snapshot", choices=["stop", "snapshot", "none"],
           help="what SIGHUP does")
+    _flag(train, "tensorboard", metavar="DIR",
+          help="write the loss, outputs, learning rate, speed (and the exchange's wait) as TensorBoard scalars "
+               "in DIR (needs tensorboardX: the [tensorboard] extra)")
     dist = train.add_argument_group(
         "distributed training (under mpiexec/srun; these override the solver's netdef_distributed)")
     _flag(dist, "exchange", help="the gradient exchange rule (default: allreduce)")
