@@ -62,6 +62,7 @@ class Curves:
     source: str
     train: Table
     test: Table
+    rates: Table   # one row per "Iteration N, lr = r" line, at its own iteration (the plot's rate curve)
 
 
 class _Clock:
@@ -97,6 +98,7 @@ def parse_log(path) -> Curves:
     text = files.read_input_file(path, "log", LOG_TEXT_LIMIT).decode("utf-8", errors="replace")
     clock = _Clock()
     tables = {"train": Table(), "test": Table()}
+    rates = Table()
     open_rows: dict[str, dict | None] = {"train": None, "test": None}
     iteration = None
     seconds = 0.0
@@ -116,6 +118,7 @@ def parse_log(path) -> Curves:
         found = _LEARNING_RATE.search(line)
         if found:
             rate = float(found.group(1))
+            rates.rows.append({"NumIters": iteration, "Seconds": seconds, "LearningRate": rate})
         for kind, pattern in _OUTPUT.items():
             found = pattern.search(line)
             if not found:
@@ -135,7 +138,7 @@ def parse_log(path) -> Curves:
     if not tables["train"].rows and not tables["test"].rows:
         raise LogError(f"{path}: no 'Train net output' or 'Test net output' lines after an 'Iteration N' line; "
                        f"is it the log (stderr) of caffe train or netdef train?")
-    return Curves(path, tables["train"], tables["test"])
+    return Curves(path, tables["train"], tables["test"], rates)
 
 
 def table_csv(table: Table, delimiter: str = ",") -> str:

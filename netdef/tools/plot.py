@@ -1,9 +1,9 @@
 """``netdef plot LOG... OUT.png``: learning curves of one or more training logs, drawn with matplotlib.
 
 Three panels over a shared x axis (iterations, or seconds since the start with ``x="seconds"``): the
-train net's outputs (its losses), the test nets' outputs (accuracy, loss...), and the learning rate (on
-a log scale when it spans more than a factor of ten). Each log keeps one colour in every panel; each
-output of a log has its own line style. The logs are parsed by ``curves.parse_log``.
+train net's outputs (its losses), the test nets' outputs (accuracy, loss...), and the learning rate as
+logged ("Iteration N, lr = r"; on a log scale when it spans more than a factor of ten). Each log keeps
+one colour in every panel; each output of a log has its own line style. The logs are parsed by ``curves.parse_log``.
 
 matplotlib is optional (``pip install 'netdef-trainer[plot]'``); it draws through its Agg canvas, with
 no window and no global pyplot state.
@@ -67,9 +67,9 @@ def draw_curves(every: list[Curves], x: str = "iterations"):
         for style, output in zip(_cycle(_STYLES), curves.test.outputs):
             test_axes.plot(curves.test.column(column), curves.test.column(output), style, color=colour,
                            marker="o", markersize=3, label=f"{name}: {output}")
-        rate_table = curves.train if curves.train.rows else curves.test
-        values = rate_table.column("LearningRate")
-        rate_axes.plot(rate_table.column(column), values, color=colour, label=name)
+        # The rate holds from the iteration that logged it to the next: a step, not a slope.
+        values = curves.rates.column("LearningRate")
+        rate_axes.plot(curves.rates.column(column), values, color=colour, label=name, drawstyle="steps-post")
         rates.extend(v for v in values if v > 0 and math.isfinite(v))
     train_axes.set_title("train net outputs")
     test_axes.set_title("test net outputs")

@@ -48,6 +48,8 @@ def test_caffe_log_gives_parse_logs_tables(tmp_path):
     assert curves.test.column("accuracy") == [0.0856, 0.9716]
     assert curves.test.column("loss") == [2.35003, 0.0876]
     assert curves.test.column("LearningRate") == [0.00992565, 0.00992565]
+    assert [(r["NumIters"], r["LearningRate"]) for r in curves.rates.rows] == [(0, 0.01), (100, 0.00992565),
+                                                                               (200, 0.00985258)]
     assert table_csv(curves.test).splitlines()[:2] == ["NumIters,Seconds,LearningRate,accuracy,loss",
                                                        "0.0,0.9,0.00992565,0.0856,2.35003"]
 
