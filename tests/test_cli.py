@@ -84,10 +84,11 @@ def write_tiny_model(root, train_images: int) -> None:
 def test_help_lists_every_verb():
     out = subprocess.run(NETDEF + ["--help"], capture_output=True, text=True, check=True).stdout
     for verb in ("train", "test", "time", "convert-mnist", "convert-imageset", "compute-image-mean",
-                 "prepare-digits", "download-mnist"):
+                 "prepare-digits", "download-mnist", "upgrade", "draw", "plot", "parse-log"):
         assert verb in out
     train_help = subprocess.run(NETDEF + ["train", "--help"], capture_output=True, text=True, check=True).stdout
-    for flag in ("--solver", "--snapshot", "--weights", "--iterations", "--sigint_effect", "--sighup_effect", "--gpu"):
+    for flag in ("--solver", "--snapshot", "--weights", "--iterations", "--sigint_effect", "--sighup_effect", "--gpu",
+                 "--tensorboard"):
         assert flag in train_help
 
 
