@@ -87,10 +87,11 @@ def _sizes(repeated, h: int, w: int, default: int | None = None) -> tuple:
 
 
 def _window(kernel, stride, pad) -> str:
+    """"5x5 stride 2 pad 1": the kernel in full, a stride or pad once when it is the same on every axis."""
     def text(values):
         return "x".join(str(v) for v in values) if len(set(values)) > 1 else str(values[0]) if values else "?"
 
-    out = f"{text(kernel)}x{text(kernel)}" if len(set(kernel)) == 1 and kernel else text(kernel)
+    out = "x".join(str(k) for k in kernel) if kernel else "?"
     if stride and max(stride) > 1:
         out += f" stride {text(stride)}"
     if pad and max(pad) > 0:
