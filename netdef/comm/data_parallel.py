@@ -201,10 +201,17 @@ class DataParallel(Parallel):
         completion seen) that it did not wait for: 1 - total wait / total exchange time (none when
         nothing was exchanged). A wait is counted in the iteration during which it happened, which
         with the priority schedule is often the next one's forward."""
-        records = [r for r in self.measurements.records
-                   if r.iteration >= self._reported_up_to and not math.isnan(r.end_at)]
-        if self.size == 1 or not records:
+        if self.size == 1:
             return {}
+        records = []
+        for record in reversed(self.measurements.records):  # newest first: only the unreported tail is read
+            if record.iteration < self._reported_up_to:
+                break
+            if not math.isnan(record.end_at):
+                records.append(record)
+        if not records:
+            return {}
+        records.reverse()
         self._reported_up_to = records[-1].iteration + 1
         wait = sum(r.wait_s for r in records)
         out = {"exchange/wait_s": wait / len(records)}
