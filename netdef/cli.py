@@ -10,10 +10,13 @@ its own line and the job is aborted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 import time
+
+from netdef.progress import bar as progress_bar
 
 log = logging.getLogger("netdef")
 
@@ -106,7 +109,6 @@ def cmd_train(args) -> int:
     comm = create_communicator(async_progress=options.progress == "MPI_ASYNC")
     if comm.rank > 0:
         log.setLevel(logging.WARNING)  # only rank 0 logs progress; every rank reports its errors
-        args._progress = None
     if comm.size > 1:
         log.info("%s", share_cores(comm))
     return run_guarded(comm, _train, args, param, path, comm, options, debug=args.debug)
@@ -132,15 +134,19 @@ def _train(args, param, path, comm, options) -> int:
             solver.net.copy_from(weights)
             for test_net in solver.test_nets:
                 test_net.copy_from(weights)
-    install_signal_handlers(solver, sigint_effect=args.sigint_effect, sighup_effect=args.sighup_effect)
-    progress = getattr(args, "_progress", None)
-    if progress is not None:
-        progress.total = solver.param.max_iter
-        solver.add_callback(after_update=lambda: progress.update(solver.iter))
     log.info("Starting Optimization")
-    solver.solve(resume_file=args.snapshot or None)
-    if progress is not None:
-        progress.clear()
+    # The handlers are put back when training ends: main() may run again in this process (tests, scripts).
+    with install_signal_handlers(solver, sigint_effect=args.sigint_effect, sighup_effect=args.sighup_effect), \
+            contextlib.ExitStack() as on_rank_0:
+        if comm.rank == 0:
+            if args.tensorboard:
+                from netdef.tensorboard import TensorBoardWriter
+
+                solver.add_scalar_observer(on_rank_0.enter_context(TensorBoardWriter(args.tensorboard)))
+                log.info("Writing TensorBoard scalars to %s", args.tensorboard)
+            iterations = on_rank_0.enter_context(progress_bar("train", total=solver.param.max_iter, unit="iter"))
+            solver.add_callback(after_update=lambda: iterations.update(solver.iter - iterations.n))
+        solver.solve(resume_file=args.snapshot or None)
     return 0
 
 
@@ -163,7 +169,7 @@ def cmd_test(args) -> int:
     totals: dict[str, np.ndarray] = {}
     order: list[str] = []
     loss = 0.0
-    for i in range(iterations):
+    for i in progress_bar("test", range(iterations), unit="batch"):
         outputs = net.forward()
         loss += net.loss
         for name, value in outputs.items():
@@ -208,7 +214,7 @@ def cmd_time(args) -> int:
     log.info("Testing for %d iterations.", args.iterations)
     total_start = time.perf_counter()
     total_forward = total_backward = 0.0
-    for it in range(1, args.iterations + 1):
+    for it in progress_bar("time", range(1, args.iterations + 1)):
         iter_start = time.perf_counter()
         for li in range(n_layers):
             start = time.perf_counter()
@@ -371,6 +377,41 @@ def _add_export_onnx(verbs, common) -> None:
     export.set_defaults(func=cmd_export_onnx)
 
 
+def cmd_upgrade(args) -> int:
+    from netdef.tools.upgrade_cmd import upgrade_file
+
+    done = upgrade_file(args.input, args.output, overwrite=args.overwrite)
+    state = "upgraded" if done.changed else "already in the current format; copied"
+    log.info("%s (%s): %s to %s", args.input, done.kind, state, args.output)
+    return 0
+
+
+def cmd_draw(args) -> int:
+    import netdef
+    from netdef.tools.draw import draw
+
+    phase = {"TRAIN": netdef.TRAIN, "TEST": netdef.TEST, "ALL": None}[args.phase.upper()]
+    draw(args.model, args.output, rankdir=args.rankdir.upper(), phase=phase, overwrite=args.overwrite)
+    log.info("Drew %s to %s", args.model, args.output)
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from netdef.tools.plot import plot_logs
+
+    plot_logs(args.logs, args.output, x=args.x, overwrite=args.overwrite)
+    log.info("Plotted %s to %s", ", ".join(args.logs), args.output)
+    return 0
+
+
+def cmd_parse_log(args) -> int:
+    from netdef.tools.curves import write_tables
+
+    for path in write_tables(args.log, args.output_dir, delimiter=args.delimiter, overwrite=args.overwrite):
+        log.info("Wrote %s", path)
+    return 0
+
+
 # ------------------------------------------------------------------------------------------ parser
 def _common_flags() -> argparse.ArgumentParser:
     """Flags every verb takes (also before the verb: ``netdef --debug train ...``). Defaults are
@@ -401,12 +442,20 @@ def _apply_python_trust(args) -> None:
         os.environ[PYTHON_PATH_ENV] = os.pathsep.join(existing + folders)
 
 
+def _version() -> str:
+    from netdef.version import version
+
+    return version()
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _common_flags()
     parser = argparse.ArgumentParser(
         prog="netdef", parents=[common],
         description="netdef: train, test and time Caffe-format networks (prototxt) on NumPy/CuPy, and "
                     "prepare their data. Flags follow Caffe's command line (-solver, --solver=...).")
+    parser.add_argument("--version", action="version", version=f"netdef {_version()}",
+                        help="print netdef's version and exit")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
 
     train = verbs.add_parser("train", parents=[common],
@@ -423,6 +472,9 @@ def build_parser() -> argparse.ArgumentParser:
           help="what Ctrl-C (SIGINT) does: stop (snapshot if enabled, then exit), snapshot, none")
     _flag(train, "sighup_effect", default="snapshot", choices=["stop", "snapshot", "none"],
           help="what SIGHUP does")
+    _flag(train, "tensorboard", metavar="DIR",
+          help="write the loss, outputs, learning rate, speed (and the exchange's wait) as TensorBoard scalars "
+               "in DIR (needs tensorboardX: the [tensorboard] extra)")
     dist = train.add_argument_group(
         "distributed training (under mpiexec/srun; these override the solver's netdef_distributed)")
     _flag(dist, "exchange", help="the gradient exchange rule (default: allreduce)")
@@ -526,6 +578,50 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--overwrite", action="store_true", help="replace files that exist")
     models.set_defaults(func=cmd_zoo)
     _add_export_onnx(verbs, common)
+
+    upgrade = verbs.add_parser("upgrade", parents=[common],
+                               help="rewrite a legacy (V0/V1) net prototxt, caffemodel or solver in the current "
+                                    "format", description="Rewrite IN in the current format: a binary "
+                                    ".caffemodel stays binary, a prototxt net or solver stays text.")
+    upgrade.add_argument("input", metavar="IN", help="the legacy prototxt or caffemodel")
+    upgrade.add_argument("output", metavar="OUT", help="where to write the upgraded file")
+    upgrade.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    upgrade.set_defaults(func=cmd_upgrade)
+
+    drawing = verbs.add_parser("draw", parents=[common], help="draw a net definition through Graphviz",
+                               description="Draw MODEL (layers as boxes, blobs as octagons) to OUT; the "
+                                           "extension of OUT gives the format: .png, .svg, .pdf, or .dot "
+                                           "for the Graphviz text. Needs Graphviz's dot program.")
+    drawing.add_argument("model", metavar="MODEL", help="the net prototxt")
+    drawing.add_argument("output", metavar="OUT", help="the picture to write (.png, .svg, .pdf or .dot)")
+    _flag(drawing, "rankdir", default="LR", type=str.upper, choices=["LR", "TB", "BT", "RL"],
+          help="direction of the data flow (default LR, as Caffe's draw_net.py)")
+    _flag(drawing, "phase", default="ALL", type=str.upper, choices=["TRAIN", "TEST", "ALL"],
+          help="draw the layers of this phase only (default ALL)")
+    drawing.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    drawing.set_defaults(func=cmd_draw)
+
+    plotting = verbs.add_parser("plot", parents=[common], help="plot learning curves of training logs (matplotlib)",
+                                description="Plot the train outputs, test outputs and learning rate of one or "
+                                            "more caffe/netdef training logs (their stderr) to OUT (.png, .svg "
+                                            "or .pdf). Needs matplotlib (the [plot] extra).")
+    plotting.add_argument("logs", metavar="LOG", nargs="+", help="a training log")
+    plotting.add_argument("output", metavar="OUT", help="the picture to write")
+    plotting.add_argument("--x", default="iterations", type=str.lower, choices=["iterations", "seconds"],
+                          help="the x axis (default iterations)")
+    plotting.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    plotting.set_defaults(func=cmd_plot)
+
+    parse_log = verbs.add_parser("parse-log", parents=[common],
+                                 help="a training log as the two CSV tables of Caffe's parse_log.py",
+                                 description="Write OUTDIR/LOG.train and OUTDIR/LOG.test (NumIters, Seconds, "
+                                             "LearningRate, then each output), as Caffe's "
+                                             "tools/extra/parse_log.py does.")
+    parse_log.add_argument("log", metavar="LOG", help="a caffe/netdef training log")
+    parse_log.add_argument("output_dir", metavar="OUTDIR", help="the folder for the two tables")
+    parse_log.add_argument("--delimiter", default=",", help="column delimiter (default ',')")
+    parse_log.add_argument("--overwrite", action="store_true", help="replace the tables if they exist")
+    parse_log.set_defaults(func=cmd_parse_log)
     return parser
 
 
@@ -538,9 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verb:
         parser.print_help()
         return 1
-    progress = logs.ProgressLine() if (args.verb == "train" and sys.stderr.isatty()) else None
-    args._progress = progress
-    logs.configure(progress=progress)
+    logs.configure()
     _apply_python_trust(args)
     try:
         return args.func(args)
@@ -550,8 +644,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line (or a traceback with --debug)
         if args.debug:
             raise
-        if progress is not None:
-            progress.clear()
         # netdef's errors already name the file, line, layer, blob or field: show them plainly.
         sys.stderr.write(_one_line(exc, isinstance(exc, _expected_errors())) + "\n")
         return 1

@@ -2,13 +2,16 @@
 
 A line looks like ``I1122 04:37:52.123456 12345 solver.py:210] Iteration 100, loss = 0.28``; the
 messages themselves (``Iteration N, loss = x``, ``Test net output #0: accuracy = y``...) are Caffe's.
-When stderr is a terminal a progress line (iterations, speed, time left) stays below the log.
+When stderr is a terminal, progress bars (``netdef.progress``) stay below the log: each record is
+written with the bars lifted out of the way and redrawn after it.
 """
 from __future__ import annotations
 
 import logging
 import sys
 import time
+
+from tqdm import tqdm
 
 LOGGER_NAME = "netdef"
 
@@ -25,64 +28,20 @@ class GlogFormatter(logging.Formatter):
         return f"{prefix} {record.getMessage()}"
 
 
-class ProgressLine:
-    """A single self-rewriting status line on a terminal; log records print above it."""
-
-    def __init__(self, stream=None, total: int = 0):
-        self.stream = stream or sys.stderr
-        self.total = total
-        self.start_iter = None
-        self.start_time = None
-        self.text = ""
-
-    def clear(self) -> None:
-        if self.text:
-            self.stream.write("\r" + " " * len(self.text) + "\r")
-            self.text = ""
-
-    def update(self, iteration: int) -> None:
-        now = time.perf_counter()
-        if self.start_time is None:
-            self.start_iter, self.start_time = iteration, now
-            return
-        done = iteration - self.start_iter
-        elapsed = max(now - self.start_time, 1e-9)
-        speed = done / elapsed
-        left = (self.total - iteration) / speed if speed > 0 and self.total else 0.0
-        width = 30
-        filled = int(width * iteration / self.total) if self.total else 0
-        bar = "#" * filled + "." * (width - filled)
-        minutes, seconds = divmod(int(left), 60)
-        text = f"[{bar}] {iteration}/{self.total} iters  {speed:.1f} iter/s  {minutes}:{seconds:02d} left"
-        self.clear()
-        self.stream.write(text)
-        self.stream.flush()
-        self.text = text
-
-
-class _ProgressAwareHandler(logging.StreamHandler):
-    def __init__(self, stream, progress: ProgressLine | None):
-        super().__init__(stream)
-        self.progress = progress
+class _BelowBarsHandler(logging.StreamHandler):
+    """Writes each record above any live progress bar on the same stream."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        if self.progress is not None:
-            text = self.progress.text
-            self.progress.clear()
-            super().emit(record)
-            if text:
-                self.progress.stream.write(text)
-                self.progress.text = text
-        else:
+        with tqdm.external_write_mode(file=self.stream):
             super().emit(record)
 
 
-def configure(level: int = logging.INFO, stream=None, progress: ProgressLine | None = None) -> logging.Logger:
+def configure(level: int = logging.INFO, stream=None) -> logging.Logger:
     """Send the ``netdef`` logger to ``stream`` (stderr, as glog) in glog's format."""
     logger = logging.getLogger(LOGGER_NAME)
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
-    handler = _ProgressAwareHandler(stream or sys.stderr, progress)
+    handler = _BelowBarsHandler(stream or sys.stderr)
     handler.setFormatter(GlogFormatter())
     logger.addHandler(handler)
     logger.setLevel(level)

@@ -34,6 +34,7 @@ statistics are not exchanged (as in Caffe's multi-GPU training): each rank keeps
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import numpy as np
@@ -79,6 +80,7 @@ class DataParallel(Parallel):
         self._record = None
         self._param_names: list[str] = []
         self._update_start = 0.0
+        self._reported_up_to = 0  # the first iteration scalars() has not reported yet
 
     def describe(self) -> str:
         return f"{self.size} ranks ({self.comm.description})"
@@ -191,6 +193,32 @@ class DataParallel(Parallel):
         flags = np.array([snapshot, stop], dtype=np.int32)
         self.comm.allreduce(flags, op="max")
         return bool(flags[0]), bool(flags[1])
+
+    def scalars(self) -> dict:
+        """Over the iterations finished since the last call: ``exchange/wait_s``, the mean time per
+        iteration the training thread blocked on exchanges still in flight, and
+        ``exchange/hidden_fraction``, the share of the exchanges' time (first bucket started to last
+        completion seen) that it did not wait for: 1 - total wait / total exchange time (none when
+        nothing was exchanged). A wait is counted in the iteration during which it happened, which
+        with the priority schedule is often the next one's forward."""
+        if self.size == 1:
+            return {}
+        records = []
+        for record in reversed(self.measurements.records):  # newest first: only the unreported tail is read
+            if record.iteration < self._reported_up_to:
+                break
+            if not math.isnan(record.end_at):
+                records.append(record)
+        if not records:
+            return {}
+        records.reverse()
+        self._reported_up_to = records[-1].iteration + 1
+        wait = sum(r.wait_s for r in records)
+        out = {"exchange/wait_s": wait / len(records)}
+        exchange = sum(r.exchange_s for r in records)
+        if exchange > 0:
+            out["exchange/hidden_fraction"] = min(1.0, max(0.0, 1.0 - wait / exchange))
+        return out
 
     # ------------------------------------------------------------------------------ testing
     def reduce_test_outputs(self, scores, loss):

@@ -6,6 +6,8 @@
 - ``write_idx``: IDX files (the inverse of ``netdef.data.idx.read_idx``).
 - ``download_mnist``: the four MNIST files (for users who are online).
 - ``digits_to_idx``: scikit-learn's bundled 8x8 digits as MNIST-named IDX files (offline first run).
+
+Each long loop shows a progress bar when stderr is a terminal (``netdef.progress``).
 """
 from __future__ import annotations
 
@@ -20,7 +22,10 @@ import urllib.request
 
 import numpy as np
 
+from tqdm.utils import CallbackIOWrapper
+
 from .. import backend as _backend
+from ..progress import bar as progress_bar
 from ..proto import netdef_pb2 as pb
 from .datum import datum_to_array, parse_datum, read_image_to_datum, write_mean_file
 from .db import open_db
@@ -89,7 +94,7 @@ def convert_mnist(images_path, labels_path, output_db, backend="lmdb") -> int:
     try:
         txn = db.transaction()
         datum = pb.Datum(channels=1, height=rows, width=cols)
-        for i in range(n):
+        for i in progress_bar("convert-mnist", range(n), unit="image"):
             datum.data = images[i].tobytes()
             datum.label = int(signed[i])
             txn.put(b"%08d" % i, datum.SerializeToString())
@@ -127,7 +132,8 @@ def convert_imageset(root_folder, list_file, output_db, resize_height: int = 0, 
     data_size = None
     try:
         txn = db.transaction()
-        for line_id, (name, label) in enumerate(lines):
+        for line_id, (name, label) in progress_bar("convert-imageset", enumerate(lines), total=len(lines),
+                                                   unit="image"):
             enc = encode_type
             if encoded and not enc:
                 # Caffe guesses the encoding from the file name's extension.
@@ -164,7 +170,7 @@ def compute_image_mean(db_path, output_path=None, backend="lmdb") -> np.ndarray:
     total = None
     count = 0
     try:
-        with db.cursor() as cur:
+        with db.cursor() as cur, progress_bar("compute-image-mean", unit="record") as records:
             if not cur.seek_first():
                 raise DataError(f"{db_path}: the DB is empty")
             while cur.valid:
@@ -176,6 +182,7 @@ def compute_image_mean(db_path, output_path=None, backend="lmdb") -> np.ndarray:
                     raise DataError(f"{name}: shape {item.shape} differs from the first record's {total.shape}")
                 total += item.astype(np.float32)
                 count += 1
+                records.update()
                 cur.next()
     finally:
         db.close()
@@ -209,8 +216,10 @@ def download_mnist(folder, base_url: str = MNIST_URL, timeout: float = 60.0, ove
         try:
             with os.fdopen(fd, "wb") as out:
                 try:
-                    with urllib.request.urlopen(url, timeout=timeout) as response:
-                        with gzip.GzipFile(fileobj=response) as unzipped:
+                    with urllib.request.urlopen(url, timeout=timeout) as response, \
+                            progress_bar(name + ".gz", total=_content_length(response), unit="B",
+                                         unit_scale=True) as received:
+                        with gzip.GzipFile(fileobj=CallbackIOWrapper(received.update, response, "read")) as unzipped:
                             shutil.copyfileobj(unzipped, out)
                 except (urllib.error.URLError, OSError, EOFError) as exc:
                     raise DataError(f"downloading {url} failed: {exc}") from None
@@ -227,6 +236,12 @@ def download_mnist(folder, base_url: str = MNIST_URL, timeout: float = 60.0, ove
     if counts[0] != counts[1] or counts[2] != counts[3]:
         raise DataError(f"MNIST files disagree on the number of items: {dict(zip(MNIST_FILES, counts))}")
     return paths
+
+
+def _content_length(response) -> int | None:
+    """The download's size when the server says it (the progress bar's total), else None."""
+    length = response.headers.get("Content-Length")
+    return int(length) if length and length.isdigit() else None
 
 
 # ---------------------------------------------------------------------------------------------- digits

@@ -25,6 +25,7 @@ them::
     writes_snapshots               whether this process writes the snapshot files
     snapshot_written()
     restored()                     after a restore: the ranks agree again at the next begin_step
+    scalars()                      at each display: measurements for the solver's scalar observers
     end_training()                 after solve()'s last step (collective: every rank calls it)
     close()                        local only: it also runs when this rank fails
 
@@ -97,6 +98,11 @@ class Parallel:
 
     def restored(self) -> None:
         pass
+
+    def scalars(self) -> dict:
+        """``{tag: float}`` measured since the last call, for the solver's scalar observers (TensorBoard):
+        none for one process."""
+        return {}
 
     def end_training(self) -> None:
         pass

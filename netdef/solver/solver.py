@@ -183,6 +183,7 @@ class Solver:
         self._snapshot_requested = False
         self._last_snapshot_iter = None
         self._callbacks: list[tuple] = []
+        self._scalar_observers: list = []
         self._closed = False
         self._iterations_last = 0
         self._timer = time.perf_counter()
@@ -358,6 +359,19 @@ class Solver:
             obj = on_start
             on_start, on_gradients_ready, after_update = (getattr(obj, n, None) for n in names)
         self._callbacks.append((on_start, on_gradients_ready, after_update))
+
+    def add_scalar_observer(self, observer) -> None:
+        """``observer(iteration, scalars)`` is called with the numbers the log shows, as a dict of
+        ``{tag: float}``, at the iteration they belong to: at each display ``train/loss`` (the smoothed
+        loss), ``train/iter_per_s``, ``train/<output>`` for each train net output and the parallel
+        seam's measurements (``Parallel.scalars``, e.g. ``exchange/wait_s``); ``train/lr`` at each display;
+        after each test ``test<k>/<output>`` (and ``test<k>/loss`` with test_compute_loss). An output
+        with several values is reported as ``<output>[i]``."""
+        self._scalar_observers.append(observer)
+
+    def _report(self, scalars: dict) -> None:
+        for observer in self._scalar_observers:
+            observer(self.iter, scalars)
 
     def _run_callbacks(self, which: int) -> None:
         for callback in self._callbacks:
@@ -536,14 +550,18 @@ class Solver:
         self._timer = now
         self._iterations_last = self.iter
         weights = self.net.blob_loss_weights
+        scalars = {"train/loss": float(self.smoothed_loss), "train/iter_per_s": float(per_s)}
         index = 0
         for name in _output_order(self.net):
             values = backend.to_host(self.net.blobs[name].data).astype(np.float32).ravel()
             weight = f32(weights.get(name, 0.0))
-            for value in values:
+            for k, value in enumerate(values):
                 suffix = f" (* {_fmt(weight)} = {_fmt(weight * value)} loss)" if weight else ""
                 logger.info("    Train net output #%d: %s = %s%s", index, name, _fmt(value), suffix)
+                scalars[f"train/{name}" if values.size == 1 else f"train/{name}[{k}]"] = float(value)
                 index += 1
+        scalars.update(self.parallel.scalars())
+        self._report(scalars)
 
     # ---------------------------------------------------------------------------------------- the update
     def get_learning_rate(self) -> np.float32:
@@ -560,6 +578,7 @@ class Solver:
         self.lr = rate
         if p.display and self.iter % p.display == 0:
             logger.info("Iteration %d, lr = %s", self.iter, _fmt(rate))
+            self._report({"train/lr": float(rate)})
         all_ids = list(range(len(self.net.learnable_params)))
         if p.clip_gradients >= 0:
             if self.parallel.size > 1 and not self._told_clipping_waits:
@@ -712,10 +731,13 @@ class Solver:
             return
         if scores is not None or p.test_compute_loss:
             scores, loss = self.parallel.reduce_test_outputs(scores, loss)
+        reported = {}
         if p.test_compute_loss:
             loss /= f32(iterations)
             logger.info("Test loss: %s", _fmt(loss))
+            reported[f"test{test_net_id}/loss"] = float(loss)
         if scores is None:
+            self._report(reported)
             return
         weights = test_net.blob_loss_weights
         owners = [n for n in names for _ in range(test_net.blobs[n].count)]
@@ -726,6 +748,11 @@ class Solver:
             suffix = f" (* {_fmt(weight)} = {_fmt(weight * mean)} loss)" if weight else ""
             logger.info("    Test net output #%d: %s = %s%s", i, name, _fmt(mean), suffix)
             self.test_scores.setdefault(name, []).append(mean)
+        for name, means in self.test_scores.items():
+            for k, mean in enumerate(means):
+                reported[f"test{test_net_id}/{name}" if len(means) == 1 else f"test{test_net_id}/{name}[{k}]"] = \
+                    float(mean)
+        self._report(reported)
 
     # ---------------------------------------------------------------------------------------- snapshots
     def snapshot(self) -> tuple[str, str]:
