@@ -7,7 +7,8 @@
 resident memory (VmRSS), thread count and open file descriptors from /proc, and the last iteration
 its log reports. It writes ``samples.csv``, ``summary.json`` and ``soak.png`` into the work folder and
 prints the figures: after the warm-up (the first 10% of the iterations) each resource must stay within
-5% of its median (flat), and the throughput of each tenth of the run is compared with the others.
+5% of its median (flat), and the throughput of each tenth of the run (per wall second and per CPU second of the trainer) is
+compared with the others.
 Exit status 1 when a resource is not flat.
 """
 from __future__ import annotations
@@ -29,8 +30,11 @@ ITERATION = re.compile(rb"Iteration (\d+)")
 TOLERANCE = 0.05
 
 
-def sample(pid: int) -> tuple[int, int, int]:
-    """(resident KiB, threads, open descriptors) of process ``pid``."""
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def sample(pid: int) -> tuple[int, int, int, float]:
+    """(resident KiB, threads, open descriptors, CPU seconds used) of process ``pid``."""
     rss = threads = 0
     with open(f"/proc/{pid}/status", "rb") as handle:
         for line in handle:
@@ -38,7 +42,10 @@ def sample(pid: int) -> tuple[int, int, int]:
                 rss = int(line.split()[1])
             elif line.startswith(b"Threads:"):
                 threads = int(line.split()[1])
-    return rss, threads, len(os.listdir(f"/proc/{pid}/fd"))
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        fields = handle.read().rsplit(b")", 1)[1].split()
+    cpu_s = (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+    return rss, threads, len(os.listdir(f"/proc/{pid}/fd")), cpu_s
 
 
 def last_iteration(log: pathlib.Path, offset: int, current: int) -> tuple[int, int]:
@@ -57,14 +64,15 @@ def spread(values: list[float]) -> float:
     return max(abs(v - median) for v in values) / median if median else 0.0
 
 
-def throughput_windows(rows: list[dict], iterations: int, parts: int = 10) -> list[float]:
-    """Iterations per second in each tenth of the run (from the samples' times and iterations)."""
+def throughput_windows(rows: list[dict], iterations: int, clock: str, parts: int = 10) -> list[float]:
+    """Iterations per second of ``clock`` (time_s: wall, cpu_s: the process's CPU time) in each tenth of
+    the run."""
     rates = []
     for k in range(parts):
         lo, hi = iterations * k // parts, iterations * (k + 1) // parts
         inside = [r for r in rows if lo <= r["iteration"] <= hi]
-        if len(inside) >= 2 and inside[-1]["time_s"] > inside[0]["time_s"]:
-            rates.append((inside[-1]["iteration"] - inside[0]["iteration"]) / (inside[-1]["time_s"] - inside[0]["time_s"]))
+        if len(inside) >= 2 and inside[-1][clock] > inside[0][clock]:
+            rates.append((inside[-1]["iteration"] - inside[0]["iteration"]) / (inside[-1][clock] - inside[0][clock]))
     return rates
 
 
@@ -81,9 +89,11 @@ def plot(rows: list[dict], warm: int, path: pathlib.Path) -> None:
         ax.plot(its, [r[key] * scale for r in rows])
         ax.set_ylabel(label)
         ax.axvline(warm, color="grey", linestyle=":")
-    rates = [(b["iteration"], (b["iteration"] - a["iteration"]) / (b["time_s"] - a["time_s"]))
-             for a, b in zip(rows, rows[1:]) if b["time_s"] > a["time_s"]]
-    axes[3].plot([i for i, _ in rates], [r for _, r in rates], linewidth=0.6)
+    for clock, label in (("time_s", "per wall second"), ("cpu_s", "per CPU second")):
+        rates = [(b["iteration"], (b["iteration"] - a["iteration"]) / (b[clock] - a[clock]))
+                 for a, b in zip(rows, rows[1:]) if b[clock] > a[clock] and b["iteration"] > a["iteration"]]
+        axes[3].plot([i for i, _ in rates], [r for _, r in rates], linewidth=0.6, label=label)
+    axes[3].legend()
     axes[3].set_ylabel("iterations / s")
     axes[3].set_xlabel("iteration")
     fig.suptitle("netdef train LeNet: soak")
@@ -108,12 +118,12 @@ def main() -> int:
     iteration, offset = 0, 0
     while child.poll() is None:
         try:
-            rss, threads, fds = sample(child.pid)
+            rss, threads, fds, cpu_s = sample(child.pid)
         except (FileNotFoundError, ProcessLookupError):
             break
         iteration, offset = last_iteration(log, offset, iteration)
         rows.append({"time_s": round(time.monotonic() - start, 2), "iteration": iteration, "rss_kib": rss,
-                     "threads": threads, "fds": fds})
+                     "threads": threads, "fds": fds, "cpu_s": cpu_s})
         time.sleep(args.interval)
     wall = time.monotonic() - start
     if child.wait() != 0:
@@ -133,8 +143,12 @@ def main() -> int:
         summary[key] = {"min": min(values), "median": statistics.median(values), "max": max(values),
                         "spread": round(spread(values), 4)}
         flat &= summary[key]["spread"] <= TOLERANCE
-    rates = throughput_windows(rows, args.iterations)
-    summary["iterations_per_s_by_tenth"] = [round(r, 2) for r in rates]
+    # Wall-clock rates include other jobs' load on a shared machine (and pauses while it is lent to a
+    # benchmark); rates per CPU second of the trainer are what a slowdown of netdef itself would show in.
+    for clock in ("time_s", "cpu_s"):
+        rates = throughput_windows(rows, args.iterations, clock)
+        summary[f"iterations_per_{clock}_by_tenth"] = [round(r, 2) for r in rates]
+        summary[f"iterations_per_{clock}_spread_after_warm_up"] = round(spread(rates[1:]), 4) if len(rates) > 2 else None
     summary["iterations_per_s_overall"] = round(args.iterations / wall, 2)
     summary["flat_within_5_percent"] = flat
     (work / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -65,6 +65,10 @@ class Communicator:
         """Every rank's ``data``, in rank order, on ``root`` (None elsewhere)."""
         return [bytes(data)]
 
+    def allgather_bytes(self, data: bytes) -> list[bytes]:
+        """Every rank's ``data``, in rank order, on every rank."""
+        return [bytes(data)]
+
     def broadcast_int(self, value: int, root: int = 0) -> int:
         """Root's integer, on every rank."""
         return int(value)
@@ -150,6 +154,9 @@ class MPICommunicator(Communicator):
 
     def gather_bytes(self, data: bytes, root: int = 0):
         return self.comm.gather(bytes(data), root=root)
+
+    def allgather_bytes(self, data: bytes) -> list[bytes]:
+        return self.comm.allgather(bytes(data))
 
     def broadcast_int(self, value: int, root: int = 0) -> int:
         buf = np.array([value], dtype=np.int64)
