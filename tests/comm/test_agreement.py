@@ -39,6 +39,8 @@ def _two_solvers(tmp_path, change_solver=None, change_net=None):
     for name in ("a", "b"):
         solver = write_case(tmp_path, name, 4, 6, records=16, test_records=8, test_iter=1, test_interval=2)
         if name == "b":
+            # The same snapshot prefix (the prefix is compared too), and then b's own edit.
+            solver.write_text(solver.read_text().replace(f'{tmp_path / "b"}"', f'{tmp_path / "a"}"'))
             if change_solver:
                 solver.write_text(change_solver(solver.read_text()))
             if change_net:
