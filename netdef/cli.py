@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 import sys
+import warnings
 import time
 
 log = logging.getLogger("netdef")
@@ -482,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     progress = logs.ProgressLine() if (args.verb == "train" and sys.stderr.isatty()) else None
     args._progress = progress
     logs.configure(progress=progress)
+    # netdef checks every image's size itself before decoding (netdef/data/image.py) and refuses one
+    # past its cap in one line; Pillow's own warning about a large image would only repeat that, raw.
+    warnings.filterwarnings("ignore", message=r"Image size \(\d+ pixels\) exceeds limit", module="PIL")
     _apply_python_trust(args)
     try:
         return args.func(args)
