@@ -20,7 +20,9 @@ adds every rank's own (``rank_state``), so its snapshot is still one model file 
 
 Both files are first written completely to temporary files beside their targets, then renamed over
 them, model first and state second (``netdef.files``): a failed or interrupted snapshot leaves the earlier files as they
-were and no temporary file behind, and a state file never names a model that is not there yet.
+were and no temporary file behind, and a state file never names a model that is not there yet. A
+process killed outright cannot remove its temporary files: the next run with the same prefix does
+(``remove_stale_temps``, by the rules of ``netdef.tempnames``).
 """
 from __future__ import annotations
 
@@ -28,13 +30,14 @@ import json
 import logging
 import math
 import os
+import re
 
 import numpy as np
 
 from google.protobuf.message import DecodeError
 
 from .. import backend
-from .. import files
+from .. import files, tempnames
 from ..layers.base import LayerError
 from ..proto import io as proto_io
 from ..proto import netdef_pb2 as pb
@@ -227,6 +230,25 @@ def _h5_read_string(handle, name: str) -> str:
     if isinstance(value, bytes):
         value = value.decode("utf-8")
     return str(value).rstrip("\0")
+
+
+def remove_stale_temps(param: pb.SolverParameter) -> list[str]:
+    """Remove the temporary snapshot files that a killed run with this ``snapshot_prefix`` left behind
+    (only those ``netdef.tempnames.stale_temps`` proves abandoned); returns their paths."""
+    folder, base = os.path.split(param.snapshot_prefix)
+    target = re.compile(re.escape(base) + r"_iter_\d+\.(?:caffemodel|solverstate)(?:\.h5)?")
+    removed = []
+    for path in tempnames.stale_temps(folder, target):
+        try:
+            os.unlink(path)
+        except OSError as exc:
+            logger.warning("Cannot remove %s, left by an interrupted snapshot: %s", path, exc.strerror or exc)
+            continue
+        removed.append(path)
+    if removed:
+        logger.info("Removed %d temporary file(s) left by an interrupted snapshot: %s", len(removed),
+                    ", ".join(removed))
+    return removed
 
 
 def snapshot_paths(param: pb.SolverParameter, iteration: int) -> tuple[str, str]:
