@@ -1,6 +1,7 @@
 """Soak: train LeNet for a long time with tests and snapshots, and watch the process for leaks.
 
-    nice -n 19 python -m reliability.soak [--iterations 50000] [--work DIR] [--interval 5]
+    nice -n 19 python -m reliability.soak [--iterations 50000] [--work DIR] [--interval 5] [--minutes M]
+    python -m reliability.soak --summarize --work DIR      # the figures of the samples taken so far
 
 ``netdef train`` runs as a child process on the MNIST split of ``reliability/mnist.py`` (test every
 1,000 iterations, snapshot every 2,500). Every ``--interval`` seconds the script samples the child's
@@ -19,6 +20,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -101,42 +103,18 @@ def plot(rows: list[dict], warm: int, path: pathlib.Path) -> None:
     fig.savefig(path, dpi=90)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iterations", type=int, default=50000)
-    parser.add_argument("--work", default=None, help="work folder (default: a new temporary one)")
-    parser.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
-    args = parser.parse_args()
-    work = pathlib.Path(args.work or tempfile.mkdtemp(prefix="netdef-soak-"))
-    make_lenet_lmdbs(work)
-    solver = lenet_solver(work, max_iter=args.iterations, snapshot=2500, test_interval=1000, test_iter=20)
-    log = work / "train.log"
-    rows: list[dict] = []
-    start = time.monotonic()
-    with open(log, "wb") as out:
-        child = subprocess.Popen(NETDEF + ["train", f"--solver={solver}"], cwd=work, stdout=out, stderr=subprocess.STDOUT)
-    iteration, offset = 0, 0
-    while child.poll() is None:
-        try:
-            rss, threads, fds, cpu_s = sample(child.pid)
-        except (FileNotFoundError, ProcessLookupError):
-            break
-        iteration, offset = last_iteration(log, offset, iteration)
-        rows.append({"time_s": round(time.monotonic() - start, 2), "iteration": iteration, "rss_kib": rss,
-                     "threads": threads, "fds": fds, "cpu_s": cpu_s})
-        time.sleep(args.interval)
-    wall = time.monotonic() - start
-    if child.wait() != 0:
-        print(f"soak: netdef train failed (exit {child.returncode}); see {log}")
-        return 1
-    with open(work / "samples.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    warm = args.iterations // 10
+def summarize(work: pathlib.Path, iterations: int, wall: float) -> dict:
+    """The figures of the samples in ``work``/samples.csv (see the module docstring); writes
+    summary.json and soak.png."""
+    with open(work / "samples.csv", newline="") as handle:
+        rows = [{k: float(v) if k in ("time_s", "cpu_s") else int(v) for k, v in row.items()}
+                for row in csv.DictReader(handle)]
+    reached = max(r["iteration"] for r in rows)
+    warm = reached // 10  # the first tenth of what was trained
     after = [r for r in rows if r["iteration"] >= warm]
-    summary = {"iterations": args.iterations, "wall_s": round(wall, 1), "samples": len(rows),
-               "warm_up_iterations": warm, "snapshots": len(list((work / "snapshots").glob("*.solverstate")))}
+    summary = {"iterations_planned": iterations, "iterations_reached": reached, "wall_s": round(wall, 1),
+               "samples": len(rows), "warm_up_iterations": warm,
+               "snapshots": len(list((work / "snapshots").glob("*.solverstate")))}
     flat = True
     for key in ("rss_kib", "threads", "fds"):
         values = [r[key] for r in after]
@@ -146,16 +124,60 @@ def main() -> int:
     # Wall-clock rates include other jobs' load on a shared machine (and pauses while it is lent to a
     # benchmark); rates per CPU second of the trainer are what a slowdown of netdef itself would show in.
     for clock in ("time_s", "cpu_s"):
-        rates = throughput_windows(rows, args.iterations, clock)
+        rates = throughput_windows(rows, reached, clock)
         summary[f"iterations_per_{clock}_by_tenth"] = [round(r, 2) for r in rates]
         summary[f"iterations_per_{clock}_spread_after_warm_up"] = round(spread(rates[1:]), 4) if len(rates) > 2 else None
-    summary["iterations_per_s_overall"] = round(args.iterations / wall, 2)
     summary["flat_within_5_percent"] = flat
     (work / "summary.json").write_text(json.dumps(summary, indent=1))
     plot(rows, warm, work / "soak.png")
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iterations", type=int, default=50000)
+    parser.add_argument("--work", default=None, help="work folder (default: a new temporary one)")
+    parser.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
+    parser.add_argument("--minutes", type=float, default=0, help="stop training after this long (0: no limit)")
+    parser.add_argument("--summarize", action="store_true", help="only summarize the samples already in --work")
+    args = parser.parse_args()
+    work = pathlib.Path(args.work or tempfile.mkdtemp(prefix="netdef-soak-"))
+    if args.summarize:
+        print(json.dumps(summarize(work, args.iterations, 0.0), indent=1))
+        return 0
+    make_lenet_lmdbs(work)
+    solver = lenet_solver(work, max_iter=args.iterations, snapshot=2500, test_interval=1000, test_iter=20)
+    log = work / "train.log"
+    start = time.monotonic()
+    with open(log, "wb") as out:
+        child = subprocess.Popen(NETDEF + ["train", f"--solver={solver}"], cwd=work, stdout=out, stderr=subprocess.STDOUT)
+    iteration, offset = 0, 0
+    fields = ["time_s", "iteration", "rss_kib", "threads", "fds", "cpu_s"]
+    with open(work / "samples.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        while child.poll() is None:
+            if args.minutes and time.monotonic() - start > 60 * args.minutes:
+                child.send_signal(signal.SIGINT)  # netdef stops at the next iteration, cleanly
+                child.wait()
+                break
+            try:
+                rss, threads, fds, cpu_s = sample(child.pid)
+            except (FileNotFoundError, ProcessLookupError):
+                break
+            iteration, offset = last_iteration(log, offset, iteration)
+            writer.writerow({"time_s": round(time.monotonic() - start, 2), "iteration": iteration, "rss_kib": rss,
+                             "threads": threads, "fds": fds, "cpu_s": cpu_s})
+            handle.flush()
+            time.sleep(args.interval)
+    wall = time.monotonic() - start
+    if child.wait() not in (0, 130, -signal.SIGINT):
+        print(f"soak: netdef train failed (exit {child.returncode}); see {log}")
+        return 1
+    summary = summarize(work, args.iterations, wall)
     print(json.dumps(summary, indent=1))
     print(f"work folder: {work} (train.log, samples.csv, summary.json, soak.png)")
-    return 0 if flat else 1
+    return 0 if summary["flat_within_5_percent"] else 1
 
 
 if __name__ == "__main__":
