@@ -6,7 +6,8 @@
 LeNet trains on the MNIST split of ``reliability/mnist.py`` for 100 iterations, snapshotting every 5
 (so that many kills land inside a snapshot write), with a test pass every 25. First one uninterrupted
 run writes the reference snapshots. Then a chain of runs in one folder: each resumes from the newest
-snapshot there (``--snapshot``), is SIGKILLed at a random moment of its training (one random rank's
+snapshot there (``--snapshot``), is SIGKILLed at a random moment of its training (half of them
+within 2 ms of a temporary snapshot file's appearance) (one random rank's
 process with ``--ranks`` > 1: the launcher must end the others), and the chain starts again from
 scratch once a run reaches iteration 100. After every kill:
 
@@ -40,7 +41,6 @@ MAX_ITER = 100
 PREFIX = "snap/lenet"
 STATE = re.compile(r"lenet_iter_(\d+)\.solverstate$")
 TRAINING = b"Starting Optimization"
-SNAPSHOTTING = b"Snapshotting to"
 
 
 def launcher(ranks: int) -> list[str]:
@@ -105,8 +105,8 @@ def _descends_from(pid: int, ancestor: int) -> bool:
 def run_until_killed(folder: pathlib.Path, solver: pathlib.Path, ranks: int, rng: random.Random,
                      log: pathlib.Path, window_s: float) -> tuple[str, float]:
     """One run of the chain: 'killed' (and how long it had trained) or 'finished'. Half of the kills
-    come at a uniformly random moment of ``window_s`` (a whole run's training time), half a few
-    milliseconds after a snapshot write began."""
+    come at a uniformly random moment of ``window_s`` (a whole run's training time), half within
+    two milliseconds of a temporary snapshot file's appearance."""
     with open(log, "wb") as out:
         job = subprocess.Popen(train_command(ranks, solver, newest_state(folder)), cwd=folder, env=environment(),
                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -119,11 +119,10 @@ def run_until_killed(folder: pathlib.Path, solver: pathlib.Path, ranks: int, rng
             while job.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.005)
         else:
-            # Aim inside a snapshot write: a few milliseconds after the next "Snapshotting" line.
-            seen = log.read_bytes().count(SNAPSHOTTING)
-            while job.poll() is None and log.read_bytes().count(SNAPSHOTTING) == seen:
-                time.sleep(0.002)
-            time.sleep(rng.uniform(0, 0.01))
+            # Aim inside a snapshot write (a few milliseconds here): as soon as a temporary file appears.
+            while job.poll() is None and not temp_files(folder):
+                pass
+            time.sleep(rng.uniform(0, 0.002))
         delay = time.monotonic() - began
         if job.poll() is not None:
             if job.returncode != 0:
