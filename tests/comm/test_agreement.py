@@ -69,7 +69,7 @@ CASES = [
 @pytest.mark.parametrize("change_solver, change_net, rank1_flags, expected", CASES)
 def test_ranks_that_differ_end_at_once_with_one_line(tmp_path, change_solver, change_net, rank1_flags, expected):
     a, b = _two_solvers(tmp_path, change_solver, change_net)
-    run = run_netdef_per_rank([["train", a], ["train", b, *rank1_flags]], tmp_path, timeout=60)
+    run = run_netdef_per_rank([["train", a], ["train", b, *rank1_flags]], tmp_path, timeout=120)
     assert run.returncode != 0
     errors = [line for line in run.stderr.splitlines() if line.startswith("netdef: error")]
     assert errors == [f"netdef: error: ranks disagree on {expected}"], run.stderr[-3000:]
@@ -80,6 +80,6 @@ def test_ranks_that_differ_end_at_once_with_one_line(tmp_path, change_solver, ch
 @needs_mpi
 def test_ranks_that_agree_train(tmp_path):
     a, b = _two_solvers(tmp_path)
-    run = run_netdef_per_rank([["train", a], ["train", b]], tmp_path, timeout=60)
+    run = run_netdef_per_rank([["train", a], ["train", b]], tmp_path, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     assert re.search(r"Iteration 6, loss", run.stderr + run.stdout)
