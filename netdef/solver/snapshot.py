@@ -164,9 +164,6 @@ def _own_rank_state(solver, state: pb.NetdefSolverState, where: str) -> pb.Netde
 def _check_loss_window(solver, state: pb.NetdefSolverState, where: str) -> None:
     if not math.isfinite(state.smoothed_loss):
         raise SnapshotError(f"{where}: field netdef_state.smoothed_loss is {state.smoothed_loss}, not a finite loss")
-    if len(state.loss_window) > solver.param.average_loss:
-        raise SnapshotError(f"{where}: field netdef_state.loss_window holds {len(state.loss_window)} losses, more "
-                            f"than the solver's average_loss ({solver.param.average_loss})")
     if not all(math.isfinite(v) for v in state.loss_window):
         raise SnapshotError(f"{where}: field netdef_state.loss_window holds a loss that is not finite")
     if not 0 <= state.loss_window_start <= solver.iter:
@@ -179,7 +176,12 @@ def apply_netdef_state(solver, state: pb.NetdefSolverState, where: str) -> None:
     is restored."""
     if state.HasField("smoothed_loss"):
         _check_loss_window(solver, state, where)
-        solver.resume_loss_window(state.smoothed_loss, list(state.loss_window), state.loss_window_start)
+        if len(state.loss_window) > solver.param.average_loss:
+            # average_loss was lowered since: the displayed loss restarts its average, as Caffe's always does.
+            logger.info("%s holds a loss window of %d iterations, more than average_loss %d: the displayed loss "
+                        "starts a new average", where, len(state.loss_window), solver.param.average_loss)
+        else:
+            solver.resume_loss_window(state.smoothed_loss, list(state.loss_window), state.loss_window_start)
     own = _own_rank_state(solver, state, where)
     if own is None:
         if state.HasField("rng_state"):

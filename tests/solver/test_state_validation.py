@@ -157,3 +157,11 @@ def test_the_command_line_says_one_line(case, tmp_path):
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith(f"netdef: error: {path}: field data_cursor 'data'") and "rank 3 of 2" in last, run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_lowered_average_loss_restarts_the_displayed_average(case, tmp_path):
+    """Not an error: the user may change average_loss between runs (Caffe always restarts it)."""
+    path = _crafted(case, tmp_path, lambda s: s.netdef_state.loss_window.extend([1.0] * 50))
+    with get_solver(str(case[1])) as solver:
+        solver.restore(path)
+        assert solver.iter == 2 and solver._resumed_loss_window is None
