@@ -174,10 +174,71 @@ def _read_lmdb(data: bytes, folder) -> None:
         db.close()
 
 
+# ----------------------------------------------------------------------------------------- solverstate
+_SOLVER_NET = """name: "tiny"
+layer { name: "data" type: "Data" top: "data" top: "label"
+        data_param { source: "%s" batch_size: 3 backend: LMDB prefetch: 0 } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 4 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+_solver_cache: list = []
+
+
+def _tiny_solver():
+    """One small SGD solver over an LMDB of 10 records, built once: the forked children inherit it."""
+    if not _solver_cache:
+        import tempfile
+
+        from netdef.data.datum import array_to_datum
+        from netdef.data.db import open_db
+        from netdef.solver import get_solver
+
+        folder = pathlib.Path(tempfile.mkdtemp(prefix="netdef-fuzz-solver-"))
+        db = open_db(folder / "lmdb", "lmdb", "w")
+        txn = db.transaction()
+        for i in range(10):
+            txn.put(b"%04d" % i, array_to_datum(np.full((1, 2, 2), i, np.uint8), label=i % 4).SerializeToString())
+        txn.commit()
+        db.close()
+        solver = (f'net_param {{ {_SOLVER_NET % (folder / "lmdb")} }}\nbase_lr: 0.1\nmomentum: 0.9\n'
+                  f'lr_policy: "multistep"\nstepvalue: 1\nstepvalue: 3\nmax_iter: 2\nsnapshot: 2\n'
+                  f'snapshot_prefix: "{folder / "s"}"\nrandom_seed: 3\naverage_loss: 4\n')
+        _solver_cache.append((get_solver(solver), folder))
+    return _solver_cache[0]
+
+
+def _solverstate_seeds(_folder) -> list[bytes]:
+    from netdef.proto import netdef_pb2 as pb
+
+    solver, folder = _tiny_solver()
+    solver.step(2)
+    _, state_path = solver.snapshot()
+    state = pb.SolverState.FromString(pathlib.Path(state_path).read_bytes())
+    state.ClearField("learned_net")  # the weights have their own target (caffemodel)
+    return [state.SerializeToString()]
+
+
+def _restore_solverstate(data: bytes, folder) -> None:
+    path = folder / "input.solverstate"
+    path.write_bytes(data)
+    solver, _ = _tiny_solver()
+    solver.restore(path)
+    solver.step(1)  # the restored counters, history, random and data state are used
+
+
+def _solverstate_errors() -> tuple[type, ...]:
+    import netdef
+    from netdef.proto.io import ProtoFileError
+    from netdef.solver.snapshot import SnapshotError
+
+    return (SnapshotError, ProtoFileError, netdef.WeightsError)
+
+
 TARGETS = {t.name: t for t in [
     Target("net", _net_seeds, _build_and_run_net, _net_errors, text=True),
     Target("caffemodel", _caffemodel_seeds, _load_caffemodel, _weights_errors),
     Target("datum", _datum_seeds, _decode_datum, _data_errors),
     Target("image", _image_seeds, _decode_image, _data_errors),
     Target("lmdb", _lmdb_seeds, _read_lmdb, _data_errors),
+    Target("solverstate", _solverstate_seeds, _restore_solverstate, _solverstate_errors),
 ]}

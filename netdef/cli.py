@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import sys
+import warnings
 import time
 
 from netdef.progress import bar as progress_bar
@@ -635,6 +636,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 1
     logs.configure()
+    # netdef checks every image's size itself before decoding (netdef/data/image.py) and refuses one
+    # past its cap in one line; Pillow's own warning about a large image would only repeat that, raw.
+    warnings.filterwarnings("ignore", message=r"Image size \(\d+ pixels\) exceeds limit", module="PIL")
     _apply_python_trust(args)
     try:
         return args.func(args)

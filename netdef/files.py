@@ -26,8 +26,9 @@ anything fails.
 from __future__ import annotations
 
 import os
-import secrets
 import stat
+
+from .tempnames import temp_name
 
 __all__ = ["IMAGE_FILE_LIMIT", "InputFileError", "PROTOBUF_LIMIT", "TEXT_LIST_LIMIT", "bytes_to_temp", "check_input_file", "hdf5_to_temp",
            "open_input_file", "read_input_file", "remove_quietly", "replace", "temp_beside",
@@ -99,7 +100,8 @@ def _reason(exc: OSError) -> str:
 
 
 def temp_beside(path) -> str:
-    """Create an empty temporary file in ``path``'s folder and return its name.
+    """Create an empty temporary file in ``path``'s folder and return its name (``netdef.tempnames``:
+    hidden, naming its writer so that a later run can tell when it was abandoned).
 
     Raises FileNotFoundError when the folder does not exist.
     """
@@ -107,7 +109,7 @@ def temp_beside(path) -> str:
     folder, name = os.path.split(path)
     existing_mode = _mode_of(path)
     for _ in range(_NAME_ATTEMPTS):
-        tmp = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.tmp")
+        tmp = os.path.join(folder, temp_name(name))
         try:
             # O_EXCL: never adopt a file someone else created. Mode 0o666: the kernel applies the umask,
             # exactly as for a plain open(); reading the umask ourselves would not be thread-safe.

@@ -1,5 +1,5 @@
 """A short fuzzing run of every target in the test suite (fuzz/run.py makes the long one): mutated
-prototxts, caffemodels, Datums, images and LMDB data files give netdef's own errors, never a raw
+prototxts, caffemodels, Datums, images, LMDB data files and solver states give netdef's own errors, never a raw
 exception, a hang, a crash or a memory blow-up. And the fuzzer does see each of those outcomes."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ pytest.importorskip("lmdb")
 from fuzz.engine import fuzz, run_one  # noqa: E402
 from fuzz.targets import TARGETS, Target  # noqa: E402
 
-SHORT_RUN = {"net": 30, "caffemodel": 30, "datum": 150, "image": 60, "lmdb": 40}
+SHORT_RUN = {"net": 30, "caffemodel": 30, "datum": 150, "image": 60, "lmdb": 40, "solverstate": 60}
 
 
 @pytest.mark.parametrize("name", sorted(TARGETS))

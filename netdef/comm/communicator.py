@@ -65,6 +65,10 @@ class Communicator:
         """Every rank's ``data``, in rank order, on ``root`` (None elsewhere)."""
         return [bytes(data)]
 
+    def allgather_bytes(self, data: bytes) -> list[bytes]:
+        """Every rank's ``data``, in rank order, on every rank."""
+        return [bytes(data)]
+
     def broadcast_int(self, value: int, root: int = 0) -> int:
         """Root's integer, on every rank."""
         return int(value)
@@ -151,6 +155,9 @@ class MPICommunicator(Communicator):
     def gather_bytes(self, data: bytes, root: int = 0):
         return self.comm.gather(bytes(data), root=root)
 
+    def allgather_bytes(self, data: bytes) -> list[bytes]:
+        return self.comm.allgather(bytes(data))
+
     def broadcast_int(self, value: int, root: int = 0) -> int:
         buf = np.array([value], dtype=np.int64)
         self.comm.Bcast(buf, root=root)
@@ -181,11 +188,35 @@ class MPICommunicator(Communicator):
     def abort(self, code: int = 1) -> None:
         sys.stderr.flush()
         sys.stdout.flush()
+        remove_shared_memory_names()
         # Let the terminal or log collector receive this rank's message before the launcher kills
         # the others (their output may otherwise interleave with it or cut it off).
         time.sleep(0.2)
         self.comm.Abort(code)
         os._exit(code)  # Abort does not return; in case a library's does
+
+
+def mapped_mpi_segments() -> list[str]:
+    """The MPI library's shared-memory files under /dev/shm that this process has mapped (MPICH's
+    ``mpich_shm_*``: one per job and machine, created at MPI_Init)."""
+    try:
+        with open("/proc/self/maps") as handle:
+            paths = {line.split(None, 5)[5].strip() for line in handle if len(line.split(None, 5)) == 6}
+    except OSError:
+        return []
+    return sorted(p for p in paths if p.startswith("/dev/shm/mpich_shm_"))
+
+
+def remove_shared_memory_names() -> None:
+    """Unlink the names of this job's MPICH segments before an abort. MPICH removes them in
+    MPI_Finalize, which an aborted job never reaches: each abort would leave one under /dev/shm for
+    good. The ranks keep their mappings (unlinking removes only the name), and only files this
+    process has mapped, i.e. its own job's, are touched."""
+    for path in mapped_mpi_segments():
+        try:
+            os.unlink(path)
+        except OSError:
+            pass  # another rank of the job removed it first
 
 
 ASYNC_PROGRESS_VARIABLE = "MPIR_CVAR_ASYNC_PROGRESS"

@@ -3,6 +3,10 @@
 Every rank runs the same program (``mpiexec -n 4 netdef train solver.prototxt``). At the solver's
 fixed points (``netdef/solver/parallel.py``) this class:
 
+- ``prepare`` and ``attach`` first make sure the ranks train the same thing (``agreement.py``):
+  solver settings, nets and parameter shapes, exchange options and netdef version, compared in one
+  small collective; where they differ every rank raises ``RanksDisagreeError`` naming the field and
+  both values. After a restore the ranks check that they resume from the same iteration.
 - ``prepare``: every rank builds its nets with the same random seed (the file's ``random_seed``, or
   one drawn by rank 0), so that data layers shuffle alike and shard consistently; ``attach`` then
   re-seeds training randomness (dropout...) with ``seed + rank`` (Caffe's multi-GPU convention).
@@ -39,8 +43,10 @@ import time
 
 import numpy as np
 
-from .. import backend
+from .. import __version__, backend
+from ..proto import netdef_pb2 as pb
 from ..solver.parallel import Parallel
+from .agreement import agree, startup_facts
 from .communicator import Communicator, create_communicator
 from .exchange import ExchangeOptions, exchange_class
 from .timeline import Measurements, Timeline, instrument_net, write_chrome_trace
@@ -74,6 +80,8 @@ class DataParallel(Parallel):
         self.exchange = None
         self.timeline: Timeline | None = None
         self._seed: int | None = None
+        self._param_as_given: pb.SolverParameter | None = None
+        self._solver = None
         self._synchronized = False
         self._clock = time.perf_counter
         self._mark = 0.0
@@ -88,11 +96,20 @@ class DataParallel(Parallel):
     # ------------------------------------------------------------------------------ set-up
     def prepare(self, param) -> None:
         if self.size > 1:
+            self._param_as_given = pb.SolverParameter()
+            self._param_as_given.CopyFrom(param)
+            # Every rank takes part in the broadcast, whatever its own file says: ranks whose random_seed
+            # differ must reach the agreement check in attach, not wait here for each other.
             drawn = int(np.random.SeedSequence().entropy % (2**31)) if self.rank == 0 else 0
-            self._seed = int(param.random_seed) if param.random_seed >= 0 else self.comm.broadcast_int(drawn)
+            drawn = self.comm.broadcast_int(drawn)
+            self._seed = int(param.random_seed) if param.random_seed >= 0 else drawn
             param.random_seed = self._seed
 
     def attach(self, solver) -> None:
+        self._solver = solver
+        if self.size > 1:
+            nets = [("train net", solver.net)] + [(f"test net {i}", net) for i, net in enumerate(solver.test_nets)]
+            agree(self.comm, startup_facts(self._param_as_given, nets, self.options, __version__))
         if self._seed is not None:
             backend.set_random_seed(self._seed + self.rank)
         sharded = set()
@@ -130,6 +147,10 @@ class DataParallel(Parallel):
     # ------------------------------------------------------------------------------ the iteration
     def begin_step(self) -> None:
         if not self._synchronized:
+            if self.size > 1:
+                # Ranks resuming from different state files would stop at different iterations.
+                agree(self.comm, {"resumed solver state": {"iteration": str(self._solver.iter),
+                                                           "current_step": str(self._solver.current_step)}})
             self.exchange.broadcast_initial()
             self._synchronized = True
 

@@ -18,6 +18,7 @@ import traceback
 
 from ..proto import netdef_pb2 as pb
 from ..solver.solver import Solver, get_solver, read_solver_param
+from .agreement import RanksDisagreeError
 from .communicator import Communicator, create_communicator
 from .data_parallel import DataParallel
 from .exchange import ExchangeOptions, exchange_class
@@ -79,11 +80,17 @@ def run_guarded(comm: Communicator, fn, *args, debug: bool = False, **kwargs):
     """``fn(*args, **kwargs)``; when it raises in a run of several ranks, print one line naming this rank
     and the error to stderr (with the traceback before it when ``debug``) and abort the whole job
     (MPI_Abort), so that no rank waits forever in a collective for this one. With one rank the
-    exception propagates."""
+    exception propagates. A RanksDisagreeError, raised by every rank alike, propagates on rank 0 only
+    (one line for the job); the other ranks exit with status 1 silently."""
     if comm.size == 1:
         return fn(*args, **kwargs)
     try:
         return fn(*args, **kwargs)
+    except RanksDisagreeError:
+        # Every rank raised it at the same point: nobody waits, so no abort; rank 0 says it once.
+        if comm.rank == 0:
+            raise
+        raise SystemExit(1) from None
     except BaseException as exc:
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             raise

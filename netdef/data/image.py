@@ -8,6 +8,13 @@ with alpha), as Caffe stores and feeds them. Three decoding modes mirror OpenCV'
 - ``color=None``  (``cv::IMREAD_UNCHANGED``, Caffe's "native" decode of encoded Datums): the file's own
   channels (1, 3 or 4).
 
+Decompression bombs: a small file can declare a huge image (a 79 KB PNG decodes to 891 MB). The
+image's size is read from its header and checked before any pixel is decoded: at most
+``max_image_pixels()`` pixels (width x height), by default 89,478,485, which is Pillow's own warning
+threshold (a 9,459 x 9,459 image: far beyond any training image, 268 MB as BGR bytes). The
+environment variable ``NETDEF_MAX_IMAGE_PIXELS`` sets another cap; above twice Pillow's threshold
+Pillow itself refuses to open an image, whatever the cap.
+
 ``resize`` reproduces ``cv::resize(..., INTER_LINEAR)`` on 8-bit images, fixed-point arithmetic
 included, so images resized by ``new_height``/``new_width`` match Caffe's.
 """
@@ -25,6 +32,35 @@ from .errors import DataError
 
 class ImageError(DataError):
     """An image that cannot be read, decoded or encoded; the message names it."""
+
+
+MAX_PIXELS_VARIABLE = "NETDEF_MAX_IMAGE_PIXELS"
+DEFAULT_MAX_PIXELS = 89_478_485
+
+
+def max_image_pixels() -> int:
+    """The most pixels (width x height) an image may have to be decoded: ``NETDEF_MAX_IMAGE_PIXELS``,
+    else ``DEFAULT_MAX_PIXELS``."""
+    text = os.environ.get(MAX_PIXELS_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_MAX_PIXELS
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"environment variable {MAX_PIXELS_VARIABLE}={text[:40]!r}: expected a positive number "
+                         f"of pixels (default {DEFAULT_MAX_PIXELS})")
+    return value
+
+
+def _check_pixels(size: tuple[int, int], name: str) -> None:
+    width, height = size
+    limit = max_image_pixels()
+    if width * height > limit:
+        raise ImageError(f"{name}: the image is {width} x {height} = {width * height} pixels, more than the "
+                         f"{limit} netdef decodes (a decompression bomb?); set {MAX_PIXELS_VARIABLE} to allow "
+                         f"larger images")
 
 
 def _pil():
@@ -103,7 +139,8 @@ def decode_image(data: bytes, color: bool | None = None, name: str = "image") ->
     """
     Image, ImageOps = _pil()
     try:
-        img = Image.open(io.BytesIO(bytes(data)))
+        img = Image.open(io.BytesIO(bytes(data)))  # reads the header only
+        _check_pixels(img.size, name)
         if color is False and img.format == "JPEG" and img.mode in ("RGB", "YCbCr"):
             # libjpeg's grey output is the Y plane, which is what OpenCV's IMREAD_GRAYSCALE reads.
             img.draft("L", img.size)

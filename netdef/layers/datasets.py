@@ -65,6 +65,10 @@ def _encode(obj):
     return obj
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _decode(obj):
     if isinstance(obj, dict):
         if "__array__" in obj:
@@ -300,20 +304,65 @@ class DataSourceLayer(DataSource):
             raise self.error("restore_data_state: not a data layer state (bad header)")
         try:
             doc = _decode(json.loads(state[len(_STATE_MAGIC):].decode("utf-8")))
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
             raise self.error(f"restore_data_state: corrupt state ({exc})") from None
+        if not isinstance(doc, dict):
+            raise self.error("restore_data_state: corrupt state (not a mapping)")
         if doc.get("type") != self.type:
             raise self.error(f"restore_data_state: the state is of a {doc.get('type')} layer")
         if doc.get("records") != self.num_records:
             raise self.error(f"restore_data_state: the state was saved over {doc.get('records')} records but "
                              f"{self.source_name} holds {self.num_records}")
-        shard = tuple(int(v) for v in doc["shard"])
+        shard = self._checked_shard(doc.get("shard"))
+        self.check_position(doc.get("pos"))
         if self._shard_set and shard != tuple(self._shard):
             raise self.error(f"restore_data_state: the state is for shard {shard[0]} of {shard[1]}, but "
                              f"set_shard chose {self._shard[0]} of {self._shard[1]}")
         self.close()
-        self._apply({"pos": doc["pos"], "rng": doc["rng"], "shard": list(shard)})
+        previous = self._consumed
+        try:
+            self._apply({"pos": doc["pos"], "rng": doc.get("rng"), "shard": list(shard)})
+        except (TypeError, ValueError, KeyError) as exc:  # numpy's checks of a bit generator state
+            self._apply(previous)
+            raise self.error(f"restore_data_state: the random state (rng) is not a valid "
+                             f"{type(self._rng.bit_generator).__name__} state ({exc})") from None
         self._failure = None
+
+    def _checked_shard(self, shard) -> tuple[int, int]:
+        """The saved (rank, ranks), once known to be a shard of these records."""
+        if not (isinstance(shard, list) and len(shard) == 2 and all(_is_int(v) for v in shard)):
+            raise self.error(f"restore_data_state: the shard must be [rank, ranks], got {shard!r:.80}")
+        rank, ranks = shard
+        if ranks < 1 or not 0 <= rank < ranks:
+            raise self.error(f"restore_data_state: the shard says rank {rank} of {ranks}; need 0 <= rank < ranks")
+        if rank >= self.num_records:
+            raise self.error(f"restore_data_state: the shard says rank {rank}, but {self.source_name} holds only "
+                             f"{self.num_records} records")
+        return rank, ranks
+
+    def check_position(self, pos) -> None:
+        """Raise this layer's error unless ``pos`` is a position ``read_batch`` can start from (a
+        restored state's): the subclasses know what their positions hold."""
+        raise NotImplementedError
+
+    def _check_fields(self, pos, fields: dict) -> None:
+        """``pos`` is a dict whose ``fields`` are ints in [0, bound] (bound: the value in ``fields``)."""
+        if not isinstance(pos, dict):
+            raise self.error(f"restore_data_state: the position must be a mapping, got {type(pos).__name__}")
+        for name, bound in fields.items():
+            value = pos.get(name)
+            if not _is_int(value) or not 0 <= value <= bound:
+                raise self.error(f"restore_data_state: position field {name!r} must be an integer in [0, {bound}], "
+                                 f"got {value!r:.80}")
+
+    def _check_permutation(self, order, size: int, name: str) -> None:
+        """``order`` is None or a permutation of range(size)."""
+        if order is None:
+            return
+        if not (isinstance(order, np.ndarray) and order.ndim == 1 and order.size == size
+                and np.issubdtype(order.dtype, np.integer)
+                and np.array_equal(np.sort(order), np.arange(size))):
+            raise self.error(f"restore_data_state: position field {name!r} must be a permutation of {size} indices")
 
     # ------------------------------------------------------------------ helpers for subclasses
     def _scan(self, ids_at, start: int, stop: int, need: int):
@@ -407,6 +456,11 @@ class DataLayer(DataSourceLayer):
             if self.layer_param.data_param.rand_skip else 0
         index = skip % self.num_records
         return {"index": index, "key": self._key_at(index)}
+
+    def check_position(self, pos) -> None:
+        self._check_fields(pos, {"index": self.num_records - 1})
+        if not isinstance(pos.get("key"), bytes):
+            raise self.error("restore_data_state: position field 'key' must be a record key (bytes)")
 
     def _records(self, pos: dict, count: int):
         """``count`` (key, value) pairs of this shard from ``pos``, and the position after them."""
@@ -524,6 +578,10 @@ class ImageDataLayer(DataSourceLayer):
         if skip >= self.num_records:
             raise self.error(f"rand_skip drew {skip}: not enough images ({self.num_records}) to skip")
         return {"order": order, "j": skip}
+
+    def check_position(self, pos) -> None:
+        self._check_fields(pos, {"j": self.num_records})
+        self._check_permutation(pos.get("order"), self.num_records, "order")
 
     def _ids(self, pos: dict, count: int):
         order, j = pos["order"], int(pos["j"])
@@ -667,6 +725,15 @@ class HDF5DataLayer(DataSourceLayer):
                 raise DataError(f"failed reading HDF5 file {path} ({exc})") from None
             self._cache = (fi, arrays)
         return self._cache[1]
+
+    def check_position(self, pos) -> None:
+        self._check_fields(pos, {"f": len(self.files) - 1})
+        self._check_permutation(pos.get("files"), len(self.files), "files")
+        current = int(pos["files"][pos["f"]]) if pos.get("files") is not None else pos["f"]
+        self._check_fields(pos, {"r": int(self.rows[current])})
+        self._check_permutation(pos.get("rows"), int(self.rows[current]), "rows")
+        if self.layer_param.hdf5_data_param.shuffle != (pos.get("rows") is not None):
+            raise self.error("restore_data_state: position field 'rows' does not match hdf5_data_param.shuffle")
 
     def read_batch(self, pos):
         files, f, rows, r = pos["files"], int(pos["f"]), pos["rows"], int(pos["r"])

@@ -20,18 +20,25 @@ adds every rank's own (``rank_state``), so its snapshot is still one model file 
 
 Both files are first written completely to temporary files beside their targets, then renamed over
 them, model first and state second (``netdef.files``): a failed or interrupted snapshot leaves the earlier files as they
-were and no temporary file behind, and a state file never names a model that is not there yet.
+were and no temporary file behind, and a state file never names a model that is not there yet. A
+process killed outright cannot remove its temporary files: the next run with the same prefix does
+(``remove_stale_temps``, by the rules of ``netdef.tempnames``).
 """
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import re
 
 import numpy as np
 
+from google.protobuf.message import DecodeError
+
 from .. import backend
-from .. import files
+from .. import files, tempnames
+from ..layers.base import LayerError
 from ..proto import io as proto_io
 from ..proto import netdef_pb2 as pb
 from ..weights import WeightsError, blob_to_proto, copy_from, proto_shape, proto_values, write_model_hdf5
@@ -71,15 +78,28 @@ def _restore_rng(data: bytes, where: str) -> None:
     if not data.startswith(_RNG_FORMAT):
         logger.warning("%s: unknown random-state format; the random generator is not restored", where)
         return
-    state = json.loads(data[len(_RNG_FORMAT):].decode("ascii"))
+    try:
+        state = json.loads(data[len(_RNG_FORMAT):].decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise SnapshotError(f"{where}: field rng_state: not a readable random-generator state (corrupt JSON "
+                            f"after the {_RNG_FORMAT.decode()!r} header)") from None
+    if not isinstance(state, dict):
+        raise SnapshotError(f"{where}: field rng_state: the random-generator state must be a mapping")
     generator = backend.rng()
     if type(generator.bit_generator).__name__ != state.get("bit_generator"):
         backend.set_random_seed(0)  # a fresh default generator, whose state is then replaced
         generator = backend.rng()
     if type(generator.bit_generator).__name__ != state.get("bit_generator"):
-        raise SnapshotError(f"{where}: the saved random state is for {state.get('bit_generator')}, netdef's "
-                            f"generator is {type(generator.bit_generator).__name__}")
-    generator.bit_generator.state = state
+        raise SnapshotError(f"{where}: field rng_state: the saved random state is for "
+                            f"{str(state.get('bit_generator'))[:40]!r}, netdef's generator is "
+                            f"{type(generator.bit_generator).__name__}")
+    previous = generator.bit_generator.state
+    try:
+        generator.bit_generator.state = state
+    except (TypeError, ValueError, KeyError) as exc:
+        generator.bit_generator.state = previous
+        raise SnapshotError(f"{where}: field rng_state: not a valid {state['bit_generator']} state "
+                            f"({' '.join(str(exc).split())[:120]})") from None
 
 
 def _data_sources(solver):
@@ -141,9 +161,27 @@ def _own_rank_state(solver, state: pb.NetdefSolverState, where: str) -> pb.Netde
     return None
 
 
+def _check_loss_window(solver, state: pb.NetdefSolverState, where: str) -> None:
+    if not math.isfinite(state.smoothed_loss):
+        raise SnapshotError(f"{where}: field netdef_state.smoothed_loss is {state.smoothed_loss}, not a finite loss")
+    if not all(math.isfinite(v) for v in state.loss_window):
+        raise SnapshotError(f"{where}: field netdef_state.loss_window holds a loss that is not finite")
+    if not 0 <= state.loss_window_start <= solver.iter:
+        raise SnapshotError(f"{where}: field netdef_state.loss_window_start is {state.loss_window_start}; need "
+                            f"0 <= it <= iter ({solver.iter})")
+
+
 def apply_netdef_state(solver, state: pb.NetdefSolverState, where: str) -> None:
+    """netdef's part of a state file (``where``), once its fields are checked. Call it after ``iter``
+    is restored."""
     if state.HasField("smoothed_loss"):
-        solver.resume_loss_window(state.smoothed_loss, list(state.loss_window), state.loss_window_start)
+        _check_loss_window(solver, state, where)
+        if len(state.loss_window) > solver.param.average_loss:
+            # average_loss was lowered since: the displayed loss restarts its average, as Caffe's always does.
+            logger.info("%s holds a loss window of %d iterations, more than average_loss %d: the displayed loss "
+                        "starts a new average", where, len(state.loss_window), solver.param.average_loss)
+        else:
+            solver.resume_loss_window(state.smoothed_loss, list(state.loss_window), state.loss_window_start)
     own = _own_rank_state(solver, state, where)
     if own is None:
         if state.HasField("rng_state"):
@@ -159,7 +197,10 @@ def apply_netdef_state(solver, state: pb.NetdefSolverState, where: str) -> None:
         if layer is None:
             logger.warning("%s: no data layer %r in the nets; its saved position is ignored", where, cursor.layer)
             continue
-        layer.restore_data_state(cursor.state)
+        try:
+            layer.restore_data_state(cursor.state)
+        except LayerError as exc:
+            raise SnapshotError(f"{where}: field data_cursor {cursor.layer!r}: {exc}") from None
 
 
 # ============================================================================================ writing
@@ -191,6 +232,25 @@ def _h5_read_string(handle, name: str) -> str:
     if isinstance(value, bytes):
         value = value.decode("utf-8")
     return str(value).rstrip("\0")
+
+
+def remove_stale_temps(param: pb.SolverParameter) -> list[str]:
+    """Remove the temporary snapshot files that a killed run with this ``snapshot_prefix`` left behind
+    (only those ``netdef.tempnames.stale_temps`` proves abandoned); returns their paths."""
+    folder, base = os.path.split(param.snapshot_prefix)
+    target = re.compile(re.escape(base) + r"_iter_\d+\.(?:caffemodel|solverstate)(?:\.h5)?")
+    removed = []
+    for path in tempnames.stale_temps(folder, target):
+        try:
+            os.unlink(path)
+        except OSError as exc:
+            logger.warning("Cannot remove %s, left by an interrupted snapshot: %s", path, exc.strerror or exc)
+            continue
+        removed.append(path)
+    if removed:
+        logger.info("Removed %d temporary file(s) left by an interrupted snapshot: %s", len(removed),
+                    ", ".join(removed))
+    return removed
 
 
 def snapshot_paths(param: pb.SolverParameter, iteration: int) -> tuple[str, str]:
@@ -283,10 +343,15 @@ def _load_weights(net, path: str, state_path: str) -> None:
 
 def _set_history(solver, index: int, values: np.ndarray, shape, where: str) -> None:
     blob = solver.history[index]
+    if not np.issubdtype(np.asarray(values).dtype, np.number):
+        raise SnapshotError(f"{where}: history blob {index} holds {np.asarray(values).dtype} values, not numbers")
     if values.size != blob.count:
         raise SnapshotError(f"{where}: history blob {index} has shape {tuple(shape)} ({values.size} values), the "
                             f"solver's is {blob.shape} ({blob.count}); was the state written for another net "
                             f"or solver type?")
+    if not np.isfinite(values).all():
+        raise SnapshotError(f"{where}: history blob {index} holds values that are not finite (NaN or infinity): "
+                            f"the update rule would turn every weight into NaN")
     blob.data[...] = backend.to_device(np.asarray(values).reshape(blob.shape).astype(blob.dtype), like=blob.data)
 
 
@@ -295,12 +360,25 @@ def restore(solver, path) -> None:
     path = os.fspath(path)
     if not os.path.exists(path):
         raise SnapshotError(f"{path}: no such solver state file")
-    with open(path, "rb") as handle:
+    with files.open_input_file(path, "solver state") as handle:
         is_hdf5 = handle.read(8) == HDF5_MAGIC
     if path.endswith(".h5") or is_hdf5:
         _restore_hdf5(solver, path)
     else:
         _restore_binary(solver, path)
+
+
+def _check_counters(solver, iteration: int, current_step: int, path: str) -> None:
+    """``iter`` and ``current_step`` as a solver can continue from (Adam divides by 1 - beta^iter, the
+    multistep policy indexes stepvalue with current_step)."""
+    if iteration < 0:
+        raise SnapshotError(f"{path}: field iter is {iteration}; an iteration count cannot be negative")
+    if current_step < 0:
+        raise SnapshotError(f"{path}: field current_step is {current_step}; it cannot be negative")
+    steps = len(solver.param.stepvalue)
+    if solver.param.lr_policy == "multistep" and current_step > steps:
+        raise SnapshotError(f"{path}: field current_step is {current_step}, but the multistep policy has only "
+                            f"{steps} stepvalue(s)")
 
 
 def _check_history_count(solver, count: int, path: str) -> None:
@@ -313,6 +391,7 @@ def _check_history_count(solver, count: int, path: str) -> None:
 def _restore_binary(solver, path: str) -> None:
     state = proto_io.read_binary(path, pb.SolverState)
     _check_history_count(solver, len(state.history), path)
+    _check_counters(solver, state.iter, state.current_step, path)
     solver.iter = state.iter
     if state.HasField("learned_net"):
         _load_weights(solver.net, _resolve_learned_net(state.learned_net, path), path)
@@ -327,18 +406,54 @@ def _restore_binary(solver, path: str) -> None:
 def _restore_hdf5(solver, path: str) -> None:
     import h5py
 
-    with h5py.File(path, "r") as handle:
-        history = handle["history"] if "history" in handle else {}
-        _check_history_count(solver, len(history), path)
-        solver.iter = _h5_read_int(handle, "iter")
-        if "learned_net" in handle:
-            _load_weights(solver.net, _resolve_learned_net(_h5_read_string(handle, "learned_net"), path), path)
-        solver.current_step = _h5_read_int(handle, "current_step") if "current_step" in handle else 0
-        for i in range(len(history)):
-            if str(i) not in history:
-                raise SnapshotError(f"{path}: history dataset {i} is missing")
-            values = history[str(i)][()]
-            _set_history(solver, i, values, values.shape, path)
-        if "netdef_state" in handle:
-            extra = pb.NetdefSolverState.FromString(np.asarray(handle["netdef_state"][()]).tobytes())
-            apply_netdef_state(solver, extra, path)
+    files.check_input_file(path, "solver state")
+    try:
+        handle = h5py.File(path, "r")
+    except OSError as exc:
+        raise SnapshotError(f"{path}: not a readable HDF5 solver state ({' '.join(str(exc).split())[:160]})") from None
+    with handle:
+        try:
+            _restore_hdf5_fields(solver, handle, path)
+        except (KeyError, TypeError, ValueError, OSError, IndexError) as exc:
+            if isinstance(exc, SnapshotError):
+                raise
+            raise SnapshotError(f"{path}: not a valid HDF5 solver state ({type(exc).__name__}: "
+                                f"{' '.join(str(exc).split())[:160]})") from None
+
+
+def _h5_dataset(handle, name: str, path: str):
+    import h5py
+
+    if name not in handle or not isinstance(handle[name], h5py.Dataset):
+        raise SnapshotError(f"{path}: field {name}: no such dataset")
+    return handle[name]
+
+
+def _h5_counter(handle, name: str, path: str) -> int:
+    values = np.asarray(_h5_dataset(handle, name, path)[()]).reshape(-1)
+    if values.size != 1 or not np.issubdtype(values.dtype, np.integer):
+        raise SnapshotError(f"{path}: field {name} must be one integer, got {values.size} {values.dtype} value(s)")
+    return int(values[0])
+
+
+def _restore_hdf5_fields(solver, handle, path: str) -> None:
+    history = handle["history"] if "history" in handle else {}
+    _check_history_count(solver, len(history), path)
+    iteration = _h5_counter(handle, "iter", path)
+    current_step = _h5_counter(handle, "current_step", path) if "current_step" in handle else 0
+    _check_counters(solver, iteration, current_step, path)
+    solver.iter = iteration
+    if "learned_net" in handle:
+        _load_weights(solver.net, _resolve_learned_net(_h5_read_string(handle, "learned_net"), path), path)
+    solver.current_step = current_step
+    for i in range(len(history)):
+        if str(i) not in history:
+            raise SnapshotError(f"{path}: history dataset {i} is missing")
+        values = _h5_dataset(history, str(i), path)[()]
+        _set_history(solver, i, np.asarray(values), np.shape(values), path)
+    if "netdef_state" in handle:
+        try:
+            extra = pb.NetdefSolverState.FromString(np.asarray(_h5_dataset(handle, "netdef_state", path)[()]).tobytes())
+        except DecodeError:
+            raise SnapshotError(f"{path}: field netdef_state: not a serialized NetdefSolverState") from None
+        apply_netdef_state(solver, extra, path)

@@ -206,6 +206,8 @@ class Solver:
         self.net.register_backward_hook(self._gradients_final)
         self.net.register_layer_hooks(before_forward=self._before_forward)
         self.parallel.attach(self)
+        if self.parallel.writes_snapshots and param.snapshot_prefix:
+            _snapshot.remove_stale_temps(param)
         logger.info("Solver scaffolding done.")
 
     # ---------------------------------------------------------------------------------------- set-up

@@ -121,6 +121,23 @@ def run_python(args: list[str], ranks: int, cwd, timeout: float = 60, env: dict 
     """``mpiexec -n ranks python <args>`` (plain ``python <args>`` when ranks == 0) with the repository
     on PYTHONPATH and one BLAS thread per process; returns the CompletedProcess (text output). A run
     past ``timeout`` raises (fails the test) instead of hanging. In ``env``, None removes a variable."""
+    command = [sys.executable, *args]
+    if ranks:
+        command = _launcher_args(ranks) + command
+    return _run(command, cwd, timeout, env)
+
+
+def run_netdef_per_rank(per_rank_args: list[list[str]], cwd, timeout: float = 60, env: dict | None = None):
+    """One ``python -m netdef.cli <args>`` per rank, each with its own arguments, as one MPI job
+    (the launcher's ``-n 1 A : -n 1 B`` form); see ``run_python``."""
+    launcher = _launcher_args(1)
+    command = []
+    for args in per_rank_args:
+        command += ([":"] if command else launcher[:-2]) + launcher[-2:] + [sys.executable, "-m", "netdef.cli", *args]
+    return _run(command, cwd, timeout, env)
+
+
+def _run(command: list[str], cwd, timeout: float, env: dict | None):
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     full_env.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
@@ -129,9 +146,6 @@ def run_python(args: list[str], ranks: int, cwd, timeout: float = 60, env: dict 
         del full_env[name]
     full_env.update(env or {})
     full_env = {name: value for name, value in full_env.items() if value is not None}
-    command = [sys.executable, *args]
-    if ranks:
-        command = _launcher_args(ranks) + command
     # A session of its own, so that a run past its timeout is ended with every process it started.
     process = subprocess.Popen(command, cwd=str(cwd), env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
