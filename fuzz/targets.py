@@ -6,6 +6,8 @@ other exception that escapes is a "raw exception", a finding.
 """
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import io
 import pathlib
@@ -48,20 +50,27 @@ def _net_seeds(_folder) -> list[bytes]:
     return [text.encode() for text in SMALL_NETS]
 
 
-def _build_and_run_net(data: bytes, _folder) -> None:
-    import netdef
+@contextlib.contextmanager
+def _numpy_twins():
+    """Run on the NumPy twins of the compiled kernels (layers' and the solver's update steps): the
+    child is forked, and once the parent (the warm-up read, or the test session) has run a kernel,
+    their thread pool (GNU OpenMP, not fork-safe) ends any child that starts one with SIGTERM."""
     from netdef.layers import jit
 
-    # On the NumPy twins of the compiled kernels: the child is forked, and once the parent (the warm-up
-    # read, or the test session) has run a kernel, their thread pool (GNU OpenMP, not fork-safe) ends
-    # any child that starts one with SIGTERM.
     enabled, jit.ENABLED = jit.ENABLED, False
     try:
+        yield
+    finally:
+        jit.ENABLED = enabled
+
+
+def _build_and_run_net(data: bytes, _folder) -> None:
+    import netdef
+
+    with _numpy_twins():
         net = netdef.Net(data.decode("utf-8", errors="replace"), netdef.TRAIN, python_layers="deny")
         net.forward()
         net.backward()
-    finally:
-        jit.ENABLED = enabled
 
 
 def _net_errors() -> tuple[type, ...]:
@@ -222,8 +231,9 @@ def _restore_solverstate(data: bytes, folder) -> None:
     path = folder / "input.solverstate"
     path.write_bytes(data)
     solver, _ = _tiny_solver()
-    solver.restore(path)
-    solver.step(1)  # the restored counters, history, random and data state are used
+    with _numpy_twins():
+        solver.restore(path)
+        solver.step(1)  # the restored counters, history, random and data state are used
 
 
 def _solverstate_errors() -> tuple[type, ...]:
