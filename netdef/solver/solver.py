@@ -644,13 +644,21 @@ class Solver:
         p = self.param
         if p.regularization_type not in ("L1", "L2"):
             return False  # regularize() names the bad value
-        decay = f32(p.weight_decay) * f32(self.net.params_weight_decay[param_id])
+        decay = self._local_decay(param_id)
         if decay and p.regularization_type != "L2":
             return False
         scale = f32(1) / f32(p.iter_size) if p.iter_size != 1 else f32(1)
-        local_rate = f32(rate) * f32(self.net.params_lr[param_id])
+        local_rate = self._local_rate(param_id, rate)
         return self.update_rule.fused_step(param_id, self.net.learnable_params[param_id], scale,
                                            decay if decay else None, local_rate, iteration)
+
+    def _local_rate(self, param_id: int, rate) -> np.float32:
+        """The solver's rate times the blob's lr_mult, in float32 as Caffe computes it."""
+        return f32(rate) * f32(self.net.params_lr[param_id])
+
+    def _local_decay(self, param_id: int) -> np.float32:
+        """weight_decay times the blob's decay_mult, in float32 as Caffe computes it."""
+        return f32(self.param.weight_decay) * f32(self.net.params_weight_decay[param_id])
 
     def clip_gradients(self) -> None:
         clip = f32(self.param.clip_gradients)
@@ -678,7 +686,7 @@ class Solver:
 
     def regularize(self, param_id: int) -> None:
         blob = self.net.learnable_params[param_id]
-        local_decay = f32(self.param.weight_decay) * f32(self.net.params_weight_decay[param_id])
+        local_decay = self._local_decay(param_id)
         if not local_decay:
             return
         diff = blob.diff
@@ -691,7 +699,7 @@ class Solver:
 
     def compute_update_value(self, param_id: int, rate, iteration: int | None = None) -> None:
         """The update rule's value for one blob at ``iteration`` (default: the current one)."""
-        local_rate = f32(rate) * f32(self.net.params_lr[param_id])
+        local_rate = self._local_rate(param_id, rate)
         iteration = self.iter if iteration is None else iteration
         self.update_rule.compute_update_value(param_id, self.net.learnable_params[param_id], local_rate, iteration)
 
