@@ -121,6 +121,7 @@ class DataParallel(Parallel):
                     if layer.set_shard(self.rank, self.size):
                         sharded.add(id(layer))
         self.exchange = exchange_class(self.options.exchange)(self.comm, solver.net, self.options, self.measurements)
+        self.exchange.leave_division_to_update()  # the solver takes the divisors (take_divisor)
         self._param_names = [blob.name for blob in solver.net.learnable_params]
         if self.options.timeline:
             self.comm.barrier()
@@ -192,6 +193,9 @@ class DataParallel(Parallel):
         if self.timeline is not None:
             names = ", ".join(self._param_names[i] for i in param_ids)
             self.timeline.span(f"wait for {names}", start, self._clock(), category="wait")
+
+    def take_divisor(self, param_id: int):
+        return self.exchange.take_divisor(param_id)
 
     def before_update(self, param_id: int) -> None:
         self._update_start = self._clock()

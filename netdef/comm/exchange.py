@@ -12,6 +12,7 @@ it has (ChainerMN's communicators are the model: each strategy overrides a few m
         rule.arrived(ids)               which of these parameters' diffs hold what the update rule
                                         should apply (the average over the ranks, for allreduce)
         rule.wait_for(ids)              block until those diffs do
+        rule.take_divisor(id)           what a diff must still be divided by (after leave_division_to_update)
         rule.after_update()             after every blob's update (elastic averaging mixes parameters)
 
 The base rule answers ``arrived`` and ``wait_for`` by calling ``finish()`` once per iteration (wait
@@ -130,6 +131,20 @@ class ExchangeRule:
         self.measurements = measurements or Measurements()
         self.clock = clock
         self._finished = True
+        self._leave_division = False
+        self._undivided: dict[int, int] = {}
+
+    def leave_division_to_update(self) -> None:
+        """From now on the rule may leave a diff holding the sum over the ranks, to be divided by
+        whoever updates the blob (``take_divisor``) in the same pass as the update: a rule that
+        averages in the diff's own memory would otherwise add a pass over it. The solver's seam
+        (DataParallel) asks for this; callers that read the diffs directly do not."""
+        self._leave_division = True
+
+    def take_divisor(self, param_id: int):
+        """What the diff of ``param_id`` must still be divided by (1: it holds what the update
+        applies); the caller divides, and a second call returns 1."""
+        return self._undivided.pop(param_id, 1)
 
     def describe(self) -> str:
         """One line for the log."""
@@ -222,18 +237,23 @@ class Bucket:
         view = self.buffer[start:start + self.sizes[slot]].reshape(self.shapes[slot])
         view[...] = diff if isinstance(diff, np.ndarray) else backend.to_host(diff)
 
-    def unpack(self, slot: int, diff, divisor) -> None:
-        """Write the summed values divided by ``divisor`` into ``diff``."""
+    def unpack(self, slot: int, diff, divisor, leave_division: bool = False) -> bool:
+        """Write the summed values divided by ``divisor`` into ``diff``. With ``leave_division``, a
+        bucket exchanged in the diff's own memory leaves the sum there; returns whether it did (the
+        caller then owes the division)."""
         divisor = self.dtype.type(divisor)
         if self.in_place:
+            if leave_division:
+                return True
             np.divide(self.buffer, divisor, out=self.buffer)
-            return
+            return False
         start = self.offsets[slot]
         values = self.buffer[start:start + self.sizes[slot]].reshape(self.shapes[slot])
         if isinstance(diff, np.ndarray):
             np.divide(values, divisor, out=diff)
         else:
             diff[...] = backend.to_device(values / divisor, like=diff)
+        return False
 
 
 FUSE_ACROSS_LAYERS_BYTES = 256 << 10
@@ -572,6 +592,8 @@ class AllreduceExchange(ExchangeRule):
         self._start_transfer(bucket)
 
     def unpack_bucket(self, bucket: Bucket) -> None:
-        """Average the summed bucket and copy it back into the diffs."""
+        """Average the summed bucket and copy it back into the diffs (or, see
+        ``leave_division_to_update``, leave an in-place sum to the update)."""
         for slot, pid in enumerate(bucket.param_ids):
-            bucket.unpack(slot, self.params[pid].diff, self.comm.size)
+            if bucket.unpack(slot, self.params[pid].diff, self.comm.size, self._leave_division):
+                self._undivided[pid] = self.comm.size

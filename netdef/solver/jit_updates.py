@@ -18,19 +18,23 @@ from numba import njit, prange  # noqa: E402 (after the wait policy)
 
 
 @njit(inline="always")
-def _regularized(diff, data, i, scale, decay, decays):
-    g = diff[i] * scale  # scale 1 when iter_size is 1: exact
+def _regularized(diff, data, i, divisor, scale, decay, decays):
+    g = diff[i]
+    if divisor != 1:
+        g = g / divisor  # a sum over the ranks, averaged here as the exchange would have (the same bits)
+    g = g * scale  # scale 1 when iter_size is 1: exact
     if decays:
         g = g + decay * data[i]
     return g
 
 
 @njit(nogil=True, parallel=True, cache=True)
-def sgd_step(data, diff, history, scale, decay, decays, local_rate, momentum):
+def sgd_step(data, diff, history, divisor, scale, decay, decays, local_rate, momentum):
     """SGD with momentum: v = local_rate * g + momentum * v; diff = v; data -= v, where g is the
-    gradient times ``scale`` plus, when ``decays``, ``decay * data`` (Caffe's L2 regularization)."""
+    gradient (``diff / divisor``) times ``scale`` plus, when ``decays``, ``decay * data`` (Caffe's L2
+    regularization)."""
     for i in prange(data.shape[0]):
-        g = _regularized(diff, data, i, scale, decay, decays)
+        g = _regularized(diff, data, i, divisor, scale, decay, decays)
         v = local_rate * g + momentum * history[i]
         history[i] = v
         diff[i] = v
@@ -38,12 +42,12 @@ def sgd_step(data, diff, history, scale, decay, decays, local_rate, momentum):
 
 
 @njit(nogil=True, parallel=True, cache=True)
-def nesterov_step(data, diff, history, scale, decay, decays, local_rate, momentum, one_plus_momentum):
+def nesterov_step(data, diff, history, divisor, scale, decay, decays, local_rate, momentum, one_plus_momentum):
     """Nesterov: v' = local_rate * g + momentum * v; diff = (1 + momentum) * v' - momentum * v;
     data -= diff (Caffe's NesterovSolver, with g as in ``sgd_step``)."""
     minus_momentum = -momentum
     for i in prange(data.shape[0]):
-        g = _regularized(diff, data, i, scale, decay, decays)
+        g = _regularized(diff, data, i, divisor, scale, decay, decays)
         previous = history[i]
         v = local_rate * g + momentum * previous
         history[i] = v

@@ -16,6 +16,7 @@ them::
                                    the last pass only, each time some parameters' gradients are final
         arrived(ids)               of these parameters, the ones whose gradient the update may use now
         wait_gradients(ids)        block until those gradients are all there
+        take_divisor(id)           what the blob's diff must still be divided by (its update does it)
         before_update(id), after_update(id)   around each blob's update
         updated()                  every blob of the iteration is updated
         end_iteration()
@@ -68,6 +69,13 @@ class Parallel:
 
     def wait_gradients(self, param_ids) -> None:
         """Block until the gradients of ``param_ids`` are all in their diffs."""
+
+    def take_divisor(self, param_id: int):
+        """What the diff of ``param_id``, arrived, must still be divided by to hold the gradient the
+        update applies: the rank count where the exchange left the sum over the ranks for the update
+        to average in its own pass over the blob (one memory pass fewer on the critical path), 1
+        otherwise. The caller divides; a second call for the same iteration returns 1."""
+        return 1
 
     def before_update(self, param_id: int) -> None:
         pass

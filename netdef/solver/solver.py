@@ -588,6 +588,8 @@ class Solver:
                             "exchange")
                 self._told_clipping_waits = True
             self.parallel.wait_gradients(all_ids)
+            for param_id in all_ids:  # the norm is of the averaged gradients
+                self._divide_now(param_id, self.parallel.take_divisor(param_id))
         self.clip_gradients()
         self._pending = _PendingUpdate(rate, self.iter, all_ids)
         self._apply_pending(self.parallel.arrived(all_ids))
@@ -615,7 +617,9 @@ class Solver:
                 continue
             self.parallel.before_update(param_id)
             blob = params[param_id]
-            if not self._fused_update(param_id, pending.rate, pending.iteration):
+            divisor = self.parallel.take_divisor(param_id)
+            if not self._fused_update(param_id, pending.rate, pending.iteration, divisor):
+                self._divide_now(param_id, divisor)
                 self.normalize(param_id)
                 self.regularize(param_id)
                 self.compute_update_value(param_id, pending.rate, pending.iteration)
@@ -638,9 +642,16 @@ class Solver:
             if param_id not in self._pending.remaining:
                 blob.zero_diff()
 
-    def _fused_update(self, param_id: int, rate, iteration: int) -> bool:
-        """normalize, regularize, compute_update_value and ``data -= diff`` in one compiled pass where
-        the update rule has one (the same bits); False where it has not and nothing was done."""
+    def _divide_now(self, param_id: int, divisor) -> None:
+        """Average a gradient the exchange left as a sum (``divisor`` 1: nothing to do)."""
+        if divisor != 1:
+            diff = self.net.learnable_params[param_id].diff
+            diff /= diff.dtype.type(divisor)  # what the exchange's own average computes: the same bits
+
+    def _fused_update(self, param_id: int, rate, iteration: int, divisor=1) -> bool:
+        """The division by ``divisor`` (see Parallel.take_divisor), normalize, regularize,
+        compute_update_value and ``data -= diff`` in one compiled pass where the update rule has
+        one (the same bits); False where it has not and nothing was done."""
         p = self.param
         if p.regularization_type not in ("L1", "L2"):
             return False  # regularize() names the bad value
@@ -650,7 +661,7 @@ class Solver:
         scale = f32(1) / f32(p.iter_size) if p.iter_size != 1 else f32(1)
         local_rate = self._local_rate(param_id, rate)
         return self.update_rule.fused_step(param_id, self.net.learnable_params[param_id], scale,
-                                           decay if decay else None, local_rate, iteration)
+                                           decay if decay else None, local_rate, iteration, divisor)
 
     def _local_rate(self, param_id: int, rate) -> np.float32:
         """The solver's rate times the blob's lr_mult, in float32 as Caffe computes it."""

@@ -102,9 +102,11 @@ class UpdateRule:
     def compute_update_value(self, param_id: int, blob: Blob, local_rate, iteration: int) -> None:
         raise NotImplementedError
 
-    def fused_step(self, param_id: int, blob: Blob, scale, decay, local_rate, iteration: int) -> bool:
+    def fused_step(self, param_id: int, blob: Blob, scale, decay, local_rate, iteration: int,
+                   divisor=1) -> bool:
         """The whole step of one blob in one pass, where this rule has a compiled kernel for its
-        arrays: ``diff *= scale`` (normalization), ``diff += decay * data`` (L2 regularization;
+        arrays: ``diff /= divisor`` (the average of a sum over the ranks that the exchange left to
+        the update), ``diff *= scale`` (normalization), ``diff += decay * data`` (L2 regularization;
         ``decay`` None for none), the update value into ``diff`` and ``data -= diff``, the same bits
         as those steps one by one. Returns False (having touched nothing) where it has none; the
         solver then runs the steps one by one."""
@@ -125,13 +127,13 @@ class SGDUpdate(UpdateRule):
         v[...] = local_rate * blob.diff + momentum * v
         blob.diff[...] = v
 
-    def fused_step(self, param_id, blob, scale, decay, local_rate, iteration):
+    def fused_step(self, param_id, blob, scale, decay, local_rate, iteration, divisor=1):
         arrays = _flat_float32(blob.data, blob.diff, self.history[param_id].data)
         if arrays is None:
             return False
         from . import jit_updates
 
-        jit_updates.sgd_step(*arrays, f32(scale), f32(decay or 0), decay is not None, f32(local_rate),
+        jit_updates.sgd_step(*arrays, f32(divisor), f32(scale), f32(decay or 0), decay is not None, f32(local_rate),
                              f32(self.param.momentum))
         return True
 
@@ -147,14 +149,14 @@ class NesterovUpdate(UpdateRule):
         v[...] = local_rate * blob.diff + momentum * v
         blob.diff[...] = (f32(1) + momentum) * v + (-momentum) * previous
 
-    def fused_step(self, param_id, blob, scale, decay, local_rate, iteration):
+    def fused_step(self, param_id, blob, scale, decay, local_rate, iteration, divisor=1):
         arrays = _flat_float32(blob.data, blob.diff, self.history[param_id].data)
         if arrays is None:
             return False
         from . import jit_updates
 
         momentum = f32(self.param.momentum)
-        jit_updates.nesterov_step(*arrays, f32(scale), f32(decay or 0), decay is not None, f32(local_rate),
+        jit_updates.nesterov_step(*arrays, f32(divisor), f32(scale), f32(decay or 0), decay is not None, f32(local_rate),
                                   momentum, f32(1) + momentum)
         return True
 

@@ -190,6 +190,43 @@ def test_bucket_pack_unpack_round_trip_and_in_place_single_blob():
     np.testing.assert_array_equal(diff, a)
 
 
+def test_an_in_place_sum_can_be_left_to_the_update():
+    a = np.arange(6, dtype=np.float32)
+    single = ex.Bucket(0, np.float32, [0], [a.shape])
+    single.pack(0, a)
+    single.buffer *= 3
+    assert single.unpack(0, a, 3, leave_division=True)  # the caller owes the division
+    np.testing.assert_array_equal(a, np.arange(6) * 3)
+    fused = ex.Bucket(1, np.float32, [0, 1], [(2,), (2,)])
+    fused.pack(0, np.ones(2, np.float32))
+    fused.pack(1, np.ones(2, np.float32))
+    out = np.zeros(2, np.float32)
+    assert not fused.unpack(0, out, 2, leave_division=True)  # a copy out divides on the way
+    np.testing.assert_array_equal(out, [0.5, 0.5])
+
+
+def test_the_rule_hands_the_division_of_in_place_sums_to_the_update():
+    net = make_net()
+    expected = reference_gradients(net)
+    # ip1.w (120 bytes) in a bucket of its own, exchanged in its diff; the small blobs fused.
+    rule = ex.AllreduceExchange(ScriptedComm(4), net, ex.ExchangeOptions(schedule="fifo", bucket_bytes=100,
+                                                                         progress="POLL"))
+    rule.leave_division_to_update()
+    net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
+    for iteration in range(2):  # the first learns the layout
+        for pid in range(len(net.learnable_params)):
+            rule.take_divisor(pid)
+        run_iteration(net, rule, iteration, [])
+    in_place = {b.param_ids[0] for b in rule.buckets if b.in_place}
+    assert in_place and in_place != set(range(len(net.learnable_params)))
+    for pid, blob in enumerate(net.learnable_params):
+        divisor = rule.take_divisor(pid)
+        assert divisor == (4 if pid in in_place else 1)
+        assert rule.take_divisor(pid) == 1  # taken
+        # ScriptedComm's average of g is g + 1/size.
+        np.testing.assert_allclose(blob.diff / np.float32(divisor), expected[pid] + 0.25, rtol=1e-6)
+
+
 # ============================================================================================ allreduce rule
 def test_priority_schedule_averages_chunks_into_the_diffs_first_layer_first():
     net = make_net()
