@@ -160,6 +160,11 @@ class Net:
         self._bottom_vecs: list[list[Blob]] = []
         self._top_vecs: list[list[Blob]] = []
         self._loss_weights: list[list[float]] = []
+        # Per layer, the in-place tops that get an array of their own before each forward: a user's
+        # (Python) layer may write into its top's array (pycaffe's ``top[0].data[...] = ...``), and
+        # netdef's layers keep references to their outputs for backward on the rule that a later
+        # layer replaces a blob's array instead of writing into it (layers/reused.py).
+        self._own_array_tops: list[list[Blob]] = []
         self._producer: dict[str, int] = {}
         available: dict[str, Blob] = {}
         unconsumed: set[str] = set()  # produced and not yet read: the net's outputs at the end
@@ -183,6 +188,7 @@ class Net:
             self.top_names[layer_param.name] = list(layer_param.top)
             self._bottom_vecs.append(bottoms)
             self._top_vecs.append(tops)
+            self._own_array_tops.append([t for t in tops if cls.runs_user_code and any(t is b for b in bottoms)])
             self._loss_weights.append(self._layer_loss_weights(layer, layer_param, where))
         # Caffe keeps the unread blobs in a std::set, so its (and pycaffe's) outputs are sorted by name.
         self._output_names = sorted(unconsumed)
@@ -471,6 +477,8 @@ class Net:
                 if before:
                     before(li)
             layer.reshape(bottom, top)
+            for blob in self._own_array_tops[li]:
+                blob.data = blob.data.copy()
             layer.forward(bottom, top)
             for _, after, _, _ in hooks:
                 if after:

@@ -44,12 +44,13 @@ def forward_global(x3, mean, std, out3):
     return forward_global_reference(x3, mean, std, out3)
 
 
-def backward_batch(x3, dy3, mean, std, out3):
-    """out3 = (dy - mean(dy) - y * mean(y * dy)) / std, the means per channel over N and M."""
-    if jit.usable(x3, dy3, mean, std, out3):
-        _kernels().backward_batch(x3, dy3, mean, std, out3)
+def backward_batch(y3, dy3, std, out3):
+    """out3 = (dy - mean(dy) - y * mean(y * dy)) / std, the means per channel over N and M, y3 being
+    forward_batch's output (Caffe's backward reads its top data too)."""
+    if jit.usable(y3, dy3, std, out3):
+        _kernels().backward_batch(y3, dy3, std, out3)
         return out3
-    return backward_batch_reference(x3, dy3, mean, std, out3)
+    return backward_batch_reference(y3, dy3, std, out3)
 
 
 def backward_global(dy3, std, out3):
@@ -72,8 +73,7 @@ def forward_global_reference(x3, mean, std, out3):
     return out3
 
 
-def backward_batch_reference(x3, dy3, mean, std, out3):
-    y = (x3 - _channel(mean)) / _channel(std)
+def backward_batch_reference(y, dy3, std, out3):
     mean_dy = dy3.mean(axis=(0, 2), keepdims=True)
     mean_ydy = (y * dy3).mean(axis=(0, 2), keepdims=True)
     out3[...] = (dy3 - mean_dy - y * mean_ydy) * (1.0 / _channel(std))

@@ -126,6 +126,35 @@ def test_forward_backward_and_param_str(user_module):
     check_gradients(param, [x])
 
 
+IN_PLACE_AFTER_BATCHNORM = """
+name: "chain" force_backward: true
+layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 3 dim: 4 dim: 5 } } }
+layer { name: "t" type: "Input" top: "t" input_param { shape { dim: 3 dim: 4 dim: 5 } } }
+layer { name: "bn" type: "BatchNorm" bottom: "x" top: "y" batch_norm_param { use_global_stats: false } }
+layer { name: "py" type: "Python" bottom: "y" top: "%s" python_param { module: "%s" layer: "ScaleBy" param_str: "3" } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "%s" bottom: "t" top: "loss" }
+"""
+
+
+def test_a_user_layer_writing_into_its_in_place_top_leaves_earlier_outputs_alone(tmp_path, user_module):
+    # BatchNorm keeps its output for backward; the user's in-place layer writes into its top's array
+    # (top[0].data[...] = ...), which the net gives it fresh, so the kept output is not overwritten.
+    rng = np.random.default_rng(3)
+    x, t = rng.standard_normal((3, 4, 5)), rng.standard_normal((3, 4, 5))
+    grads = []
+    for top in ("y", "z"):  # in place, then out of place
+        path = tmp_path / f"{top}.prototxt"
+        path.write_text(IN_PLACE_AFTER_BATCHNORM % (top, user_module, top))
+        net = Net(str(path), TRAIN)
+        net.blobs["x"].data[...] = x
+        net.blobs["t"].data[...] = t
+        net.forward()
+        net.backward()
+        grads.append(net.blobs["x"].diff.copy())
+    assert np.abs(grads[1]).max() > 1e-3
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("phase", [TRAIN, TEST])
 def test_phase_is_visible_in_setup(user_module, phase):
     layer, _, _ = build(parse_layer(str(python_layer(user_module, "ScaleBy", "1")), phase), [np.zeros(2)], 1)

@@ -29,15 +29,15 @@ def _squared_deviation(row, center):
     return total
 
 
-@njit(nogil=True, fastmath={"reassoc"}, error_model="numpy", cache=True)
-def _gradient_sums(x, dy, mean, std):
-    """(sum of dy, sum of y * dy) over one row, y = (x - mean) / std recomputed as forward did."""
+@njit(nogil=True, fastmath={"reassoc"}, cache=True)
+def _gradient_sums(y, dy):
+    """(sum of dy, sum of y * dy) over one row."""
     total_dy = 0.0
     total_ydy = 0.0
-    for j in range(x.shape[0]):
+    for j in range(y.shape[0]):
         g = np.float64(dy[j])
         total_dy += g
-        total_ydy += ((x[j] - mean) / std) * g
+        total_ydy += y[j] * g
     return total_dy, total_ydy
 
 
@@ -79,25 +79,23 @@ def forward_global(x, mean, std, y):
 
 
 @njit(nogil=True, parallel=True, error_model="numpy", cache=True)
-def backward_batch(x, dy, mean, std, dx):
-    """dx = (dy - mean(dy) - y * mean(y * dy)) / std per channel, y recomputed from x."""
-    n_, c_, m_ = x.shape
+def backward_batch(y, dy, std, dx):
+    """dx = (dy - mean(dy) - y * mean(y * dy)) / std per channel, y being forward's output."""
+    n_, c_, m_ = y.shape
     count = n_ * m_
     for c in prange(c_):
-        center = mean[c]
-        spread = std[c]
         total_dy = 0.0
         total_ydy = 0.0
         for n in range(n_):
-            a, b = _gradient_sums(x[n, c], dy[n, c], center, spread)
+            a, b = _gradient_sums(y[n, c], dy[n, c])
             total_dy += a
             total_ydy += b
-        mean_dy = x.dtype.type(total_dy / count)
-        mean_ydy = x.dtype.type(total_ydy / count)
-        inv_std = x.dtype.type(1) / spread
+        mean_dy = y.dtype.type(total_dy / count)
+        mean_ydy = y.dtype.type(total_ydy / count)
+        inv_std = y.dtype.type(1) / std[c]
         for n in range(n_):
-            src = x[n, c]
+            normalized = y[n, c]
             grad = dy[n, c]
             out = dx[n, c]
             for j in range(m_):
-                out[j] = (grad[j] - mean_dy - ((src[j] - center) / spread) * mean_ydy) * inv_std
+                out[j] = (grad[j] - mean_dy - normalized[j] * mean_ydy) * inv_std
