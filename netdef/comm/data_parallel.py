@@ -272,7 +272,9 @@ class DataParallel(Parallel):
 
     def swap_in_model(self) -> None:
         self._model_depth += 1
-        if self._model_depth == 1:
+        # Before the first step there is no model yet (no centre, rank 0's weights not broadcast):
+        # a test then sees each rank's own weights, as under allreduce.
+        if self._model_depth == 1 and self._synchronized:
             self.exchange.swap_in_model()
 
     def swap_out_model(self) -> None:

@@ -10,13 +10,15 @@ import time
 import numpy as np
 import pytest
 
+from netdef.comm.agreement import distributed_facts, first_difference
+from netdef.comm.distributed import options_from
 from netdef.proto import io as proto_io
 from netdef.proto import netdef_pb2 as pb
 from netdef.weights import proto_values
 from tests.comm.fixtures import mpi_available, run_netdef, run_python, write_case
 
 AVAILABLE, WHY_NOT = mpi_available()
-pytestmark = pytest.mark.skipif(not AVAILABLE, reason=WHY_NOT)
+needs_mpi = pytest.mark.skipif(not AVAILABLE, reason=WHY_NOT)
 
 BATCH = 4
 HERE = pathlib.Path(__file__).resolve().parent
@@ -42,12 +44,14 @@ def train(tmp_path, name, ranks, flags, max_iter, **kwargs):
     return run.stderr + run.stdout
 
 
+@needs_mpi
 def test_elastic_and_gossip_arithmetic_under_mpi(tmp_path):
     run = run_python([str(HERE / "async_rules_script.py")], 3, tmp_path, timeout=90)
     assert run.returncode == 0, run.stderr[-3000:]
     assert sorted(re.findall(r"rank (\d) ok", run.stdout)) == ["0", "1", "2"]
 
 
+@needs_mpi
 def test_easgd_snapshot_and_exact_resume(tmp_path):
     # tau 4: elastic steps after iterations 3 and 7; the snapshot at 4 follows the first, and the
     # resumed iterations 4..6 take no step, so they are deterministic and must match bit for bit.
@@ -85,6 +89,7 @@ def test_easgd_snapshot_and_exact_resume(tmp_path):
         assert np.array_equal(a, b)
 
 
+@needs_mpi
 def test_gossip_snapshot_round_trip(tmp_path):
     flags = ["--exchange", "gossip", "--gossip_probability", "0.6"]
     tests = {"test_iter": 2, "test_records": 24, "test_interval": 6}
@@ -103,6 +108,7 @@ def test_gossip_snapshot_round_trip(tmp_path):
     assert [r.SerializeToString() for r in written.rank_state] == [r.SerializeToString() for r in saved.rank_state]
 
 
+@needs_mpi
 def test_hybrid_groups_train_alike_inside_and_apart_between(tmp_path):
     # Chunk sizes given: no link measurement (it only slows the test down).
     log = train(tmp_path, "hybrid", 4, ["--exchange", "hybrid", "--group_size", "2", "--tau", "3", "--chunk_bytes",
@@ -116,6 +122,7 @@ def test_hybrid_groups_train_alike_inside_and_apart_between(tmp_path):
     assert not np.allclose(ranks[0], ranks[2])
 
 
+@needs_mpi
 @pytest.mark.parametrize("rule", ["easgd", "gossip"])
 def test_a_raising_rank_ends_the_job(tmp_path, rule):
     solver = write_case(tmp_path, "fail", BATCH, 200, records=24, param_str="fail_rank=1 fail_iter=3 mode=raise")
@@ -125,3 +132,19 @@ def test_a_raising_rank_ends_the_job(tmp_path, rule):
     assert run.returncode != 0
     assert time.monotonic() - start < 30
     assert "rank 1 of 2 failed: RuntimeError" in run.stderr
+
+
+def test_the_rules_settings_come_from_the_file_and_flags_and_must_agree():
+    param = pb.SolverParameter()
+    param.netdef_distributed.exchange = "easgd"
+    param.netdef_distributed.tau = 4
+    options = options_from(param, alpha=0.25, group_size=3)
+    assert (options.tau, options.alpha, options.beta, options.group_size) == (4, 0.25, pytest.approx(0.9), 3)
+    assert options.gossip_probability == pytest.approx(0.1)  # the schema's default
+    other = options_from(param, tau=5, alpha=0.25, group_size=3)
+    assert first_difference("distributed", [distributed_facts(options), distributed_facts(other)]) == \
+        "ranks disagree on distributed tau: rank 0 has 4, rank 1 has 5"
+    for bad, field in [({"tau": 0}, "tau"), ({"alpha": 1.5}, "alpha"), ({"gossip_probability": 2}, "gossip_probability"),
+                       ({"group_size": 0}, "group_size")]:
+        with pytest.raises(ValueError, match=f"netdef_distributed.{field} must"):
+            options_from(param, **bad)
