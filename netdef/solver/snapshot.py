@@ -17,6 +17,10 @@ netdef adds what exact resumption needs, which Caffe ignores when reading: ``Sol
 (field 10000; in HDF5 the dataset ``netdef_state`` holding the same serialized message as opaque bytes)
 with the random generator's state and each data source's ``data_state()``; a run of several ranks
 adds every rank's own (``rank_state``), so its snapshot is still one model file and one state file.
+Under the asynchronous exchange rules (easgd, gossip, hybrid) the ranks' weights differ: the model file
+then holds the model (``Parallel.swap_in_model``: the centre variable, or rank 0's weights), and each
+rank's own weights, update history and rule state go into its ``rank_state`` (``Parallel.save_rank_state``,
+``restore_rank_state``).
 
 Both files are first written completely to temporary files beside their targets, then renamed over
 them, model first and state second (``netdef.files``): a failed or interrupted snapshot leaves the earlier files as they
