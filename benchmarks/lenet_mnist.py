@@ -30,6 +30,25 @@ def run(cmd, cwd) -> str:
     return done.stdout + done.stderr
 
 
+def prepare_splits(mnist: pathlib.Path, work: pathlib.Path) -> None:
+    """``mnist_train_lmdb`` (the first 8,000 t10k images) and ``mnist_test_lmdb`` (the last 2,000) in
+    ``work``, through `netdef convert-mnist`; kept when already there."""
+    sys.path.insert(0, str(REPO))
+    from netdef.data.convert import write_idx
+    from netdef.data.idx import read_idx
+
+    images = read_idx(mnist / "t10k-images-idx3-ubyte.gz")
+    labels = read_idx(mnist / "t10k-labels-idx1-ubyte.gz")
+    work.mkdir(parents=True, exist_ok=True)
+    for split, part in (("train", slice(0, 8000)), ("test", slice(8000, 10000))):
+        if (work / f"mnist_{split}_lmdb").exists():
+            continue
+        write_idx(work / f"{split}-images.idx", images[part])
+        write_idx(work / f"{split}-labels.idx", labels[part])
+        run([sys.executable, "-m", "netdef.cli", "convert-mnist", f"{split}-images.idx", f"{split}-labels.idx",
+             f"mnist_{split}_lmdb"], work)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mnist", default=str(REPO.parent / "shared" / "data" / "mnist"))
@@ -37,22 +56,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=0, help="override max_iter")
     args = parser.parse_args()
 
-    sys.path.insert(0, str(REPO))
-    from netdef.data.convert import write_idx
-    from netdef.data.idx import read_idx
-
-    mnist = pathlib.Path(args.mnist)
-    images = read_idx(mnist / "t10k-images-idx3-ubyte.gz")
-    labels = read_idx(mnist / "t10k-labels-idx1-ubyte.gz")
     work = pathlib.Path(args.work or tempfile.mkdtemp(prefix="netdef-lenet-"))
-    work.mkdir(parents=True, exist_ok=True)
+    prepare_splits(pathlib.Path(args.mnist), work)
     netdef_cmd = [sys.executable, "-m", "netdef.cli"]
-    for split, part in (("train", slice(0, 8000)), ("test", slice(8000, 10000))):
-        write_idx(work / f"{split}-images.idx", images[part])
-        write_idx(work / f"{split}-labels.idx", labels[part])
-        if not (work / f"mnist_{split}_lmdb").exists():
-            run(netdef_cmd + ["convert-mnist", f"{split}-images.idx", f"{split}-labels.idx", f"mnist_{split}_lmdb"], work)
-
     train = netdef_cmd + ["train", str(REPO / "models" / "lenet" / "lenet_solver.prototxt")]
     if args.iterations:
         train.append(f"--iterations={args.iterations}")

@@ -106,7 +106,9 @@ def cmd_train(args) -> int:
         param.max_iter = _positive_iterations(args, "train")
     options = options_from(param, exchange=args.exchange, overlap=args.overlap, bucket_bytes=args.bucket_bytes,
                            progress=args.progress, timeline=args.timeline, schedule=args.schedule,
-                           chunk_bytes=args.chunk_bytes, credit_bytes=args.credit_bytes)
+                           chunk_bytes=args.chunk_bytes, credit_bytes=args.credit_bytes, tau=args.tau,
+                           alpha=args.alpha, beta=args.beta, group_size=args.group_size,
+                           gossip_probability=args.gossip_probability)
     comm = create_communicator(async_progress=options.progress == "MPI_ASYNC")
     if comm.rank > 0:
         log.setLevel(logging.WARNING)  # only rank 0 logs progress; every rank reports its errors
@@ -492,6 +494,14 @@ def build_parser() -> argparse.ArgumentParser:
                "arrives; fifo: backward order, update after the whole exchange")
     _flag(dist, "chunk_bytes", type=int, metavar="BYTES", help="priority: chunk size (default: measured)")
     _flag(dist, "credit_bytes", type=int, metavar="BYTES", help="priority: bytes in flight (default: measured)")
+    _flag(dist, "tau", type=int, metavar="N", help="easgd, hybrid: updates between elastic steps (default 10)")
+    _flag(dist, "alpha", type=float, help="easgd, hybrid: the elastic moving rate (default: beta / the number of "
+                                          "ranks or groups)")
+    _flag(dist, "beta", type=float, help="easgd, hybrid: alpha = beta / ranks or groups when alpha is not set "
+                                         "(default 0.9)")
+    _flag(dist, "group_size", type=int, metavar="N", help="hybrid: ranks per synchronous group (default 2)")
+    _flag(dist, "gossip_probability", type=float, metavar="P",
+          help="gossip: probability of sending the weights to a random peer after an update (default 0.1)")
     train.set_defaults(func=cmd_train)
 
     test = verbs.add_parser("test", parents=[common],

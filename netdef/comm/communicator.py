@@ -91,6 +91,32 @@ class Communicator:
         """Block until every request in ``requests`` has completed."""
         requests[:] = [None] * len(requests)
 
+    # -------------------------------------------------------------------------------- groups
+    def split(self, color: int) -> "Communicator":
+        """The ranks that pass the same ``color``, as a communicator of their own, in rank order
+        (collective: every rank calls it)."""
+        return self
+
+    # -------------------------------------------------------------------------------- one-sided
+    def window(self, count: int, dtype) -> "Window":
+        """A window of ``count`` elements of ``dtype`` that this rank holds and every rank may read and
+        add to without this rank taking part (collective; ``count`` may differ between ranks)."""
+        return Window(count, dtype)
+
+    # -------------------------------------------------------------------------------- point-to-point
+    def isend(self, array, dest: int, tag: int):
+        """Start sending ``array`` (C-contiguous NumPy, untouched until done) to rank ``dest``; returns
+        a request for ``test_some``/``wait_all``."""
+        raise CommunicatorError("one process has no other rank to send to")
+
+    def irecv(self, array, tag: int):
+        """Start receiving into ``array`` a message with ``tag`` from any rank; returns a request."""
+        raise CommunicatorError("one process has no other rank to receive from")
+
+    def cancel(self, requests: list) -> None:
+        """Withdraw the receives in ``requests`` that have not completed (local)."""
+        requests[:] = [None] * len(requests)
+
     # -------------------------------------------------------------------------------- failure
     def abort(self, code: int = 1) -> None:
         """End every process of the job now with exit status ``code`` (never returns)."""
@@ -103,6 +129,32 @@ class Communicator:
 
 
 SingleProcessCommunicator = Communicator
+
+
+class Window:
+    """One-sided access to the arrays the ranks of a communicator hold, one array per rank (the
+    target), addressed by element offset. Every access is atomic per element with respect to the
+    others (MPI's accumulate operations), and none needs the target to take part: a slow rank
+    never delays the ranks that read or add to its array. This one is a single process's (its
+    own array, rank 0)."""
+
+    def __init__(self, count: int, dtype):
+        self._local = np.zeros(int(count), dtype=dtype)
+
+    def read(self, target: int, offset: int, out: np.ndarray) -> None:
+        """``out[...]`` = target's elements ``offset .. offset + out.size``."""
+        out[...] = self._local[offset:offset + out.size]
+
+    def add(self, target: int, offset: int, values: np.ndarray) -> None:
+        """Add ``values`` to target's elements from ``offset`` on."""
+        self._local[offset:offset + values.size] += values
+
+    def write(self, target: int, offset: int, values: np.ndarray) -> None:
+        """Replace target's elements from ``offset`` on by ``values``."""
+        self._local[offset:offset + values.size] = values
+
+    def free(self) -> None:
+        """Release the window (collective for MPI)."""
 
 
 class MPICommunicator(Communicator):
@@ -185,6 +237,29 @@ class MPICommunicator(Communicator):
             self._MPI.Request.Waitall(handles)
         requests[:] = [None] * len(requests)
 
+    def split(self, color: int) -> "MPICommunicator":
+        return MPICommunicator(self.comm.Split(int(color), self.rank))
+
+    def window(self, count: int, dtype) -> "MPIWindow":
+        return MPIWindow(self._MPI, self.comm, count, dtype)
+
+    def isend(self, array, dest: int, tag: int):
+        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+            raise ValueError("isend needs a C-contiguous NumPy array")
+        return self.comm.Isend(array, dest=dest, tag=tag)
+
+    def irecv(self, array, tag: int):
+        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+            raise ValueError("irecv needs a C-contiguous NumPy array")
+        return self.comm.Irecv(array, source=self._MPI.ANY_SOURCE, tag=tag)
+
+    def cancel(self, requests: list) -> None:
+        for request in requests:
+            if request is not None:
+                request.Cancel()
+                request.Wait()
+        requests[:] = [None] * len(requests)
+
     def abort(self, code: int = 1) -> None:
         sys.stderr.flush()
         sys.stdout.flush()
@@ -194,6 +269,50 @@ class MPICommunicator(Communicator):
         time.sleep(0.2)
         self.comm.Abort(code)
         os._exit(code)  # Abort does not return; in case a library's does
+
+
+class MPIWindow(Window):
+    """An MPI window (``Win.Allocate``: memory the library may place where every rank on the machine
+    reaches it directly) accessed under passive-target locks: a shared lock for reads
+    (``Get_accumulate`` with NO_OP) and additions (``Accumulate`` with SUM), which MPI keeps atomic
+    per element against each other, an exclusive one for writes. Each access is its own epoch, so
+    no lock is held while this rank computes: a rank that dies or raises leaves no lock behind that
+    another rank waits on (the failure guard ends the job meanwhile)."""
+
+    def __init__(self, MPI, comm, count: int, dtype):
+        self._MPI = MPI
+        self.dtype = np.dtype(dtype)
+        types = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE}
+        if self.dtype not in types:
+            raise ValueError(f"windows hold float32 or float64 values, not {self.dtype}")
+        self._mpi_type = types[self.dtype]
+        self._win = MPI.Win.Allocate(int(count) * self.dtype.itemsize, disp_unit=self.dtype.itemsize, comm=comm)
+
+    def _target(self, offset: int, array: np.ndarray):
+        if array.dtype != self.dtype or not array.flags.c_contiguous:
+            raise ValueError(f"window arrays must be C-contiguous {self.dtype}")
+        return (int(offset), int(array.size), self._mpi_type)
+
+    def read(self, target: int, offset: int, out: np.ndarray) -> None:
+        where = self._target(offset, out)
+        self._win.Lock(target, self._MPI.LOCK_SHARED)
+        self._win.Get_accumulate(np.empty_like(out), out, target, target=where, op=self._MPI.NO_OP)
+        self._win.Unlock(target)
+
+    def add(self, target: int, offset: int, values: np.ndarray) -> None:
+        where = self._target(offset, values)
+        self._win.Lock(target, self._MPI.LOCK_SHARED)
+        self._win.Accumulate(values, target, target=where, op=self._MPI.SUM)
+        self._win.Unlock(target)
+
+    def write(self, target: int, offset: int, values: np.ndarray) -> None:
+        where = self._target(offset, values)
+        self._win.Lock(target, self._MPI.LOCK_EXCLUSIVE)
+        self._win.Put(values, target, target=where)
+        self._win.Unlock(target)
+
+    def free(self) -> None:
+        self._win.Free()
 
 
 def mapped_mpi_segments() -> list[str]:

@@ -19,14 +19,20 @@ fixed points (``netdef/solver/parallel.py``) this class:
   ``arrived``/``wait_gradients`` tell the solver which averaged gradients it may update with.
 - Tests run on every rank over its shard; the summed outputs and loss are averaged over the ranks,
   which equals one process testing all those records with an N times larger batch for outputs that
-  are means over the batch (accuracy, normalized losses).
+  are means over the batch (accuracy, normalized losses). Under the asynchronous rules (easgd,
+  gossip, hybrid) each rank trains weights of its own: tests and the snapshot's model file use the
+  rule's model (the centre variable, rank 0's weights), swapped in on every rank for the test and
+  out after it (the log says which, once).
 - Signals: stop/snapshot requests are agreed (a logical or over the ranks) at each iteration
   boundary, so every rank stops or snapshots at the same iteration.
 - Snapshots: written by rank 0, with every rank's own random state and data positions gathered
   into the state file (``NetdefSolverState.rank_state``), so a snapshot is one model file and one
   state file, each replaced atomically. Resuming with the same number of ranks restores every rank
   exactly; with another number the weights, history and iteration are restored and each rank's
-  data sources start their new shard from the beginning (a warning says so).
+  data sources start their new shard from the beginning (a warning says so). Under the
+  asynchronous rules the ranks first settle (nothing in flight), and every rank's own weights and
+  update history and the rule's state (gossip's mixing weight and peer-choice generator) go into
+  its rank state; the model file holds the model, from which the centre is rebuilt at resume.
 - Measurements: ``measurements`` (``timeline.Measurements``), and with ``timeline`` a Chrome trace of
   every rank written by ``end_training``.
 
@@ -46,6 +52,8 @@ import numpy as np
 from .. import __version__, backend
 from ..proto import netdef_pb2 as pb
 from ..solver.parallel import Parallel
+from ..solver.snapshot import SnapshotError, set_blobs
+from . import elastic, gossip  # noqa: F401  (they register the rules easgd, hybrid and gossip)
 from .agreement import agree, startup_facts
 from .communicator import Communicator, create_communicator
 from .exchange import ExchangeOptions, exchange_class
@@ -89,6 +97,7 @@ class DataParallel(Parallel):
         self._param_names: list[str] = []
         self._update_start = 0.0
         self._reported_up_to = 0  # the first iteration scalars() has not reported yet
+        self._model_depth = 0     # nested swap_in_model calls (a snapshot requested during a test)
 
     def describe(self) -> str:
         return f"{self.size} ranks ({self.comm.description})"
@@ -120,7 +129,8 @@ class DataParallel(Parallel):
                     seen.add(id(layer))
                     if layer.set_shard(self.rank, self.size):
                         sharded.add(id(layer))
-        self.exchange = exchange_class(self.options.exchange)(self.comm, solver.net, self.options, self.measurements)
+        self.exchange = exchange_class(self.options.exchange)(self.comm, solver.net, self.options, self.measurements,
+                                                              seed=self._seed or 0)
         self.exchange.leave_division_to_update()  # the solver takes the divisors (take_divisor)
         self._param_names = [blob.name for blob in solver.net.learnable_params]
         if self.options.timeline:
@@ -140,6 +150,9 @@ class DataParallel(Parallel):
                           f"batch {batch * self.size * iter_size}")
         logger.info("Distributed training on %d ranks (%s): %s", self.size, self.comm.description, batch_text)
         logger.info("Gradient exchange: %s", self.exchange.describe())
+        if self.exchange.trains_own_weights:
+            logger.info("Each rank trains its own weights; tests and the snapshots' model files use %s",
+                        self.exchange.model_description)
         if self.rank == 0 and not train_net_sharded:
             logger.warning("The train net has no data source that shards (Data, ImageData, HDF5Data): each rank "
                            "trains on what its own layers produce, which is the same data on every rank unless "
@@ -205,6 +218,9 @@ class DataParallel(Parallel):
             self.timeline.span(f"update {self._param_names[param_id]}", self._update_start, self._clock(),
                                lane="updates", category="update")
 
+    def must_finish_updates(self) -> bool:
+        return self.exchange.mixes_after_update()
+
     def updated(self) -> None:
         self.exchange.after_update()
 
@@ -258,7 +274,45 @@ class DataParallel(Parallel):
         scores = None if scores is None else values[:-1].astype(np.float32)
         return scores, np.float32(values[-1])
 
+    def swap_in_model(self) -> None:
+        self._model_depth += 1
+        # Before the first step there is no model yet (no centre, rank 0's weights not broadcast):
+        # a test then sees each rank's own weights, as under allreduce.
+        if self._model_depth == 1 and self._synchronized:
+            self.exchange.swap_in_model()
+
+    def swap_out_model(self) -> None:
+        self._model_depth -= 1
+        if self._model_depth == 0:
+            self.exchange.swap_out_model()
+
     # ------------------------------------------------------------------------------ snapshots
+    def settle(self) -> None:
+        self.exchange.settle()
+
+    def save_rank_state(self, state) -> None:
+        if self.exchange.trains_own_weights:
+            for values in self.exchange.own_weights():
+                proto = state.param.add()
+                proto.shape.dim.extend(values.shape)
+                proto.data.extend(np.asarray(values, dtype=np.float32).ravel())
+            for blob in self._solver.history:
+                proto = state.history.add()
+                proto.shape.dim.extend(blob.shape)
+                proto.data.extend(backend.to_host(blob.data).astype(np.float32).ravel())
+        self.exchange.save_state(state)
+
+    def restore_rank_state(self, state, where: str) -> None:
+        try:
+            self.exchange.restore_state(state)
+        except ValueError as exc:
+            raise SnapshotError(f"{where}: rank {self.rank}: {exc}") from None
+        if state is None or not self.exchange.trains_own_weights or not len(state.param):
+            return
+        set_blobs(self._solver.net.learnable_params, state.param, f"{where}: rank {self.rank}'s own weights",
+                  "net's")
+        set_blobs(self._solver.history, state.history, f"{where}: rank {self.rank}'s update history", "solver's")
+
     def gather_rank_states(self, own: bytes) -> list[bytes] | None:
         if self.size == 1:
             return [own]
@@ -273,7 +327,9 @@ class DataParallel(Parallel):
 
     # ------------------------------------------------------------------------------ the end
     def end_training(self) -> None:
-        """Write the Chrome trace (every rank must call it: it gathers the ranks' events)."""
+        """Settle the exchange and write the Chrome trace (every rank must call it: it gathers the
+        ranks' events)."""
+        self.exchange.settle()
         if self.timeline is None:
             return
         for record in self.measurements.records:

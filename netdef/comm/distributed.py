@@ -31,12 +31,18 @@ logger = logging.getLogger("netdef")
 def options_from(param: pb.SolverParameter, *, exchange: str | None = None, overlap: bool | None = None,
                  bucket_bytes: int | None = None, progress: str | None = None,
                  timeline: str | None = None, schedule: str | None = None, chunk_bytes: int | None = None,
-                 credit_bytes: int | None = None) -> ExchangeOptions:
+                 credit_bytes: int | None = None, tau: int | None = None, alpha: float | None = None,
+                 beta: float | None = None, group_size: int | None = None,
+                 gossip_probability: float | None = None) -> ExchangeOptions:
     """The solver file's ``netdef_distributed`` settings with the given (command line) overrides."""
     d = param.netdef_distributed
     options = ExchangeOptions(exchange=d.exchange, overlap=d.overlap, bucket_bytes=int(d.bucket_bytes),
                               progress=mode_name(d.progress), timeline=d.timeline, schedule=d.schedule,
-                              chunk_bytes=int(d.chunk_bytes), credit_bytes=int(d.credit_bytes))
+                              chunk_bytes=int(d.chunk_bytes), credit_bytes=int(d.credit_bytes), tau=int(d.tau),
+                              alpha=float(d.alpha), beta=float(d.beta), group_size=int(d.group_size),
+                              gossip_probability=float(d.gossip_probability))
+    _override_asynchronous(options, tau=tau, alpha=alpha, beta=beta, group_size=group_size,
+                           gossip_probability=gossip_probability)
     if schedule is not None:
         options.schedule = schedule
     if chunk_bytes is not None:
@@ -61,6 +67,23 @@ def options_from(param: pb.SolverParameter, *, exchange: str | None = None, over
         raise ValueError(f"bucket_bytes must be positive, got {options.bucket_bytes}")
     exchange_class(options.exchange)  # an unknown rule: a clear error before anything is built
     return options
+
+
+def _override_asynchronous(options: ExchangeOptions, **given) -> None:
+    """The asynchronous rules' settings from the command line, checked (the rules check how they combine)."""
+    for name, value in given.items():
+        if value is not None:
+            setattr(options, name, type(getattr(options, name))(value))
+    if options.tau < 1:
+        raise ValueError(f"netdef_distributed.tau must be at least 1, got {options.tau}")
+    if not 0 <= options.alpha < 1:
+        raise ValueError(f"netdef_distributed.alpha must lie in [0, 1) (0: beta / participants), got {options.alpha}")
+    if not 0 < options.beta <= 1:
+        raise ValueError(f"netdef_distributed.beta must lie in (0, 1], got {options.beta}")
+    if options.group_size < 1:
+        raise ValueError(f"netdef_distributed.group_size must be at least 1, got {options.group_size}")
+    if not 0 <= options.gossip_probability <= 1:
+        raise ValueError(f"netdef_distributed.gossip_probability must lie in [0, 1], got {options.gossip_probability}")
 
 
 def create_solver(solver, comm: Communicator | None = None, options: ExchangeOptions | None = None,

@@ -13,12 +13,22 @@ it has (ChainerMN's communicators are the model: each strategy overrides a few m
                                         should apply (the average over the ranks, for allreduce)
         rule.wait_for(ids)              block until those diffs do
         rule.take_divisor(id)           what a diff must still be divided by (after leave_division_to_update)
+        rule.mixes_after_update()       asked after the update: when true, the solver applies every
+                                        update of the iteration before going on
         rule.after_update()             after every blob's update (elastic averaging mixes parameters)
+    rule.settle()                       collective, before a snapshot and at the end of training:
+                                        nothing is left in flight between the ranks
+    rule.swap_in_model(), swap_out_model()   around tests and snapshots: the net holds the model
+                                        (the centre variable, rank 0's weights...), then again this
+                                        rank's own weights (the first is collective, the second local)
+    rule.save_state(state), restore_state(state)   this rank's part of a snapshot (NetdefRankState)
+    rule.close()
 
 The base rule answers ``arrived`` and ``wait_for`` by calling ``finish()`` once per iteration (wait
 for everything, then every gradient is there), which is all a rule that updates after the whole
-exchange needs to override.
-    rule.close()
+exchange needs to override. Rules whose ranks train weights of their own (``trains_own_weights``:
+easgd, gossip, hybrid in ``elastic.py`` and ``gossip.py``) derive from ``OwnWeightsRule``
+(``own_weights.py``).
 
 Rules register by name (``exchange: "allreduce"`` in NetdefDistributedParameter, ``--exchange``)::
 
@@ -83,6 +93,11 @@ class ExchangeOptions:
     schedule: str = "priority"  # or "fifo" (scheduler.py)
     chunk_bytes: int = 0        # priority: 0 = chosen by measuring
     credit_bytes: int = 0       # priority: 0 = chosen by measuring
+    tau: int = 10               # easgd, hybrid: iterations between elastic steps
+    alpha: float = 0.0          # easgd, hybrid: moving rate; 0 = beta / participants
+    beta: float = 0.9           # easgd, hybrid
+    group_size: int = 2         # hybrid
+    gossip_probability: float = 0.1
 
 
 # ============================================================================================== registry
@@ -118,18 +133,25 @@ class ExchangeRule:
     """The base rule: the sequence of calls in the module docstring, each a no-op here except
     ``broadcast_initial``. ``self.comm`` (a Communicator), ``self.net`` (the train net),
     ``self.params`` (its learnable parameter Blobs), ``self.options`` (ExchangeOptions) and
-    ``self.measurements`` (record the rule's timings in ``self.measurements.current``)."""
+    ``self.measurements`` (record the rule's timings in ``self.measurements.current``), ``self.seed``
+    (the run's random seed, the same on every rank, for a rule's own random choices).
+
+    ``trains_own_weights``: whether each rank trains weights of its own, which then differ from the
+    model that is tested and saved (``model_description`` says what that is, for the log)."""
 
     name = ""
+    trains_own_weights = False
+    model_description = "the weights (the same on every rank)"
 
     def __init__(self, comm, net, options: ExchangeOptions | None = None, measurements: Measurements | None = None,
-                 clock=time.perf_counter):
+                 clock=time.perf_counter, seed: int = 0):
         self.comm = comm
         self.net = net
         self.params = net.learnable_params
         self.options = options or ExchangeOptions()
         self.measurements = measurements or Measurements()
         self.clock = clock
+        self.seed = int(seed)
         self._finished = True
         self._leave_division = False
         self._undivided: dict[int, int] = {}
@@ -181,8 +203,34 @@ class ExchangeRule:
     def finish(self) -> None:
         """Wait for the whole exchange; the diffs then hold what the update should apply."""
 
+    def mixes_after_update(self) -> bool:
+        """Whether ``after_update()`` of this iteration changes the parameters (every update of the
+        iteration must be applied before it)."""
+        return False
+
     def after_update(self) -> None:
         pass
+
+    def settle(self) -> None:
+        """Collective: complete whatever is in flight between the ranks (before a snapshot, at the end)."""
+
+    def swap_in_model(self) -> None:
+        """Collective: put the model (what is tested and saved) into the net's parameters."""
+
+    def swap_out_model(self) -> None:
+        """Local: put this rank's own training weights back."""
+
+    def own_weights(self) -> list:
+        """This rank's own training weights, as host arrays by parameter (also while the model is in)."""
+        return [backend.to_host(blob.data) for blob in self.params]
+
+    def save_state(self, state) -> None:
+        """Add this rule's per-rank resume state to ``state`` (a NetdefRankState)."""
+
+    def restore_state(self, state) -> None:
+        """After a restore put the snapshot's model (the ``learned_net``) into the net: take this rank's
+        rule state from ``state`` (its NetdefRankState, or None when the snapshot was written by
+        another number of ranks or holds none)."""
 
     def close(self) -> None:
         pass
@@ -328,8 +376,8 @@ class AllreduceExchange(ExchangeRule):
     half-precision exchange) and the collective by overriding ``start_bucket``.
     """
 
-    def __init__(self, comm, net, options=None, measurements=None, clock=time.perf_counter):
-        super().__init__(comm, net, options, measurements, clock)
+    def __init__(self, comm, net, options=None, measurements=None, clock=time.perf_counter, seed: int = 0):
+        super().__init__(comm, net, options, measurements, clock, seed)
         if self.options.bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {self.options.bucket_bytes}")
         if self.options.schedule not in ("fifo", "priority"):

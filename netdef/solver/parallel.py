@@ -18,13 +18,22 @@ them::
         wait_gradients(ids)        block until those gradients are all there
         take_divisor(id)           what the blob's diff must still be divided by (its update does it)
         before_update(id), after_update(id)   around each blob's update
+        must_finish_updates()      asked after the iteration's update: when true the solver applies
+                                   every update now (the parallel part mixes parameters after them)
         updated()                  every blob of the iteration is updated
         end_iteration()
         agree_requests(snap, stop) every rank acts on the same signals at the same iteration
+    swap_in_model(), swap_out_model()   around a test and a snapshot: the net holds the model that is
+                                   tested and saved (which differs from a rank's own training weights
+                                   under the asynchronous exchange rules), then the rank's own again
     reduce_test_outputs(scores, loss)
+    settle()                       before a snapshot: nothing in flight between the processes
+    save_rank_state(state)         this process's part of its NetdefRankState (own weights...)
     gather_rank_states(own)        for a snapshot: every rank's own state (list on the writer)
     writes_snapshots               whether this process writes the snapshot files
     snapshot_written()
+    restore_rank_state(own, where) after a restore loaded the model: this process's NetdefRankState
+                                   (None when the snapshot has none for it)
     restored()                     after a restore: the ranks agree again at the next begin_step
     scalars()                      at each display: measurements for the solver's scalar observers
     end_training()                 after solve()'s last step (collective: every rank calls it)
@@ -83,6 +92,10 @@ class Parallel:
     def after_update(self, param_id: int) -> None:
         pass
 
+    def must_finish_updates(self) -> bool:
+        """Whether every update of this iteration must be applied before ``end_iteration``."""
+        return False
+
     def updated(self) -> None:
         """Every parameter blob of the iteration has been updated."""
 
@@ -95,6 +108,22 @@ class Parallel:
     def reduce_test_outputs(self, scores, loss):
         """A test's summed outputs (float32 vector or None) and loss, combined over the processes."""
         return scores, loss
+
+    def swap_in_model(self) -> None:
+        """Collective: the net's parameters hold the model that is tested and saved."""
+
+    def swap_out_model(self) -> None:
+        """Local: the net's parameters hold this process's own training weights again."""
+
+    def settle(self) -> None:
+        """Collective: complete what is in flight between the processes (before a snapshot)."""
+
+    def save_rank_state(self, state) -> None:
+        """Add this process's parallel state to ``state`` (its NetdefRankState)."""
+
+    def restore_rank_state(self, state, where: str) -> None:
+        """After a restore (``where``: the state file) has put the model into the net: this process's
+        NetdefRankState, or None."""
 
     def gather_rank_states(self, own: bytes) -> list[bytes] | None:
         """Every process's serialized ``NetdefRankState``, by rank, on the process that writes the

@@ -17,6 +17,10 @@ netdef adds what exact resumption needs, which Caffe ignores when reading: ``Sol
 (field 10000; in HDF5 the dataset ``netdef_state`` holding the same serialized message as opaque bytes)
 with the random generator's state and each data source's ``data_state()``; a run of several ranks
 adds every rank's own (``rank_state``), so its snapshot is still one model file and one state file.
+Under the asynchronous exchange rules (easgd, gossip, hybrid) the ranks' weights differ: the model file
+then holds the model (``Parallel.swap_in_model``: the centre variable, or rank 0's weights), and each
+rank's own weights, update history and rule state go into its ``rank_state`` (``Parallel.save_rank_state``,
+``restore_rank_state``).
 
 Both files are first written completely to temporary files beside their targets, then renamed over
 them, model first and state second (``netdef.files``): a failed or interrupted snapshot leaves the earlier files as they
@@ -124,6 +128,7 @@ def rank_state(solver) -> pb.NetdefRankState:
             cursor = state.data_cursor.add()
             cursor.layer = key
             cursor.state = bytes(saved)
+    solver.parallel.save_rank_state(state)
     return state
 
 
@@ -138,7 +143,8 @@ def netdef_state(solver, rank_states: list[bytes]) -> pb.NetdefSolverState:
     state.smoothed_loss = float(solver.smoothed_loss)
     state.loss_window.extend(float(v) for v in solver._losses)
     state.loss_window_start = int(solver._loss_window_start)
-    if len(rank_states) > 1:
+    # One process's state is the fields above, unless its parallel part added its own (own weights...).
+    if len(rank_states) > 1 or len(first.param) or first.HasField("gossip"):
         state.rank_state.extend(pb.NetdefRankState.FromString(s) for s in rank_states)
     return state
 
@@ -183,6 +189,7 @@ def apply_netdef_state(solver, state: pb.NetdefSolverState, where: str) -> None:
         else:
             solver.resume_loss_window(state.smoothed_loss, list(state.loss_window), state.loss_window_start)
     own = _own_rank_state(solver, state, where)
+    solver.parallel.restore_rank_state(own, where)
     if own is None:
         if state.HasField("rng_state"):
             _restore_rng(state.rng_state, where)
@@ -342,17 +349,28 @@ def _load_weights(net, path: str, state_path: str) -> None:
 
 
 def _set_history(solver, index: int, values: np.ndarray, shape, where: str) -> None:
-    blob = solver.history[index]
+    set_blob(solver.history[index], values, shape, f"{where}: history blob {index}", "solver's")
+
+
+def set_blob(blob, values: np.ndarray, shape, what: str, whose: str) -> None:
+    """Copy a snapshot's ``values`` (``what``: the file and field, for errors) into ``blob``, checked."""
     if not np.issubdtype(np.asarray(values).dtype, np.number):
-        raise SnapshotError(f"{where}: history blob {index} holds {np.asarray(values).dtype} values, not numbers")
+        raise SnapshotError(f"{what} holds {np.asarray(values).dtype} values, not numbers")
     if values.size != blob.count:
-        raise SnapshotError(f"{where}: history blob {index} has shape {tuple(shape)} ({values.size} values), the "
-                            f"solver's is {blob.shape} ({blob.count}); was the state written for another net "
-                            f"or solver type?")
+        raise SnapshotError(f"{what} has shape {tuple(shape)} ({values.size} values), the {whose} is {blob.shape} "
+                            f"({blob.count}); was the state written for another net or solver type?")
     if not np.isfinite(values).all():
-        raise SnapshotError(f"{where}: history blob {index} holds values that are not finite (NaN or infinity): "
-                            f"the update rule would turn every weight into NaN")
+        raise SnapshotError(f"{what} holds values that are not finite (NaN or infinity): the update rule would "
+                            f"turn every weight into NaN")
     blob.data[...] = backend.to_device(np.asarray(values).reshape(blob.shape).astype(blob.dtype), like=blob.data)
+
+
+def set_blobs(blobs, protos, what: str, whose: str) -> None:
+    """``set_blob`` for each of ``blobs`` from the BlobProtos ``protos`` (as many, in order)."""
+    if len(protos) != len(blobs):
+        raise SnapshotError(f"{what}: {len(protos)} blobs, the {whose} has {len(blobs)}")
+    for i, (blob, proto) in enumerate(zip(blobs, protos)):
+        set_blob(blob, proto_values(proto), proto_shape(proto), f"{what} {i}", whose)
 
 
 def restore(solver, path) -> None:

@@ -464,6 +464,8 @@ class Solver:
                 self._display()
             self._run_callbacks(1)
             self.apply_update()
+            if self.parallel.must_finish_updates():
+                self.finish_updates()
             self.iter += 1
             self.parallel.end_iteration()
             self._run_callbacks(2)
@@ -723,10 +725,19 @@ class Solver:
             self.test(test_net_id)
 
     def test(self, test_net_id: int = 0) -> None:
-        """Caffe's Test: ``test_iter`` forward passes; logs the mean of every output."""
-        p = self.param
+        """Caffe's Test: ``test_iter`` forward passes; logs the mean of every output. What is tested is
+        the model (``Parallel.swap_in_model``): the weights, or under an asynchronous exchange rule
+        the centre variable or rank 0's weights."""
         logger.info("Iteration %d, Testing net (#%d)", self.iter, test_net_id)
         self.finish_updates()
+        self.parallel.swap_in_model()
+        try:
+            self._test_model(test_net_id)
+        finally:
+            self.parallel.swap_out_model()
+
+    def _test_model(self, test_net_id: int) -> None:
+        p = self.param
         test_net = self.test_nets[test_net_id]
         test_net.share_with(self.net)
         iterations = p.test_iter[test_net_id]
@@ -786,11 +797,16 @@ class Solver:
         if bad:
             raise NonFiniteParamsError(f"Iteration {self.iter}: not snapshotting non-finite parameters "
                                        f"({', '.join(bad)})", self.iter, bad[0].split("[")[0])
-        rank_states = self.parallel.gather_rank_states(_snapshot.rank_state(self).SerializeToString())
-        if self.parallel.writes_snapshots:
-            paths = _snapshot.write_snapshot(self, rank_states)
-        else:
-            paths = _snapshot.snapshot_paths(self.param, self.iter)
+        self.parallel.settle()
+        self.parallel.swap_in_model()
+        try:
+            rank_states = self.parallel.gather_rank_states(_snapshot.rank_state(self).SerializeToString())
+            if self.parallel.writes_snapshots:
+                paths = _snapshot.write_snapshot(self, rank_states)
+            else:
+                paths = _snapshot.snapshot_paths(self.param, self.iter)
+        finally:
+            self.parallel.swap_out_model()
         self.parallel.snapshot_written()
         self._last_snapshot_iter = self.iter
         return paths
