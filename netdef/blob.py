@@ -142,6 +142,10 @@ class Blob:
     def diff(self, value) -> None:
         self._diff = self._checked(value, "diff")
 
+    def release_diff(self) -> None:
+        """Free the gradient's memory; reading ``diff`` later gives zeros again."""
+        self._diff = None
+
     @property
     def has_data(self) -> bool:
         return self._data is not None

@@ -131,6 +131,7 @@ def _train(args, param, path, comm, options) -> int:
 
     _set_device(args.gpu)
     solver = create_solver(param, comm=comm, options=options, solver_file=path)
+    solver.net.keep_blob_diffs = False  # no one can read them here (see Net)
     if args.weights:
         for weights in args.weights.split(","):
             log.info("Finetuning from %s", weights)

@@ -85,7 +85,15 @@ class Net:
     ``python_layers`` ("allow" or "deny"; default: ``NETDEF_PYTHON_LAYERS``, else allow) says whether
     Python layers may import their modules; ``python_path`` (a folder or several) adds folders to
     search for those modules, after ``NETDEF_PYTHON_PATH``'s. The working directory is never searched.
+
+    ``keep_blob_diffs`` (True, as Caffe): every blob keeps its gradient after backward, for a user to
+    read. False: a blob's gradient is dropped as soon as the backward pass has no further use for it
+    (after the layer it feeds has run backward), as PyTorch frees them; learnable parameters' and
+    the inputs' gradients are always kept. ``netdef train`` trains with False, since no one can read
+    them there (ResNet-50 at batch 8: peak RSS -720 MiB).
     """
+
+    keep_blob_diffs = True
 
     def __init__(self, model, phase=None, weights=None, *, stages=(), level: int = 0, base_dir=None,
                  python_layers: str | None = None, python_path=(), **legacy):
@@ -423,6 +431,12 @@ class Net:
         for pid, li in sorted(last_user.items()):
             self._final_at[li].append(pid)
         self.learnable_param_ids_with_grad = sorted(last_user)
+        # Tops whose gradient nothing reads once the layer has run backward (see keep_blob_diffs): a
+        # layer's own tops, except those it works in place on, whose diff becomes the bottom's.
+        inputs = [self.blobs[name] for name in self._input_names]
+        self._diff_consumed_at: list[list[Blob]] = [
+            [t for t in tops if not any(t is b for b in bottoms) and not any(t is i for i in inputs)]
+            for bottoms, tops in zip(self._bottom_vecs, self._top_vecs)]
 
     # ====================================================================================== pycaffe API
     @property
@@ -604,6 +618,9 @@ class Net:
             for _, _, _, after in hooks:
                 if after:
                     after(li)
+            if not self.keep_blob_diffs:
+                for blob in self._diff_consumed_at[li]:
+                    blob.release_diff()
             if self._final_at[li]:
                 for hook in self._backward_hooks:
                     hook(li, self._final_at[li])

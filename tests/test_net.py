@@ -81,6 +81,33 @@ def test_split_sums_gradients_of_all_consumers():
     np.testing.assert_allclose(net.blobs["x"].diff, 5.0)
 
 
+def test_blob_diffs_released_after_use_give_the_same_gradients():
+    text = """
+    layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+    layer { name: "a" type: "Power" bottom: "x" top: "a" power_param { scale: 2 power: 2 } }
+    layer { name: "b" type: "Power" bottom: "x" top: "b" power_param { scale: 3 } }
+    layer { name: "s" type: "Eltwise" bottom: "a" bottom: "b" top: "s" }
+    layer { name: "ip" type: "InnerProduct" bottom: "s" top: "y" loss_weight: 1
+            inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 1 } } }
+    force_backward: true
+    """
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) / 5
+    results = []
+    for keep in (True, False):
+        net = netdef.Net(text, netdef.TRAIN)
+        net.params["ip"][0].data[...] = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
+        net.keep_blob_diffs = keep
+        for _ in range(2):  # the second pass starts from released diffs
+            net.clear_param_diffs()
+            net.forward(x=x)
+            net.backward()
+        results.append((net.blobs["x"].diff.copy(), net.params["ip"][0].diff.copy(), net.blobs["s"].diff.copy()))
+    (x_kept, w_kept, s_kept), (x_released, w_released, s_released) = results
+    assert np.abs(s_kept).max() > 0.1 and not s_released.any()  # dropped once ip's backward used it
+    np.testing.assert_array_equal(x_released, x_kept)  # the inputs' gradients stay
+    np.testing.assert_array_equal(w_released, w_kept)
+
+
 def test_loss_weight_on_a_blob_that_is_also_read():
     text = """
     layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
