@@ -197,10 +197,10 @@ def _read_one(target, data: bytes, scratch: pathlib.Path, budget: Budget) -> tup
         try:
             target.run(data, folder)
             return "accepted", ""
+        except target.clean() as exc:  # first: a target's own errors may be MemoryErrors that name a blob
+            return "clean error", type(exc).__name__
         except MemoryError as exc:
             return "memory blow-up", f"{type(exc).__name__}: {exc}"
-        except target.clean() as exc:
-            return "clean error", type(exc).__name__
         except Exception as exc:  # noqa: BLE001 - classifying is the point
             return "raw exception", f"{type(exc).__name__}: {exc}"
         finally:

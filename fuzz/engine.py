@@ -7,7 +7,8 @@ A forked child reads it under a memory limit and an alarm, and the parent classi
 - ``accepted``: read without error;
 - ``clean error``: one of the target's own exception classes (a message naming file, layer or field);
 - ``raw exception``: any other exception (a finding);
-- ``memory blow-up``: MemoryError, or killed by the kernel;
+- ``memory blow-up``: MemoryError (unless the target counts it as its own, as netdef's BlobTooLargeError,
+  a refusal that names the blob before allocating), or killed by the kernel;
 - ``hang``: still running at the alarm;
 - ``crash``: killed by any other signal (SIGSEGV, SIGBUS, SIGABRT...).
 
