@@ -168,7 +168,8 @@ def _child(target, batch: list[bytes], first: int, scratch: pathlib.Path, fd: in
             _send(fd, f"S {first + offset}")
             outcome, detail = _read_one(target, data, scratch, budget)
             _send(fd, f"D {first + offset} " + json.dumps([outcome, detail[:_DETAIL_CHARS]]))
-            if time.monotonic() - started > budget.child_seconds or baseline.left_behind():
+            last = offset + 1 == len(batch)
+            if last or time.monotonic() - started > budget.child_seconds or baseline.left_behind():
                 break
     except BaseException:  # noqa: BLE001 - a child must never fall back into the parent's code
         code = 70
