@@ -167,7 +167,10 @@ def _child(target, batch: list[bytes], first: int, scratch: pathlib.Path, fd: in
         for offset, data in enumerate(batch):
             _send(fd, f"S {first + offset}")
             outcome, detail = _read_one(target, data, scratch, budget)
-            _send(fd, f"D {first + offset} " + json.dumps([outcome, detail[:_DETAIL_CHARS]]))
+            # A message may hold lone surrogates (bytes decoded with surrogateescape): '?' for them, as
+            # the parent writes the detail of a finding to a UTF-8 file.
+            detail = detail[:_DETAIL_CHARS].encode("utf-8", "replace").decode("utf-8")
+            _send(fd, f"D {first + offset} " + json.dumps([outcome, detail]))
             last = offset + 1 == len(batch)
             if last or time.monotonic() - started > budget.child_seconds or baseline.left_behind():
                 break
