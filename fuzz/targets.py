@@ -64,9 +64,18 @@ def _numpy_twins():
         jit.ENABLED = enabled
 
 
+def _reseed_netdef() -> None:
+    """netdef's random generator is process-wide: reseeded for each input, so that what an input's
+    fillers draw does not depend on the inputs read before it in the same child (nor on the run)."""
+    import netdef
+
+    netdef.set_random_seed(0)
+
+
 def _build_and_run_net(data: bytes, _folder) -> None:
     import netdef
 
+    _reseed_netdef()
     with _numpy_twins():
         net = netdef.Net(data.decode("utf-8", errors="replace"), netdef.TRAIN, python_layers="deny")
         net.forward()
@@ -75,15 +84,19 @@ def _build_and_run_net(data: bytes, _folder) -> None:
 
 def _net_errors() -> tuple[type, ...]:
     import netdef
+    from netdef.blob import BlobTooLargeError
     from netdef.proto.io import ProtoFileError
 
-    return (netdef.NetError, netdef.LayerError, ProtoFileError)
+    # BlobTooLargeError is a MemoryError, but a refusal before allocating that names the blob (`netdef`
+    # prints it as one line): `dim: 4000000000` in an Input's shape ends there.
+    return (netdef.NetError, netdef.LayerError, ProtoFileError, BlobTooLargeError)
 
 
 # ----------------------------------------------------------------------------------------- caffemodel
 def _lenet():
     import netdef
 
+    _reseed_netdef()
     return netdef.Net(SMALL_NETS[0], netdef.TEST)
 
 
@@ -190,38 +203,45 @@ layer { name: "data" type: "Data" top: "data" top: "label"
 layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 4 } }
 layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
 """
-_solver_cache: list = []
+_lmdb_cache: list = []
 
 
-def _tiny_solver():
-    """One small SGD solver over an LMDB of 10 records, built once: the forked children inherit it."""
-    if not _solver_cache:
+def _solver_lmdb() -> pathlib.Path:
+    """An LMDB of 10 records, written once; every input's solver only reads it."""
+    if not _lmdb_cache:
         import tempfile
 
         from netdef.data.datum import array_to_datum
         from netdef.data.db import open_db
-        from netdef.solver import get_solver
 
-        folder = pathlib.Path(tempfile.mkdtemp(prefix="netdef-fuzz-solver-"))
-        db = open_db(folder / "lmdb", "lmdb", "w")
+        path = pathlib.Path(tempfile.mkdtemp(prefix="netdef-fuzz-solver-")) / "lmdb"
+        db = open_db(path, "lmdb", "w")
         txn = db.transaction()
         for i in range(10):
             txn.put(b"%04d" % i, array_to_datum(np.full((1, 2, 2), i, np.uint8), label=i % 4).SerializeToString())
         txn.commit()
         db.close()
-        solver = (f'net_param {{ {_SOLVER_NET % (folder / "lmdb")} }}\nbase_lr: 0.1\nmomentum: 0.9\n'
-                  f'lr_policy: "multistep"\nstepvalue: 1\nstepvalue: 3\nmax_iter: 2\nsnapshot: 2\n'
-                  f'snapshot_prefix: "{folder / "s"}"\nrandom_seed: 3\naverage_loss: 4\n')
-        _solver_cache.append((get_solver(solver), folder))
-    return _solver_cache[0]
+        _lmdb_cache.append(path)
+    return _lmdb_cache[0]
 
 
-def _solverstate_seeds(_folder) -> list[bytes]:
+def _tiny_solver(folder: pathlib.Path):
+    """A small SGD solver over the shared LMDB that snapshots into ``folder``. A new one for every input:
+    a restore changes the solver (counters, history, weights, data cursor), and in a persistent child
+    the next input must not start from what this one restored."""
+    from netdef.solver import get_solver
+
+    return get_solver(f'net_param {{ {_SOLVER_NET % _solver_lmdb()} }}\nbase_lr: 0.1\nmomentum: 0.9\n'
+                      f'lr_policy: "multistep"\nstepvalue: 1\nstepvalue: 3\nmax_iter: 2\nsnapshot: 2\n'
+                      f'snapshot_prefix: "{folder / "s"}"\nrandom_seed: 3\naverage_loss: 4\n')
+
+
+def _solverstate_seeds(folder) -> list[bytes]:
     from netdef.proto import netdef_pb2 as pb
 
-    solver, folder = _tiny_solver()
-    solver.step(2)
-    _, state_path = solver.snapshot()
+    with _tiny_solver(folder) as solver:
+        solver.step(2)
+        _, state_path = solver.snapshot()
     state = pb.SolverState.FromString(pathlib.Path(state_path).read_bytes())
     state.ClearField("learned_net")  # the weights have their own target (caffemodel)
     return [state.SerializeToString()]
@@ -230,8 +250,7 @@ def _solverstate_seeds(_folder) -> list[bytes]:
 def _restore_solverstate(data: bytes, folder) -> None:
     path = folder / "input.solverstate"
     path.write_bytes(data)
-    solver, _ = _tiny_solver()
-    with _numpy_twins():
+    with _numpy_twins(), _tiny_solver(folder) as solver:
         solver.restore(path)
         solver.step(1)  # the restored counters, history, random and data state are used
 
