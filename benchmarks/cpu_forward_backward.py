@@ -226,6 +226,7 @@ def rss_child(framework: str, key: str, batch: int | None, threads: int | None) 
         forward_backward = torch_train_step(torch, train)
         del train
     else:
+        train.keep_blob_diffs = False  # as `netdef train` trains (PyTorch too frees gradients once used)
         forward_backward = lambda: (train.clear_param_diffs(), train.forward_backward())  # noqa: E731
     for _ in range(3):
         forward_backward()

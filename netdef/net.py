@@ -22,6 +22,7 @@ from .blob import Blob
 from .layers.base import TEST, TRAIN, DataSource, LayerError, layer_class
 from .layers.data import MemoryDataLayer
 from .layers.python import PythonLayerPolicy
+from .layers.scratch import Scratch
 from .proto import io as proto_io
 from .proto import netdef_pb2 as pb
 from .splits import insert_splits
@@ -174,6 +175,7 @@ class Net:
         # layer replaces a blob's array instead of writing into it (layers/reused.py).
         self._own_array_tops: list[list[Blob]] = []
         self._producer: dict[str, int] = {}
+        self._scratch = Scratch()  # the layers' temporaries, one call at a time (layers/scratch.py)
         available: dict[str, Blob] = {}
         unconsumed: set[str] = set()  # produced and not yet read: the net's outputs at the end
         self._input_names: list[str] = []
@@ -185,6 +187,7 @@ class Net:
             bottoms = self._resolve_bottoms(layer_param, where, available, unconsumed)
             tops = self._create_tops(li, layer_param, where, available, unconsumed)
             layer = self._instantiate(cls, layer_param, where)
+            layer.share_scratch(self._scratch)
             if cls.auto_top_blobs:
                 self._add_automatic_tops(cls, layer_param, tops, available, unconsumed)
             self._set_up(layer, layer_param, bottoms, tops, where)

@@ -97,6 +97,8 @@ class Layer:
     #: PythonLayerPolicy as a second argument, so that a definition never runs code the user refused.
     runs_user_code = False
 
+    _scratch = None  # see scratch
+
     def __init__(self, layer_param: pb.LayerParameter | None = None):
         self.layer_param = layer_param if layer_param is not None else pb.LayerParameter()
         self.blobs: list[Blob] = []
@@ -116,6 +118,20 @@ class Layer:
         return self.layer_param.type or self.type_name
 
     # ------------------------------------------------------------------ the contract
+    @property
+    def scratch(self):
+        """Temporaries for use inside one call (layers/scratch.py): shared by the layers of a net
+        (``share_scratch``), the layer's own otherwise."""
+        if self._scratch is None:
+            from .scratch import Scratch
+
+            self._scratch = Scratch()
+        return self._scratch
+
+    def share_scratch(self, scratch) -> None:
+        """Use ``scratch`` (the net's, shared with its other layers) for temporaries."""
+        self._scratch = scratch
+
     def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
         """Read parameters and create learnable blobs. Default: nothing to set up."""
 

@@ -519,7 +519,7 @@ def row_product(q, wq, plan: RowPlan, out, ws: Workspace):
         if part is None:
             # Whole products, then one add each: row blocks that keep the partial sums in cache
             # measured slower (BLAS's two threads run small products less efficiently).
-            part = ws.get(("rows", "part", out.shape), out.shape, out.dtype, np)
+            part = ws.get("rows_part", out.shape, out.dtype, np)
         rows = slice(lo * block, hi * block)
         np.matmul(q[_row_slice(plan, i, rows.start, rows.stop)], wq[i], out=part[rows])
         np.add(out[rows], part[rows], out=out[rows])

@@ -239,7 +239,7 @@ class ConvolutionLayer(_ConvolutionBase):
             y_all = t.data.reshape((self.num, o) + self.out_spatial)
             for start, stop, lay in chunks:
                 cols = im2col(x[start:stop], lay, self.ws, key=("cols", i, lay.x_shape[0]))
-                y = self.ws.get(("y", lay.x_shape[0]), (o, lay.ncols), x.dtype, xp)
+                y = self.scratch.get("conv_y", (o, lay.ncols), x.dtype, xp)
                 self._gemm(xp, w, cols.reshape(g, -1, lay.ncols), y.reshape(g, -1, lay.ncols))
                 if self.bias_term:
                     # One pass: the output columns plus the bias, written into the top.
@@ -291,13 +291,13 @@ class ConvolutionLayer(_ConvolutionBase):
                     # convolved with the flipped, transposed filters: im2col + one product, no col2im.
                     lay_t = column_layout((stop - start, o) + self.out_spatial, back_geom, xp)
                     cols_t = im2col(dy_all[start:stop], lay_t, self.ws, key=("dycols", lay_t.x_shape[0]))
-                    dxt = self.ws.get(("dxt", lay_t.x_shape[0]), (self.channels, lay_t.ncols), dy.dtype, xp)
+                    dxt = self.scratch.get("conv_dxt", (self.channels, lay_t.ncols), dy.dtype, xp)
                     self._gemm(xp, flipped, cols_t.reshape(g, -1, lay_t.ncols), dxt.reshape(g, -1, lay_t.ncols))
                     dx_all[start:stop] = lay_t.gather(dxt)
                 elif dx_all is not None:
-                    dcols = self.ws.get(("dcols", lay.x_shape[0]), (lay.rows, lay.ncols), dy.dtype, xp)
+                    dcols = self.scratch.get("conv_dcols", (lay.rows, lay.ncols), dy.dtype, xp)
                     self._gemm(xp, w, dy_g, dcols.reshape(g, -1, lay.ncols), trans_a=True)
-                    col2im(dcols, lay, dx_all[start:stop], self.ws)
+                    col2im(dcols, lay, dx_all[start:stop], self.scratch)
             self._cols_fresh[i] = False
 
     def _add_bias(self, y):
@@ -346,7 +346,7 @@ class ConvolutionLayer(_ConvolutionBase):
             x = b.data.reshape(self.num, self.channels, -1)
             if self.param_propagate_down[0]:
                 dw = self.blobs[0].diff.reshape(self.num_output, self.channels)
-                part = self.ws.get("pointwise_dw", dw.shape, dw.dtype, xp)
+                part = self.scratch.get("pointwise_dw", dw.shape, dw.dtype, xp)
                 for n in range(self.num):
                     # One product per sample: (O x S)(S x C) needs no copy of either operand.
                     xp.matmul(dy[n], x[n].T, out=part)
@@ -404,8 +404,8 @@ class ConvolutionLayer(_ConvolutionBase):
                 n = stop - start
                 xb = rows_from_nchw(x[start:stop], plan, self.ws, ("rows", "xb", i, n))
                 q = row_expand(xb, plan, self.ws, ("rows", "q", i, n))
-                y = self.ws.get(("rows", "y", n), (ho * n * wo, o), x.dtype, np)
-                row_product(q, wq, plan, y, self.ws)
+                y = self.scratch.get("rows_y", (ho * n * wo, o), x.dtype, np)
+                row_product(q, wq, plan, y, self.scratch)
                 copy_from_rows(y.reshape(ho, n, wo, o), y_all[start:stop], bias)
             # The last chunk's rows stay in the workspace: backward starts with that chunk.
             self._rows_last[i] = q
@@ -436,7 +436,7 @@ class ConvolutionLayer(_ConvolutionBase):
             dwq = None
             for k, (start, stop, plan, plan_back) in enumerate(reversed(chunks)):
                 n = stop - start
-                dy_rows = self.ws.get(("rows", "dyr", n), (ho * n * wo, o), dtype, np)
+                dy_rows = self.scratch.get("rows_dy", (ho * n * wo, o), dtype, np)
                 copy_to_rows(dy_all[start:stop], dy_rows.reshape(ho, n, wo, o))
                 if want_w:
                     if k == 0 and last is not None:
@@ -445,7 +445,7 @@ class ConvolutionLayer(_ConvolutionBase):
                         xb = rows_from_nchw(x[start:stop], plan, self.ws, ("rows", "xb", i, n))
                         q = row_expand(xb, plan, self.ws, ("rows", "q", i, n))
                     # The first chunk's product is the sum the others add to.
-                    target = self.ws.get(("rows", "dw", "sum" if dwq is None else "part"),
+                    target = self.scratch.get("rows_dw_sum" if dwq is None else "rows_dw_part",
                                          (plan.products, plan.width, o), dtype, np)
                     part = row_weight_product(q, dy_rows, plan, target)
                     if dwq is None:
@@ -454,9 +454,9 @@ class ConvolutionLayer(_ConvolutionBase):
                         dwq += part
                 if dx_all is not None:
                     dyb = row_pad(dy_rows.reshape(ho, n, wo, o), plan_back, self.ws, ("rows", "dyb", n))
-                    qt = row_expand(dyb, plan_back, self.ws, ("rows", "qt", n))
-                    dx = self.ws.get(("rows", "dx", n), (h * n * w, c), dtype, np)
-                    row_product(qt, wt, plan_back, dx, self.ws)
+                    qt = row_expand(dyb, plan_back, self.scratch, "rows_qt")
+                    dx = self.scratch.get("rows_dx", (h * n * w, c), dtype, np)
+                    row_product(qt, wt, plan_back, dx, self.scratch)
                     copy_from_rows(dx.reshape(h, n, w, c), dx_all[start:stop])
             if dwq is not None:
                 add_row_weight_grad(dwq, self.blobs[0].diff)
@@ -511,9 +511,9 @@ class DeconvolutionLayer(_ConvolutionBase):
             for start, stop, lay in chunks:
                 xt = lay.buffer(self.ws, ("xt", lay.x_shape[0]), c, x.dtype, xp)
                 lay.scatter(xt, x[start:stop])
-                cols = self.ws.get(("cols", lay.x_shape[0]), (lay.rows, lay.ncols), x.dtype, xp)
+                cols = self.scratch.get("deconv_cols", (lay.rows, lay.ncols), x.dtype, xp)
                 self._gemm(xp, w, xt.reshape(g, c // g, -1), cols.reshape(g, -1, lay.ncols), trans_a=True)
-                col2im(cols, lay, y_all[start:stop], self.ws)
+                col2im(cols, lay, y_all[start:stop], self.scratch)
             if self.bias_term:
                 y_all += self.blobs[1].data.reshape((1, -1) + (1,) * self.num_spatial)
 
@@ -543,7 +543,7 @@ class DeconvolutionLayer(_ConvolutionBase):
                     dw_t = self._gemm(xp, dcols_g, xt.reshape(g, c // g, -1), None, trans_b=True)
                     self.blobs[0].diff += dw_t.transpose(0, 2, 1).reshape(self.blobs[0].shape)
                 if dx_all is not None:
-                    dxt = self.ws.get(("dxt", lay.x_shape[0]), (c, lay.ncols), dcols.dtype, xp)
+                    dxt = self.scratch.get("deconv_dxt", (c, lay.ncols), dcols.dtype, xp)
                     self._gemm(xp, w, dcols_g, dxt.reshape(g, c // g, -1))
                     dx_all[start:stop] = lay.gather(dxt)
 

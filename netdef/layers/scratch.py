@@ -1,0 +1,44 @@
+"""Scratch memory that the layers of one net share: temporaries that live only inside one layer call.
+
+Each layer keeping its own temporaries between calls (its ``Workspace``) saves allocations and page
+faults, but every layer then holds its largest temporaries for the life of the net: ResNet-50's
+convolutions at batch 8 held 728 MiB that way. Layers run one at a time, so a temporary that no
+layer reads after its call returns can live in one buffer per name, shared by the net's layers and
+grown to the largest request. A layer must not keep a scratch array (or a view of it) past the call
+that got it, and never relies on what it held before: anything that must outlive a call, or whose
+contents are set up once (a zero border written only when the array is created), stays in the
+layer's own ``Workspace``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import backend
+
+
+class Scratch:
+    """``get(key, shape, dtype, xp, clear=False, fill=None)``: an array of that shape viewing the
+    buffer named ``key`` (the Workspace signature); its contents are whatever the last user left,
+    unless ``clear`` (zeros) or ``fill`` is given, which are applied on every call."""
+
+    def __init__(self):
+        self._buffers: dict = {}
+
+    def get(self, key, shape, dtype, xp, clear=False, fill=None):
+        shape = tuple(int(d) for d in shape)
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.nbytes < nbytes or backend.get_array_module(buffer) is not xp:
+            buffer = xp.empty(max(nbytes, 1), dtype=np.uint8)
+            self._buffers[key] = buffer
+        array = buffer[:nbytes].view(dtype).reshape(shape)
+        if fill is not None or clear:
+            array.fill(0 if fill is None else fill)
+        return array
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self._buffers.values())
