@@ -22,9 +22,13 @@ buckets that every rank is known to have ready, which a rank learns from the mar
 started after the bucket became ready; else the next in backward order once ready. ``fifo`` starts
 whole buckets in backward order.
 
-Not modelled: the communication thread's poll interval (2 ms; chunks in flight hide it), the CPU
-the exchange itself takes from the ranks (copies, the reduction, TCP: on a machine whose every core
-computes it adds to the compute; ``exchange_cpu_s_per_byte``), stragglers and jitter between ranks.
+The exchange's own CPU work (copies, the reduction, the TCP stack: ``exchange_cpu_s_per_byte`` of
+the rank's gradient bytes) takes cores from compute where none is spare: a layer that computes while
+the link is busy takes longer by that work's share of the overlap (while the training thread waits,
+the work is free). On a GPU or with a spare core it is 0.
+
+Not modelled: the communication thread's poll interval (2 ms; chunks in flight hide it),
+stragglers and jitter between ranks.
 """
 from __future__ import annotations
 
@@ -71,12 +75,27 @@ class Link:
 
     def __init__(self):
         self.free_at = 0.0
+        self._busy: list[tuple[float, float, float]] = []   # (begin, end, CPU seconds of the work)
 
-    def start(self, at: float, cost) -> float:
-        """Start a collective at ``at``; returns when it completes."""
+    def start(self, at: float, cost, cpu_s: float = 0.0) -> float:
+        """Start a collective at ``at`` that costs the rank ``cpu_s`` of CPU; returns when it completes."""
         begin = max(at, self.free_at)
         self.free_at = begin + cost.transfer_s
+        if cpu_s:
+            self._busy.append((begin, self.free_at, cpu_s))
         return self.free_at + cost.latency_s
+
+    def compute(self, at: float, seconds: float) -> float:
+        """When ``seconds`` of compute started at ``at`` end, slowed by the exchange's CPU work
+        that runs meanwhile (as far as it is known: what has started)."""
+        end = at + seconds
+        extra = 0.0
+        for begin, stop, cpu_s in self._busy:
+            overlap = min(end, stop) - max(at, begin)
+            if overlap > 0:
+                extra += cpu_s * overlap / max(stop - begin, 1e-12)
+        self._busy = [b for b in self._busy if b[1] > at]
+        return end + extra
 
 
 class _Chunk:
@@ -92,8 +111,9 @@ class _Exchange:
     """One iteration's exchange on the link: buckets become ready at given times, chunks start by
     the rule of ``schedule``; ``complete(b)`` is when bucket b has arrived."""
 
-    def __init__(self, buckets, priorities, cost_of, link: Link, options: ScheduleOptions, chunk: int, credit: int):
-        self.cost_of, self.link = cost_of, link
+    def __init__(self, buckets, priorities, cost_of, link: Link, options: ScheduleOptions, chunk: int, credit: int,
+                 cpu_s_per_byte: float = 0.0):
+        self.cost_of, self.link, self.cpu_s_per_byte = cost_of, link, cpu_s_per_byte
         self.priority = options.schedule == "priority"
         self.sizes = [b.nbytes for b in buckets]
         self.priorities = priorities
@@ -140,7 +160,7 @@ class _Exchange:
         self.unsent.remove(chosen)
         chosen.started = self.now
         chosen.mark = sum(1 for r in self.ready_at if r is not None and r <= self.now)
-        chosen.done = self.link.start(self.now, self.cost_of(chosen.nbytes))
+        chosen.done = self.link.start(self.now, self.cost_of(chosen.nbytes), chosen.nbytes * self.cpu_s_per_byte)
         self.started.append(chosen)
         return True
 
@@ -172,9 +192,11 @@ class _Exchange:
 
 def simulate_synchronous(profile: Profile, cost_of, options: ScheduleOptions, chunk: int, credit: int,
                          update_s_per_byte: float, exchange_cpu_s_per_byte: float = 0.0,
-                         iterations: int = 4) -> IterationTimes:
+                         pack_s_per_byte: float = 0.0, iterations: int = 4) -> IterationTimes:
     """Steady-state iteration time of a synchronous rule whose collective on ``n`` bytes costs
-    ``cost_of(n)`` (a ``network.Cost``), and the compute alone (one worker: no exchange)."""
+    ``cost_of(n)`` (a ``network.Cost``), and the compute alone (one worker: no exchange).
+    ``pack_s_per_byte``: what the training thread spends putting a bucket on the wire and taking it
+    off (a cast to float16 and back), when the bucket is full."""
     params = [_ParamShape(p.nbytes) for p in profile.params]
     layers = profile.layers
     order = [pid for layer in reversed(layers) for pid in layer.final]
@@ -187,7 +209,6 @@ def simulate_synchronous(profile: Profile, cost_of, options: ScheduleOptions, ch
             first_use.setdefault(pid, li)
     priorities = [min(first_use.get(pid, len(layers)) for pid in b.param_ids) for b in buckets]
     update_s = [p.nbytes * update_s_per_byte for p in profile.params]
-    exchange_cpu_s = exchange_cpu_s_per_byte * sum(b.nbytes for b in buckets)
     compute_s = profile.forward_s + profile.backward_s + sum(update_s)
     if cost_of is None or not buckets:
         return IterationTimes(compute_s, compute_s)
@@ -204,12 +225,12 @@ def simulate_synchronous(profile: Profile, cost_of, options: ScheduleOptions, ch
                 if pid in waiting:
                     now = max(now, previous.complete(bucket_of[pid])) + update_s[pid]
                     waiting.discard(pid)
-            now += layer.forward_s
-        exchange = _Exchange(buckets, priorities, cost_of, link, options, chunk, credit)
+            now = link.compute(now, layer.forward_s)
+        exchange = _Exchange(buckets, priorities, cost_of, link, options, chunk, credit, exchange_cpu_s_per_byte)
         filled = [0] * len(buckets)
         drained = False
         for layer in reversed(layers):
-            now += layer.backward_s
+            now = link.compute(now, layer.backward_s)
             if not layer.final:
                 continue
             if not drained and previous is not None:
@@ -223,9 +244,10 @@ def simulate_synchronous(profile: Profile, cost_of, options: ScheduleOptions, ch
                     continue
                 b = bucket_of[pid]
                 filled[b] += 1
-                if filled[b] == len(buckets[b].param_ids) and options.overlap:
-                    exchange.ready(b, now)
-        now += exchange_cpu_s  # the exchange's CPU work, where it competes with compute
+                if filled[b] == len(buckets[b].param_ids):
+                    now += buckets[b].nbytes * pack_s_per_byte
+                    if options.overlap:
+                        exchange.ready(b, now)
         if not options.overlap:
             for b in range(len(buckets)):
                 exchange.ready(b, now)

@@ -18,8 +18,9 @@ add up).
 
 Allreduce, as MPI libraries choose by size: the cheaper of the ring (reduce-scatter then
 allgather: 2(p-1) steps, each rank sends 2(p-1)/p n bytes) and recursive doubling (ceil(log2 p)
-rounds, each rank sends n bytes to a partner at distance 2^j). Across nodes the ring's bottleneck
-is a node's link, which one ring edge in and one out cross (NCCL's rings are laid out that way).
+rounds, each rank sends n bytes to a partner at distance 2^j; in a round across nodes all of a
+node's ranks share its link). Across nodes the ring's bottleneck is a node's link, which one ring
+edge in and one out cross (NCCL's rings are laid out that way).
 
 Multicolor (IBM's multi-colour allreduce): the vector split into k colours, each reduced up and
 broadcast down a binary spanning tree with its own root, all at once (the trees are the ranks
@@ -117,6 +118,9 @@ class Network:
         for j in range(rounds):
             if self.topology == "shared":
                 cost += Cost(self.latency_s, ranks * nbytes / self.bytes_per_s)
+            elif self._crosses(0, min(2 ** j, ranks - 1)) and self.topology == "nodes":
+                # Every rank of a node sends to its partner in another node over the node's one link.
+                cost += Cost(self.latency_s, min(self.ranks_per_node, ranks) * nbytes / self.bytes_per_s)
             else:
                 cost += self.point_to_point(nbytes, crosses=self._crosses(0, min(2 ** j, ranks - 1)))
         return cost

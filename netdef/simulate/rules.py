@@ -94,10 +94,10 @@ def measured_sizes(cost_of, schedule: ScheduleOptions) -> tuple[int, int]:
     return int(chunk), int(max(credit, chunk))
 
 
-def _synchronous(profile: Profile, options: RuleOptions, cost_of, extra_cpu_s_per_byte: float = 0.0):
+def _synchronous(profile: Profile, options: RuleOptions, cost_of, pack_s_per_byte: float = 0.0):
     chunk, credit = measured_sizes(cost_of, options.schedule)
     return simulate_synchronous(profile, cost_of, options.schedule, chunk, credit, options.update_s_per_byte,
-                                options.exchange_cpu_s_per_byte + extra_cpu_s_per_byte)
+                                options.exchange_cpu_s_per_byte, pack_s_per_byte)
 
 
 def iteration_times(profile: Profile, network: Network, workers: int, options: RuleOptions) -> IterationTimes:
@@ -120,7 +120,7 @@ def iteration_times(profile: Profile, network: Network, workers: int, options: R
         def cost(n):
             scale = network.allreduce(8, workers)
             return network.allreduce(n / 2, workers) + Cost(scale.total_s, 0.0)
-        return _synchronous(profile, options, cost, extra_cpu_s_per_byte=options.update_s_per_byte)
+        return _synchronous(profile, options, cost, pack_s_per_byte=options.update_s_per_byte)
     if rule == "easgd":
         step = network.one_sided_exchange(weights, workers).total_s + 2 * one_pass
         return IterationTimes(compute + step / options.tau, compute)
