@@ -132,7 +132,7 @@ class _Exchange:
 
     def ready(self, bucket: int, at: float) -> None:
         self.ready_at[bucket] = at
-        self._advance(at)
+        self.advance(at)
 
     def complete(self, bucket: int) -> float:
         """When ``bucket`` has arrived (simulating the link until then)."""
@@ -145,7 +145,8 @@ class _Exchange:
         return max((self.complete(b) for b in range(len(self.sizes))), default=self.now)
 
     # ------------------------------------------------------------------------------ the schedule
-    def _advance(self, until: float) -> None:
+    def advance(self, until: float) -> None:
+        """Start every chunk the schedule starts by ``until``."""
         while self._step(until):
             pass
 
@@ -216,6 +217,16 @@ def simulate_synchronous(profile: Profile, cost_of, options: ScheduleOptions, ch
     link = Link()
     now = 0.0
     previous: _Exchange | None = None
+    exchange: _Exchange | None = None
+
+    def compute(at: float, seconds: float) -> float:
+        # What the schedule starts meanwhile is decided by what is already known (readiness and
+        # completions), so it can be started before the compute whose CPU it competes for.
+        for active in (previous, exchange):
+            if active is not None:
+                active.advance(at + seconds)
+        return link.compute(at, seconds)
+
     waiting: set[int] = set()     # parameters whose update waits for the previous exchange
     starts = []
     for _ in range(iterations):
@@ -225,12 +236,12 @@ def simulate_synchronous(profile: Profile, cost_of, options: ScheduleOptions, ch
                 if pid in waiting:
                     now = max(now, previous.complete(bucket_of[pid])) + update_s[pid]
                     waiting.discard(pid)
-            now = link.compute(now, layer.forward_s)
+            now = compute(now, layer.forward_s)
         exchange = _Exchange(buckets, priorities, cost_of, link, options, chunk, credit, exchange_cpu_s_per_byte)
         filled = [0] * len(buckets)
         drained = False
         for layer in reversed(layers):
-            now = link.compute(now, layer.backward_s)
+            now = compute(now, layer.backward_s)
             if not layer.final:
                 continue
             if not drained and previous is not None:
