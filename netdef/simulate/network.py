@@ -16,10 +16,11 @@ A collective's cost is a ``Cost``: ``latency_s`` (waiting that does not occupy t
 flight together overlap it) and ``transfer_s`` (the bottleneck link busy, which back-to-back chunks
 add up).
 
-Allreduce, as MPI libraries choose by size: the cheaper of the ring (reduce-scatter then
-allgather: 2(p-1) steps, each rank sends 2(p-1)/p n bytes) and recursive doubling (ceil(log2 p)
-rounds, each rank sends n bytes to a partner at distance 2^j; in a round across nodes all of a
-node's ranks share its link). Across nodes the ring's bottleneck is a node's link, which one ring
+Allreduce, as MPI libraries choose by size: the cheapest of the ring (reduce-scatter then
+allgather: 2(p-1) steps, each rank sends 2(p-1)/p n bytes), recursive doubling (ceil(log2 p)
+rounds, each rank sends n bytes to a partner at distance 2^j) and Rabenseifner's (recursive
+halving then doubling: 2 ceil(log2 p) rounds, 2(p-1)/p n bytes); in a round across nodes all of a
+node's ranks share its link. Across nodes the ring's bottleneck is a node's link, which one ring
 edge in and one out cross (NCCL's rings are laid out that way).
 
 Multicolor (IBM's multi-colour allreduce): the vector split into k colours, each reduced up and
@@ -103,7 +104,7 @@ class Network:
         if ranks <= 1 or nbytes <= 0:
             return Cost(0.0, 0.0)
         return min(self.ring_allreduce(nbytes, ranks), self.recursive_doubling_allreduce(nbytes, ranks),
-                   key=lambda c: c.total_s)
+                   self.rabenseifner_allreduce(nbytes, ranks), key=lambda c: c.total_s)
 
     def ring_allreduce(self, nbytes: float, ranks: int) -> Cost:
         steps = 2 * (ranks - 1)
@@ -124,6 +125,20 @@ class Network:
             else:
                 cost += self.point_to_point(nbytes, crosses=self._crosses(0, min(2 ** j, ranks - 1)))
         return cost
+
+    def rabenseifner_allreduce(self, nbytes: float, ranks: int) -> Cost:
+        """Reduce-scatter by recursive halving, then allgather by recursive doubling: round j
+        exchanges n / 2^(j+1) bytes with the partner at distance 2^j, twice."""
+        cost = Cost(0.0, 0.0)
+        for j in range(math.ceil(math.log2(ranks))):
+            part = nbytes / 2 ** (j + 1)
+            if self.topology == "shared":
+                cost += Cost(self.latency_s, ranks * part / self.bytes_per_s)
+            elif self._crosses(0, min(2 ** j, ranks - 1)) and self.topology == "nodes":
+                cost += Cost(self.latency_s, min(self.ranks_per_node, ranks) * part / self.bytes_per_s)
+            else:
+                cost += self.point_to_point(part, crosses=self._crosses(0, min(2 ** j, ranks - 1)))
+        return Cost(2 * cost.latency_s, 2 * cost.transfer_s)
 
     def multicolor_allreduce(self, nbytes: float, ranks: int, colors: int) -> Cost:
         """k = ``colors`` rotated binary trees, reduce then broadcast, all at once (module docstring)."""

@@ -25,17 +25,24 @@ def test_ring_formula_flat_and_shared():
         assert cost.transfer_s == pytest.approx(2 * (p - 1) / p * 100e6 / 1e9)
     shared = Network(bytes_per_s=1e9, latency_s=1e-5, topology="shared")
     assert shared.ring_allreduce(100e6, 3).transfer_s == pytest.approx(4 * 100e6 / 1e9)
-    # Large messages take the ring, tiny ones recursive doubling (log2 p latencies, not 2(p-1)).
-    assert net.allreduce(100e6, 8) == net.ring_allreduce(100e6, 8)
+    # Rabenseifner's moves the ring's bytes in 2 log2 p steps; tiny messages take recursive doubling.
+    halving = net.rabenseifner_allreduce(100e6, 8)
+    assert halving.transfer_s == pytest.approx(2 * 7 / 8 * 100e6 / 1e9)
+    assert halving.latency_s == pytest.approx(2 * 3 * 1e-5)
+    assert net.allreduce(100e6, 8) == halving
+    assert net.allreduce(8, 8) == net.recursive_doubling_allreduce(8, 8)
     assert net.allreduce(8, 8).latency_s == pytest.approx(3 * 1e-5)
 
 
 def test_nodes_use_the_intra_node_link_inside_a_node():
     net = Network(bytes_per_s=1e9, latency_s=1e-5, topology="nodes", ranks_per_node=4, intra_bytes_per_s=1e11,
                   intra_latency_s=1e-6)
-    inside, across = net.allreduce(100e6, 4), net.allreduce(100e6, 8)
+    inside, across = net.ring_allreduce(100e6, 4), net.ring_allreduce(100e6, 8)
     assert inside.transfer_s == pytest.approx(2 * 3 / 4 * 100e6 / 1e11)
     assert across.transfer_s == pytest.approx(2 * 7 / 8 * 100e6 / 1e9)
+    # Halving's one round across nodes moves n/8 per rank, 4 ranks on a node's link, twice.
+    assert net.rabenseifner_allreduce(100e6, 8).transfer_s == pytest.approx(
+        2 * (100e6 / 2 / 1e11 + 100e6 / 4 / 1e11 + 4 * 100e6 / 8 / 1e9))
     # Recursive doubling's last round would send 4 ranks' whole vectors through each node's link.
     assert net.recursive_doubling_allreduce(100e6, 8).transfer_s == pytest.approx(2 * 100e6 / 1e11 + 4 * 100e6 / 1e9)
 
