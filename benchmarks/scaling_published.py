@@ -71,22 +71,24 @@ CASES = [
      # The benchmarks page's example: 16 GPUs, 1,656.82 images/s -> 103.6 per GPU at batch 64.
      "compute_ms": 64 / (1656.82 / 16) * 1e3, "compute_note": "1,656.82 img/s on 16 GPUs (Horovod benchmarks page)",
      # 4 GPUs per server (PCIe, ~10 GB/s assumed), 25 Gbit/s RoCE between servers (~5 us assumed);
-     # Tensor Fusion: gradients allreduced in backward order as they are ready, 64 MB fusion buffer.
+     # Tensor Fusion: gradients allreduced in backward order as they are ready, 64 MB fusion buffer,
+     # by NCCL's ring across all GPUs.
      "flags": ["--topology=nodes", "--ranks_per_node=4", "--intra_bandwidth=10GB/s", "--intra_latency=5us",
                "--bandwidth=25gbit", "--latency=5us", "--schedule=fifo", "--bucket_bytes=67108864",
-               "--update_rate=300"]},
+               "--update_rate=300", "--allreduce_algorithm=ring"]},
     {"name": "Horovod, VGG-16 (64/GPU), 512 GPUs", "net": "vgg16", "workers": 512,
      "published": ("efficiency", 0.68, HOROVOD),
      "compute_ms": 64 / 154 * 1e3, "compute_note": "154 img/s at batch 64 (TF P100 table)",
      "flags": ["--topology=nodes", "--ranks_per_node=4", "--intra_bandwidth=10GB/s", "--intra_latency=5us",
                "--bandwidth=25gbit", "--latency=5us", "--schedule=fifo", "--bucket_bytes=67108864",
-               "--update_rate=300"]},
+               "--update_rate=300", "--allreduce_algorithm=ring"]},
     {"name": "IBM PowerAI DDL, ResNet-50, 256 P100: 90 epochs", "net": "resnet50", "workers": 256,
      "published": ("minutes for 90 epochs", 50.0, "Cho et al. 2017, arXiv:1708.02188 abstract"),
      # Per-GPU batch 32 (assumed, as in Goyal et al.'s 8k batch on 256 GPUs) at 195 img/s (TF P100).
      "compute_ms": 32 / 195 * 1e3, "compute_note": "assumed: batch 32 at 195 img/s (TF P100 table)",
      # 64 S822LC servers, 4 P100 each on NVLink (~18 GB/s ring assumed), InfiniBand between
-     # servers (100 Gbit/s EDR assumed); DDL overlaps its multi-ring allreduce with backprop.
+     # servers (100 Gbit/s EDR assumed); DDL overlaps its multi-ring allreduce with backprop (modelled
+     # by the cheapest of the algorithms; the multicolor column is the rank-ordered trees).
      "flags": ["--topology=nodes", "--ranks_per_node=4", "--intra_bandwidth=18GB/s", "--intra_latency=5us",
                "--bandwidth=100gbit", "--latency=2us", "--schedule=fifo", "--bucket_bytes=67108864",
                "--update_rate=300"],

@@ -272,7 +272,7 @@ def cmd_simulate(args) -> int:
         simulate.parse_rate(args.bandwidth), simulate.parse_duration(args.latency), args.topology,
         args.ranks_per_node,
         simulate.parse_rate(args.intra_bandwidth, "--intra_bandwidth") if args.intra_bandwidth else 0.0,
-        simulate.parse_duration(args.intra_latency, "--intra_latency"))
+        simulate.parse_duration(args.intra_latency, "--intra_latency"), args.allreduce_algorithm)
     schedule = simulate.ScheduleOptions(args.schedule, args.overlap, args.bucket_bytes, args.chunk_bytes,
                                         args.credit_bytes)
     if not args.update_rate > 0:
@@ -436,6 +436,8 @@ def _add_simulate(verbs, common) -> None:
     _flag(net, "ranks_per_node", type=int, default=1, help="ranks per node (topology nodes)")
     _flag(net, "intra_bandwidth", help="intra-node link (topology nodes), e.g. 100GB/s")
     _flag(net, "intra_latency", default="2us", help="intra-node latency (default 2us)")
+    _flag(net, "allreduce_algorithm", default="auto", choices=["auto", "ring", "recursive_doubling", "rabenseifner"],
+          help="the allreduce's algorithm (default auto: the cheapest for each size, as MPI libraries choose)")
     rule = sim.add_argument_group("exchange")
     _flag(rule, "exchange", default="allreduce", choices=list(RULES), help="the exchange rule (default allreduce)")
     _flag(rule, "schedule", type=str.lower, default="priority", choices=["fifo", "priority"],

@@ -36,6 +36,7 @@ import math
 import re
 
 TOPOLOGIES = ("flat", "nodes", "shared")
+ALGORITHMS = ("auto", "ring", "recursive_doubling", "rabenseifner")
 
 
 class NetworkError(ValueError):
@@ -63,8 +64,11 @@ class Network:
     ranks_per_node: int = 1
     intra_bytes_per_s: float = 0.0
     intra_latency_s: float = 0.0
+    algorithm: str = "auto"       # the allreduce: "auto" (the cheapest, as MPI chooses) or one of them
 
     def __post_init__(self):
+        if self.algorithm not in ALGORITHMS:
+            raise NetworkError(f"--allreduce_algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
         if self.topology not in TOPOLOGIES:
             raise NetworkError(f"--topology must be one of {', '.join(TOPOLOGIES)}, got {self.topology!r}")
         if not self.bytes_per_s > 0:
@@ -103,6 +107,8 @@ class Network:
         """An allreduce of ``nbytes`` over ``ranks`` ranks: the cheaper algorithm (module docstring)."""
         if ranks <= 1 or nbytes <= 0:
             return Cost(0.0, 0.0)
+        if self.algorithm != "auto":
+            return getattr(self, f"{self.algorithm}_allreduce")(nbytes, ranks)
         return min(self.ring_allreduce(nbytes, ranks), self.recursive_doubling_allreduce(nbytes, ranks),
                    self.rabenseifner_allreduce(nbytes, ranks), key=lambda c: c.total_s)
 
