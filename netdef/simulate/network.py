@@ -186,20 +186,25 @@ class Network:
             return Cost(hops * latency, busiest)
         return Cost(hops * self.latency_s, max(max(sent), max(received)) / self.bytes_per_s)
 
-    def one_sided_exchange(self, nbytes: float, ranks: int) -> Cost:
-        """Elastic averaging's step with a centre sharded over ``ranks`` ranks, every rank at once:
-        ``Get`` of the centre, then ``Accumulate`` of the difference; each rank moves (p-1)/p of the
-        vector in and out per operation, and serves its own shard to the others."""
-        if ranks <= 1 or nbytes <= 0:
+    def one_sided_exchange(self, nbytes: float, ranks: int, stepping: int | None = None) -> Cost:
+        """Elastic averaging's step with a centre sharded over ``ranks`` ranks, made by ``stepping``
+        of them at once (default all; hybrid: the group leaders, ranks 0, g, 2g...): each reads the
+        centre and adds its difference to it one-sidedly, (p-1)/p of the vector in and out; each
+        rank's link also serves its shard to the others that step."""
+        stepping = ranks if stepping is None else stepping
+        if ranks <= 1 or nbytes <= 0 or stepping < 1:
             return Cost(0.0, 0.0)
         share = (ranks - 1) / ranks * nbytes
         if self.topology == "shared":
-            return Cost(2 * self.latency_s, 2 * ranks * share / self.bytes_per_s)
-        per_node = self.ranks_per_node if self.topology == "nodes" and ranks > self.ranks_per_node else 1
+            return Cost(2 * self.latency_s, 2 * stepping * share / self.bytes_per_s)
+        serve = min(stepping, ranks - 1) * nbytes / ranks   # its shard, to the others that step
+        if self.topology == "nodes" and ranks > self.ranks_per_node:
+            # A node's link carries its stepping ranks' traffic and its shards' service.
+            per_node = max(1, stepping * self.ranks_per_node // ranks)
+            load = max(per_node * share, self.ranks_per_node * serve)
+            return Cost(2 * self.latency_s, 2 * load / self.bytes_per_s)
         latency, rate = self._link(ranks)
-        return Cost(2 * latency, 2 * per_node * share / rate)
-
-
+        return Cost(2 * latency, 2 * max(share, serve) / rate)
 
 
 def parse_rate(text: str, option: str = "--bandwidth") -> float:

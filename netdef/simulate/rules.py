@@ -5,8 +5,9 @@ collective:
 
 - ``allreduce``: the MPI library's allreduce (``Network.allreduce``: ring or recursive doubling).
 - ``multicolor``: IBM's multi-colour allreduce over ``colors`` trees (``Network.multicolor_allreduce``).
-- ``fp16``: an allreduce of half the bytes, plus one small allreduce per chunk that agrees on the
-  scale, plus the casts in and out (one pass over the float32 gradient, like an update's).
+- ``fp16``: the multicolour trees carrying half the bytes (netdef's fp16 sends float16 messages down
+  ``multicolor``'s trees and sums in float32 at each node), plus the casts in and out (one pass over
+  the float32 gradient, like an update's, on the training thread).
 
 Asynchronous rules are closed forms (no rank waits for another's compute):
 
@@ -18,7 +19,10 @@ Asynchronous rules are closed forms (no rank waits for another's compute):
   compute + the expected merges and the time the link needs for the expected bytes.
 - ``hybrid``: synchronous allreduce inside groups of ``group_size`` consecutive ranks (inside a node
   when the group fits), and every ``tau`` iterations each group's first rank does the elastic step
-  with the centre sharded over the group leaders, then broadcasts the result in its group.
+  with the centre (sharded over every rank), then broadcasts the result in its group.
+
+Defaults follow netdef's rules: tau 10 (Zhang et al.'s ImageNet runs), gossip probability 0.1,
+``min(workers, 4)`` colours.
 
 Speed-up and efficiency count samples per second; for the asynchronous rules they say nothing
 about how many more iterations the looser coupling needs to reach the same accuracy.
@@ -30,7 +34,7 @@ import math
 
 from ..comm.scheduler import LinkMeasurement, ScheduleThread, chunk_size, credit_size
 from .iteration import IterationTimes, ScheduleOptions, simulate_synchronous
-from .network import Cost, Network
+from .network import Network
 from .profile import Profile
 
 SYNCHRONOUS = ("allreduce", "multicolor", "fp16")
@@ -50,8 +54,8 @@ class RuleError(ValueError):
 class RuleOptions:
     rule: str = "allreduce"
     colors: int = 0               # multicolor: 0 = default_colors(workers)
-    tau: int = 4                  # easgd, hybrid: iterations between elastic steps
-    gossip_probability: float = 0.01
+    tau: int = 10                 # easgd, hybrid: iterations between elastic steps
+    gossip_probability: float = 0.1
     group_size: int = 2           # hybrid
     schedule: ScheduleOptions = ScheduleOptions()
     update_s_per_byte: float = CPU_UPDATE_S_PER_BYTE
@@ -73,9 +77,7 @@ class RuleOptions:
 
 
 def default_colors(workers: int) -> int:
-    """The model's default number of multicolour trees: as many as fit the ranks, at most 4 (each
-    tree needs at least one rank as its root, and more trees than links per rank add latency
-    without bandwidth)."""
+    """The number of multicolour trees netdef's ``multicolor`` chooses: one per rank, at most 4."""
     return max(1, min(4, workers))
 
 
@@ -117,10 +119,9 @@ def iteration_times(profile: Profile, network: Network, workers: int, options: R
         colors = options.colors or default_colors(workers)
         return _synchronous(profile, options, lambda n: network.multicolor_allreduce(n, workers, colors))
     if rule == "fp16":
-        def cost(n):
-            scale = network.allreduce(8, workers)
-            return network.allreduce(n / 2, workers) + Cost(scale.total_s, 0.0)
-        return _synchronous(profile, options, cost, pack_s_per_byte=options.update_s_per_byte)
+        colors = options.colors or default_colors(workers)
+        return _synchronous(profile, options, lambda n: network.multicolor_allreduce(n / 2, workers, colors),
+                            pack_s_per_byte=options.update_s_per_byte)
     if rule == "easgd":
         step = network.one_sided_exchange(weights, workers).total_s + 2 * one_pass
         return IterationTimes(compute + step / options.tau, compute)
@@ -142,10 +143,7 @@ def _hybrid(profile, network, workers, options, compute, weights, one_pass) -> I
               if group > 1 else IterationTimes(compute, compute))
     if groups == 1:
         return inside
-    # The leaders are ranks 0, g, 2g...: across nodes unless a node holds several groups.
-    leaders = Network(network.bytes_per_s, network.latency_s,
-                      "shared" if network.topology == "shared" else "flat")
-    elastic = leaders.one_sided_exchange(weights, groups).total_s + 2 * one_pass
+    elastic = network.one_sided_exchange(weights, workers, stepping=groups).total_s + 2 * one_pass
     crosses = not (network.topology == "nodes" and group <= network.ranks_per_node)
     broadcast = math.ceil(math.log2(group)) * network.point_to_point(weights, crosses).total_s if group > 1 else 0.0
     return IterationTimes(inside.iteration_s + (elastic + broadcast) / options.tau, compute)

@@ -113,3 +113,14 @@ def test_elastic_rules_amortise_their_exchange_over_tau():
     assert every.iteration_s == pytest.approx(0.03 + step)
     assert fourth.iteration_s == pytest.approx(0.03 + step / 4)
     assert math.isclose(step, 2 * (1e-5 + 3 / 4 * 8 * MB / 1e9))
+
+
+def test_fp16_sends_half_of_multicolor_and_one_hybrid_group_is_allreduce():
+    profile = profile_of([(0.001, 0.002, [0])], [32 * MB])   # communication-bound
+    net = Network(1e9, 1e-5)
+    multicolor = iteration_times(profile, net, 4, RuleOptions(rule="multicolor", update_s_per_byte=0.0))
+    fp16 = iteration_times(profile, net, 4, RuleOptions(rule="fp16", update_s_per_byte=0.0))
+    assert fp16.exposed_s == pytest.approx(multicolor.exposed_s / 2, rel=0.05)
+    allreduce = iteration_times(profile, net, 4, RuleOptions(update_s_per_byte=0.0))
+    one_group = iteration_times(profile, net, 4, RuleOptions(rule="hybrid", group_size=4, update_s_per_byte=0.0))
+    assert one_group.iteration_s == pytest.approx(allreduce.iteration_s)
