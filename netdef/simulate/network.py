@@ -77,9 +77,9 @@ class Network:
             raise NetworkError(f"--latency must be >= 0, got {self.latency_s}")
         if self.topology == "nodes":
             if self.ranks_per_node < 1:
-                raise NetworkError(f"--ranks-per-node must be at least 1, got {self.ranks_per_node}")
+                raise NetworkError(f"--ranks_per_node must be at least 1, got {self.ranks_per_node}")
             if not self.intra_bytes_per_s > 0:
-                raise NetworkError("--topology nodes needs --intra-bandwidth")
+                raise NetworkError("--topology nodes needs --intra_bandwidth")
 
     # ------------------------------------------------------------------------------ links
     def _node_count(self, ranks: int) -> int:

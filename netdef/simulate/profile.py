@@ -106,6 +106,8 @@ def load_profile(path: str) -> Profile:
             doc = json.load(f)
     except json.JSONDecodeError as exc:
         raise ProfileError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"profile {path}: {getattr(exc, 'strerror', None) or exc}") from None
     if not isinstance(doc, dict):
         raise ProfileError(f"{path}: expected a JSON object with 'layers' and 'params'")
     if doc.get("format", FORMAT) != FORMAT:

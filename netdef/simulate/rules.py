@@ -67,9 +67,9 @@ class RuleOptions:
         if self.tau < 1:
             raise RuleError(f"--tau must be at least 1, got {self.tau}")
         if not 0 <= self.gossip_probability <= 1:
-            raise RuleError(f"--gossip-probability must be in [0, 1], got {self.gossip_probability}")
+            raise RuleError(f"--gossip_probability must be in [0, 1], got {self.gossip_probability}")
         if self.group_size < 1:
-            raise RuleError(f"--group-size must be at least 1, got {self.group_size}")
+            raise RuleError(f"--group_size must be at least 1, got {self.group_size}")
         if self.colors < 0:
             raise RuleError(f"--colors must be >= 0, got {self.colors}")
         if self.schedule.schedule not in ("priority", "fifo"):
