@@ -110,7 +110,7 @@ def measure_profiles(folder: pathlib.Path) -> None:
                             f"--json={folder / (net + '.json')}"], env=env, check=True, capture_output=True)
             doc = json.loads((folder / f"{net}.json").read_text())
             doc["model"] = path  # the zoo file, not the scratch copy
-            (folder / f"{net}.json").write_text(json.dumps(doc, indent=1) + "\n")
+            (folder / f"{net}.json").write_text(json.dumps(doc) + "\n")  # compact: committed to the repo
             print(f"# profiled {net}", flush=True)
 
 
