@@ -107,10 +107,11 @@ class Network:
         """An allreduce of ``nbytes`` over ``ranks`` ranks: the cheaper algorithm (module docstring)."""
         if ranks <= 1 or nbytes <= 0:
             return Cost(0.0, 0.0)
+        algorithms = {"ring": self.ring_allreduce, "recursive_doubling": self.recursive_doubling_allreduce,
+                      "rabenseifner": self.rabenseifner_allreduce}
         if self.algorithm != "auto":
-            return getattr(self, f"{self.algorithm}_allreduce")(nbytes, ranks)
-        return min(self.ring_allreduce(nbytes, ranks), self.recursive_doubling_allreduce(nbytes, ranks),
-                   self.rabenseifner_allreduce(nbytes, ranks), key=lambda c: c.total_s)
+            return algorithms[self.algorithm](nbytes, ranks)
+        return min((cost(nbytes, ranks) for cost in algorithms.values()), key=lambda c: c.total_s)
 
     def ring_allreduce(self, nbytes: float, ranks: int) -> Cost:
         steps = 2 * (ranks - 1)

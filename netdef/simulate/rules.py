@@ -37,9 +37,7 @@ from .iteration import IterationTimes, ScheduleOptions, simulate_synchronous
 from .network import Network
 from .profile import Profile
 
-SYNCHRONOUS = ("allreduce", "multicolor", "fp16")
-ASYNCHRONOUS = ("easgd", "gossip", "hybrid")
-RULES = SYNCHRONOUS + ASYNCHRONOUS
+RULES = ("allreduce", "multicolor", "fp16", "easgd", "gossip", "hybrid")
 
 # A CPU's fused SGD-with-momentum update of a float32 blob: fc6 of benchmarks/schedule.py's net,
 # 33 MB, in 12 ms (benchmarks/README.md, issue 8): about 0.36 ns per byte of parameters.
@@ -102,6 +100,71 @@ def _synchronous(profile: Profile, options: RuleOptions, cost_of, pack_s_per_byt
                                 options.exchange_cpu_s_per_byte, pack_s_per_byte)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Case:
+    """What every rule's model is given: ``compute`` is one worker's iteration, ``weights`` the
+    parameter bytes, ``one_pass`` the time of one pass over them (an update's)."""
+
+    profile: Profile
+    network: Network
+    workers: int
+    options: RuleOptions
+    compute: float
+    weights: int
+    one_pass: float
+
+
+def _allreduce(case: _Case) -> IterationTimes:
+    return _synchronous(case.profile, case.options, lambda n: case.network.allreduce(n, case.workers))
+
+
+def _multicolor(case: _Case) -> IterationTimes:
+    colors = case.options.colors or default_colors(case.workers)
+    return _synchronous(case.profile, case.options,
+                        lambda n: case.network.multicolor_allreduce(n, case.workers, colors))
+
+
+def _fp16(case: _Case) -> IterationTimes:
+    colors = case.options.colors or default_colors(case.workers)
+    return _synchronous(case.profile, case.options,
+                        lambda n: case.network.multicolor_allreduce(n / 2, case.workers, colors),
+                        pack_s_per_byte=case.options.update_s_per_byte)
+
+
+def _easgd(case: _Case) -> IterationTimes:
+    step = case.network.one_sided_exchange(case.weights, case.workers).total_s + 2 * case.one_pass
+    return IterationTimes(case.compute + step / case.options.tau, case.compute)
+
+
+def _gossip(case: _Case) -> IterationTimes:
+    network, q = case.network, case.options.gossip_probability
+    if network.topology == "shared":
+        link_s = case.workers * q * case.weights / network.bytes_per_s
+    else:
+        across_nodes = network.topology == "nodes" and case.workers > network.ranks_per_node
+        sharing = network.ranks_per_node if across_nodes else 1
+        link_s = sharing * q * network.point_to_point(case.weights).total_s
+    return IterationTimes(max(case.compute + q * case.one_pass, link_s), case.compute)
+
+
+def _hybrid(case: _Case) -> IterationTimes:
+    network, options = case.network, case.options
+    group = min(options.group_size, case.workers)
+    groups = -(-case.workers // group)
+    inside = (iteration_times(case.profile, network, group, dataclasses.replace(options, rule="allreduce"))
+              if group > 1 else IterationTimes(case.compute, case.compute))
+    if groups == 1:
+        return inside
+    elastic = network.one_sided_exchange(case.weights, case.workers, stepping=groups).total_s + 2 * case.one_pass
+    crosses = not (network.topology == "nodes" and group <= network.ranks_per_node)
+    broadcast = math.ceil(math.log2(group)) * network.point_to_point(case.weights, crosses).total_s if group > 1 else 0.0
+    return IterationTimes(inside.iteration_s + (elastic + broadcast) / options.tau, case.compute)
+
+
+_MODELS = {"allreduce": _allreduce, "multicolor": _multicolor, "fp16": _fp16, "easgd": _easgd, "gossip": _gossip,
+           "hybrid": _hybrid}
+
+
 def iteration_times(profile: Profile, network: Network, workers: int, options: RuleOptions) -> IterationTimes:
     """One worker's steady-state iteration and its compute alone, for ``workers`` workers."""
     if workers < 1:
@@ -109,44 +172,9 @@ def iteration_times(profile: Profile, network: Network, workers: int, options: R
     alone = simulate_synchronous(profile, None, options.schedule, 1, 1, options.update_s_per_byte)
     if workers == 1:
         return alone
-    compute = alone.compute_s
     weights = profile.gradient_bytes
-    one_pass = weights * options.update_s_per_byte
-    rule = options.rule
-    if rule == "allreduce":
-        return _synchronous(profile, options, lambda n: network.allreduce(n, workers))
-    if rule == "multicolor":
-        colors = options.colors or default_colors(workers)
-        return _synchronous(profile, options, lambda n: network.multicolor_allreduce(n, workers, colors))
-    if rule == "fp16":
-        colors = options.colors or default_colors(workers)
-        return _synchronous(profile, options, lambda n: network.multicolor_allreduce(n / 2, workers, colors),
-                            pack_s_per_byte=options.update_s_per_byte)
-    if rule == "easgd":
-        step = network.one_sided_exchange(weights, workers).total_s + 2 * one_pass
-        return IterationTimes(compute + step / options.tau, compute)
-    if rule == "gossip":
-        q = options.gossip_probability
-        if network.topology == "shared":
-            link_s = workers * q * weights / network.bytes_per_s
-        else:
-            sharing = network.ranks_per_node if network.topology == "nodes" and workers > network.ranks_per_node else 1
-            link_s = sharing * q * network.point_to_point(weights).total_s
-        return IterationTimes(max(compute + q * one_pass, link_s), compute)
-    return _hybrid(profile, network, workers, options, compute, weights, one_pass)
-
-
-def _hybrid(profile, network, workers, options, compute, weights, one_pass) -> IterationTimes:
-    group = min(options.group_size, workers)
-    groups = -(-workers // group)
-    inside = (iteration_times(profile, network, group, dataclasses.replace(options, rule="allreduce"))
-              if group > 1 else IterationTimes(compute, compute))
-    if groups == 1:
-        return inside
-    elastic = network.one_sided_exchange(weights, workers, stepping=groups).total_s + 2 * one_pass
-    crosses = not (network.topology == "nodes" and group <= network.ranks_per_node)
-    broadcast = math.ceil(math.log2(group)) * network.point_to_point(weights, crosses).total_s if group > 1 else 0.0
-    return IterationTimes(inside.iteration_s + (elastic + broadcast) / options.tau, compute)
+    return _MODELS[options.rule](_Case(profile, network, workers, options, alone.compute_s, weights,
+                                       weights * options.update_s_per_byte))
 
 
 @dataclasses.dataclass(frozen=True)
