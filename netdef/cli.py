@@ -243,6 +243,55 @@ def cmd_time(args) -> int:
     log.info("Average Forward-Backward: %g ms.", (total_forward + total_backward) / args.iterations)
     log.info("Total Time: %g ms.", (time.perf_counter() - total_start) * 1000)
     log.info("*** Benchmark ends ***")
+    if args.json:
+        from netdef.simulate import profile_of, write_profile
+
+        profile = profile_of(net, [ms / args.iterations for ms in forward_ms],
+                             [ms / args.iterations for ms in backward_ms], model=args.model)
+        write_profile(profile, args.json, phase=args.phase.upper(), iterations=args.iterations,
+                      blas_threads=os.environ.get("OPENBLAS_NUM_THREADS", ""))
+        log.info("Per-layer times written to %s (netdef simulate reads them)", args.json)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- simulate
+def cmd_simulate(args) -> int:
+    """Predict iteration time and scaling efficiency from a per-layer profile (netdef.simulate)."""
+    import json
+
+    from netdef import simulate
+    from netdef.simulate import report
+
+    profile = simulate.load_profile(args.profile)
+    if args.compute_scale is not None:
+        profile = profile.scaled(args.compute_scale)
+    if args.compute_ms is not None:
+        total = profile.forward_s + profile.backward_s
+        if not args.compute_ms > 0 or not total > 0:
+            raise CommandLineError(f"simulate: --compute_ms must be positive and the profile's times non-zero "
+                                   f"(got {args.compute_ms} and {total * 1e3:g} ms)")
+        profile = profile.scaled(args.compute_ms / 1e3 / total)
+    network = simulate.Network(
+        simulate.parse_rate(args.bandwidth), simulate.parse_duration(args.latency), args.topology,
+        args.ranks_per_node,
+        simulate.parse_rate(args.intra_bandwidth, "--intra_bandwidth") if args.intra_bandwidth else 0.0,
+        simulate.parse_duration(args.intra_latency, "--intra_latency"), args.allreduce_algorithm)
+    schedule = simulate.ScheduleOptions(args.schedule, args.overlap, args.bucket_bytes, args.chunk_bytes,
+                                        args.credit_bytes)
+    if not args.update_rate > 0:
+        raise CommandLineError(f"simulate: --update_rate must be positive, got {args.update_rate}")
+    options = simulate.RuleOptions(args.exchange, args.colors, args.tau, args.gossip_probability, args.group_size,
+                                   schedule, 1.0 / (args.update_rate * 1e9), args.exchange_cpu_ns * 1e-9)
+    try:
+        workers = [int(w) for w in args.workers.split(",") if w.strip()]
+    except ValueError:
+        raise CommandLineError(f"simulate: --workers must be comma-separated integers, got {args.workers!r}") from None
+    predictions = simulate.predict(profile, network, workers, options)
+    if args.json:
+        print(json.dumps(report.as_json(profile, network, options, predictions), indent=1))
+    else:
+        print(report.describe(profile, network, options))
+        print(report.table(predictions))
     return 0
 
 
@@ -363,6 +412,49 @@ def cmd_export_onnx(args) -> int:
              ", ".join(f"{name} {list(shape)}" for name, shape in plan.inputs),
              ", ".join(f"{name} {list(shape)}" for name, shape in plan.outputs))
     return 0
+
+
+def _add_simulate(verbs, common) -> None:
+    from netdef.simulate.rules import CPU_UPDATE_S_PER_BYTE, RULES
+
+    sim = verbs.add_parser(
+        "simulate", parents=[common], help="predict iteration time and scaling efficiency at 1 to 1,024 workers",
+        description="Predict the iteration time, exposed exchange, efficiency and speed-up of data-parallel "
+                    "training from a per-layer profile (netdef time --json=FILE, or a GPU's in the same format), "
+                    "an exchange rule and a network. docs/scaling.md describes the model.")
+    sim.add_argument("profile", metavar="PROFILE", help="per-layer times: the JSON of netdef time --json")
+    _flag(sim, "workers", default="1,2,4,8,16,32,64,128,256,512,1024", help="worker counts (comma separated)")
+    _flag(sim, "compute_scale", type=float, help="multiply every layer's time by this (another device)")
+    _flag(sim, "compute_ms", type=float, help="rescale the profile to this forward+backward time (ms)")
+    _flag(sim, "update_rate", type=float, default=round(1e-9 / CPU_UPDATE_S_PER_BYTE, 2), metavar="GB_PER_S",
+          help="GB of parameters the update rule processes per second (default: this CPU's fused SGD)")
+    _flag(sim, "exchange_cpu_ns", type=float, default=0.0, metavar="NS",
+          help="CPU ns per gradient byte the exchange takes from compute (cores all busy; default 0)")
+    net = sim.add_argument_group("network")
+    _flag(net, "bandwidth", default="10gbit", help="per link (1gbit, 100gbit, 12.5GB/s; default 10gbit)")
+    _flag(net, "latency", default="5us", help="per message (5us, 1.5ms; default 5us)")
+    _flag(net, "topology", default="flat", choices=["flat", "nodes", "shared"],
+          help="flat: a link per rank; nodes: --ranks_per_node share a node's link and talk inside over "
+               "--intra_bandwidth; shared: one medium for all traffic (the emulated loopback)")
+    _flag(net, "ranks_per_node", type=int, default=1, help="ranks per node (topology nodes)")
+    _flag(net, "intra_bandwidth", help="intra-node link (topology nodes), e.g. 100GB/s")
+    _flag(net, "intra_latency", default="2us", help="intra-node latency (default 2us)")
+    _flag(net, "allreduce_algorithm", default="auto", choices=["auto", "ring", "recursive_doubling", "rabenseifner"],
+          help="the allreduce's algorithm (default auto: the cheapest for each size, as MPI libraries choose)")
+    rule = sim.add_argument_group("exchange")
+    _flag(rule, "exchange", default="allreduce", choices=list(RULES), help="the exchange rule (default allreduce)")
+    _flag(rule, "schedule", type=str.lower, default="priority", choices=["fifo", "priority"],
+          help="synchronous rules: the solver's schedule (default priority)")
+    _flag(rule, "overlap", type=_on_off, default=True, metavar="on|off", help="exchange during backward (default on)")
+    _flag(rule, "bucket_bytes", type=int, default=4 << 20, metavar="BYTES", help="bucket size bound (default 4194304)")
+    _flag(rule, "chunk_bytes", type=int, default=0, metavar="BYTES", help="priority: chunk (default: as measured)")
+    _flag(rule, "credit_bytes", type=int, default=0, metavar="BYTES", help="priority: in flight (default: as measured)")
+    _flag(rule, "colors", type=int, default=0, help="multicolor: trees (default: min(workers, 4))")
+    _flag(rule, "tau", type=int, default=10, help="easgd, hybrid: iterations between elastic steps (default 10)")
+    _flag(rule, "gossip_probability", type=float, default=0.1, help="gossip: per iteration (default 0.1)")
+    _flag(rule, "group_size", type=int, default=2, help="hybrid: ranks per synchronous group (default 2)")
+    _flag(sim, "json", action="store_true", help="print JSON instead of the table")
+    sim.set_defaults(func=cmd_simulate)
 
 
 def _add_export_onnx(verbs, common) -> None:
@@ -523,7 +615,10 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(timing, "gpu", help="GPU id")
     _flag(timing, "stage", help="comma-separated stages")
     _flag(timing, "level", type=int, default=0, help="level of the net state")
+    _flag(timing, "json", metavar="FILE", help="also write the per-layer times and parameter sizes here "
+                                               "(the profile netdef simulate reads)")
     timing.set_defaults(func=cmd_time)
+    _add_simulate(verbs, common)
 
     mnist = verbs.add_parser("convert-mnist", parents=[common],
                              help="IDX image and label files (gzipped or not) to a DB of Datums")

@@ -471,6 +471,12 @@ class Net:
         uses, shared ones included."""
         return list(self._learnable_id_of[layer_index])
 
+    def gradients_final_at(self, layer_index: int) -> list[int]:
+        """The learnable parameters whose gradient is final once layer ``layer_index`` has run
+        backward (what the backward hooks hand over after it; a shared parameter after the
+        lowest layer that uses it)."""
+        return list(self._final_at[layer_index])
+
     def layer_index(self, name: str) -> int:
         try:
             return self._layer_names.index(name)

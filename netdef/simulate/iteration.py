@@ -1,0 +1,278 @@
+"""One rank's synchronous data-parallel iterations, simulated as the solver and its exchange run them.
+
+The training thread (one rank; every rank is alike in a synchronous rule):
+
+- forward, layer by layer in definition order; before a layer's forward, the previous iteration's
+  updates of that layer's parameters that are still waiting for their averaged gradient wait for
+  it and are applied (solver.py ``_before_forward``);
+- backward in reverse; after each layer the gradients that are final there go to their buckets
+  (``exchange.plan_buckets``, the solver's own bucket plan, on the same hook order), and a full
+  bucket is handed to the schedule (with overlap; without, every bucket when backward ends). The
+  first gradient of an iteration first drains the previous iteration's exchange;
+- the update: each blob whose gradient has arrived is updated now, the rest when the next forward
+  needs them (``priority``); with ``fifo`` the update waits for the whole exchange.
+
+The link (``Link``) is what the MPI library does with the collectives started on it: each occupies
+the network for its ``transfer_s`` one after the other, and completes ``latency_s`` after its
+transfer (collectives in flight together overlap their latency, not their bytes).
+
+``priority`` follows ``scheduler.PrioritySchedule``: buckets split into chunks of ``chunk_bytes``, at
+most ``credit_bytes`` in flight, and the next chunk is the most urgent (forward position) of the
+buckets that every rank is known to have ready, which a rank learns from the marks of the chunks
+started after the bucket became ready; else the next in backward order once ready. ``fifo`` starts
+whole buckets in backward order.
+
+The exchange's own CPU work (copies, the reduction, the TCP stack: ``exchange_cpu_s_per_byte`` of
+the rank's gradient bytes) takes cores from compute where none is spare: a layer that computes while
+the link is busy takes longer by that work's share of the overlap (while the training thread waits,
+the work is free). On a GPU or with a spare core it is 0.
+
+Not modelled: the communication thread's poll interval (2 ms; chunks in flight hide it),
+stragglers and jitter between ranks.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..comm.exchange import DEFAULT_BUCKET_BYTES, plan_buckets
+from .profile import Profile
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleOptions:
+    """The exchange settings the simulation follows (``ExchangeOptions``' fields that matter)."""
+
+    schedule: str = "priority"
+    overlap: bool = True
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    chunk_bytes: int = 0          # 0: scheduler.chunk_size of the network, as the solver measures it
+    credit_bytes: int = 0         # 0: scheduler.credit_size
+
+
+@dataclasses.dataclass(frozen=True)
+class IterationTimes:
+    iteration_s: float
+    compute_s: float
+
+    @property
+    def exposed_s(self) -> float:
+        return max(0.0, self.iteration_s - self.compute_s)
+
+
+class _ParamShape:
+    """What ``plan_buckets`` reads of a parameter (its diff's size, dtype and shape), without memory."""
+
+    def __init__(self, nbytes: int):
+        count = max(0, int(nbytes) // 4)
+        self.diff = np.broadcast_to(np.zeros((), np.float32), (count,))
+        self.shape = (count,)
+
+
+class Link:
+    """The network as the collectives of one rank see it (module docstring)."""
+
+    def __init__(self):
+        self.free_at = 0.0
+        self._busy: list[tuple[float, float, float]] = []   # (begin, end, CPU seconds of the work)
+
+    def start(self, at: float, cost, cpu_s: float = 0.0) -> float:
+        """Start a collective at ``at`` that costs the rank ``cpu_s`` of CPU; returns when it completes."""
+        begin = max(at, self.free_at)
+        self.free_at = begin + cost.transfer_s
+        if cpu_s:
+            self._busy.append((begin, self.free_at, cpu_s))
+        return self.free_at + cost.latency_s
+
+    def compute(self, at: float, seconds: float) -> float:
+        """When ``seconds`` of compute started at ``at`` end, slowed by the exchange's CPU work
+        that runs meanwhile (as far as it is known: what has started)."""
+        end = at + seconds
+        extra = 0.0
+        for begin, stop, cpu_s in self._busy:
+            overlap = min(end, stop) - max(at, begin)
+            if overlap > 0:
+                extra += cpu_s * overlap / max(stop - begin, 1e-12)
+        self._busy = [b for b in self._busy if b[1] > at]
+        return end + extra
+
+
+class _Chunk:
+    __slots__ = ("bucket", "nbytes", "started", "done", "mark")
+
+    def __init__(self, bucket: int, nbytes: int):
+        self.bucket, self.nbytes = bucket, nbytes
+        self.started = self.done = None
+        self.mark = 0
+
+
+class _Exchange:
+    """One iteration's exchange on the link: buckets become ready at given times, chunks start by
+    the rule of ``schedule``; ``complete(b)`` is when bucket b has arrived."""
+
+    def __init__(self, buckets, priorities, cost_of, link: Link, options: ScheduleOptions, chunk: int, credit: int,
+                 cpu_s_per_byte: float = 0.0):
+        self.cost_of, self.link, self.cpu_s_per_byte = cost_of, link, cpu_s_per_byte
+        self.priority = options.schedule == "priority"
+        self.sizes = [b.nbytes for b in buckets]
+        self.priorities = priorities
+        self.ready_at: list[float | None] = [None] * len(buckets)
+        self.chunk, self.credit = chunk, credit
+        self.chunks: list[_Chunk] = []
+        self.of_bucket: list[list[_Chunk]] = []
+        for index, size in enumerate(self.sizes):
+            pieces = ([_Chunk(index, min(chunk, size - start)) for start in range(0, size, chunk)]
+                      if self.priority else [_Chunk(index, size)])
+            self.of_bucket.append(pieces)
+            self.chunks.extend(pieces)
+        self.unsent = list(self.chunks)
+        self.started: list[_Chunk] = []
+        self.now = 0.0
+
+    def ready(self, bucket: int, at: float) -> None:
+        self.ready_at[bucket] = at
+        self.advance(at)
+
+    def complete(self, bucket: int) -> float:
+        """When ``bucket`` has arrived (simulating the link until then)."""
+        while any(c.done is None for c in self.of_bucket[bucket]):
+            if not self._step(float("inf")):
+                raise RuntimeError(f"bucket {bucket} can never complete: a bucket before it was never made ready")
+        return max(c.done for c in self.of_bucket[bucket])
+
+    def all_complete(self) -> float:
+        return max((self.complete(b) for b in range(len(self.sizes))), default=self.now)
+
+    # ------------------------------------------------------------------------------ the schedule
+    def advance(self, until: float) -> None:
+        """Start every chunk the schedule starts by ``until``."""
+        while self._step(until):
+            pass
+
+    def _step(self, until: float) -> bool:
+        """Start the next chunk if it may start by ``until``; False when nothing more can start then."""
+        if not self.unsent:
+            return False
+        at, chosen = self._next(until)
+        if chosen is None:
+            return False
+        self.now = max(self.now, at)
+        self.unsent.remove(chosen)
+        chosen.started = self.now
+        chosen.mark = sum(1 for r in self.ready_at if r is not None and r <= self.now)
+        chosen.done = self.link.start(self.now, self.cost_of(chosen.nbytes), chosen.nbytes * self.cpu_s_per_byte)
+        self.started.append(chosen)
+        return True
+
+    def _next(self, until: float):
+        if not self.priority:
+            first = self.unsent[0]
+            ready = self.ready_at[first.bucket]
+            return (ready, first) if ready is not None and ready <= until else (None, None)
+        # The decision waits for the acknowledged prefix (scheduler.PrioritySchedule._acknowledged).
+        room, count, in_flight = self.credit - self.chunk, len(self.started), 0
+        while count > 0 and in_flight + self.started[count - 1].nbytes <= room:
+            count -= 1
+            in_flight += self.started[count].nbytes
+        at, everywhere = self.now, 0
+        if count:
+            at = max(at, max(c.done for c in self.started[:count]))
+            everywhere = self.started[count - 1].mark
+        if at > until:
+            return None, None
+        urgent = [c for c in self.unsent if c.bucket < everywhere]
+        if urgent:
+            return at, min(urgent, key=lambda c: (self.priorities[c.bucket], c.bucket))
+        first = self.unsent[0]
+        ready = self.ready_at[first.bucket]
+        if ready is None or max(at, ready) > until:
+            return None, None
+        return max(at, ready), first
+
+
+def simulate_synchronous(profile: Profile, cost_of, options: ScheduleOptions, chunk: int, credit: int,
+                         update_s_per_byte: float, exchange_cpu_s_per_byte: float = 0.0,
+                         pack_s_per_byte: float = 0.0, iterations: int = 4) -> IterationTimes:
+    """Steady-state iteration time of a synchronous rule whose collective on ``n`` bytes costs
+    ``cost_of(n)`` (a ``network.Cost``), and the compute alone (one worker: no exchange).
+    ``pack_s_per_byte``: what the training thread spends putting a bucket on the wire and taking it
+    off (a cast to float16 and back), when the bucket is full."""
+    params = [_ParamShape(p.nbytes) for p in profile.params]
+    layers = profile.layers
+    order = [pid for layer in reversed(layers) for pid in layer.final]
+    by_layer = [list(layer.final) for layer in reversed(layers) if layer.final]
+    buckets = plan_buckets(order, params, options.bucket_bytes, by_layer) if order else []
+    bucket_of = {pid: b.index for b in buckets for pid in b.param_ids}
+    first_use: dict[int, int] = {}
+    for li, layer in enumerate(layers):
+        for pid in layer.uses:
+            first_use.setdefault(pid, li)
+    priorities = [min(first_use.get(pid, len(layers)) for pid in b.param_ids) for b in buckets]
+    update_s = [p.nbytes * update_s_per_byte for p in profile.params]
+    compute_s = profile.forward_s + profile.backward_s + sum(update_s)
+    if cost_of is None or not buckets:
+        return IterationTimes(compute_s, compute_s)
+
+    link = Link()
+    now = 0.0
+    previous: _Exchange | None = None
+    exchange: _Exchange | None = None
+
+    def compute(at: float, seconds: float) -> float:
+        # What the schedule starts meanwhile is decided by what is already known (readiness and
+        # completions), so it can be started before the compute whose CPU it competes for.
+        for active in (previous, exchange):
+            if active is not None:
+                active.advance(at + seconds)
+        return link.compute(at, seconds)
+
+    waiting: set[int] = set()     # parameters whose update waits for the previous exchange
+    starts = []
+    for _ in range(iterations):
+        starts.append(now)
+        for li, layer in enumerate(layers):
+            for pid in layer.uses:
+                if pid in waiting:
+                    now = max(now, previous.complete(bucket_of[pid])) + update_s[pid]
+                    waiting.discard(pid)
+            now = compute(now, layer.forward_s)
+        exchange = _Exchange(buckets, priorities, cost_of, link, options, chunk, credit, exchange_cpu_s_per_byte)
+        filled = [0] * len(buckets)
+        drained = False
+        for layer in reversed(layers):
+            now = compute(now, layer.backward_s)
+            if not layer.final:
+                continue
+            if not drained and previous is not None:
+                now = max(now, previous.all_complete())
+                for pid in sorted(waiting):
+                    now += update_s[pid]
+                waiting.clear()
+            drained = True
+            for pid in layer.final:
+                if pid not in bucket_of:
+                    continue
+                b = bucket_of[pid]
+                filled[b] += 1
+                if filled[b] == len(buckets[b].param_ids):
+                    now += buckets[b].nbytes * pack_s_per_byte
+                    if options.overlap:
+                        exchange.ready(b, now)
+        if not options.overlap:
+            for b in range(len(buckets)):
+                exchange.ready(b, now)
+        if options.schedule == "fifo":
+            now = max(now, exchange.all_complete())
+            now += sum(update_s)
+        else:
+            for pid, b in sorted(bucket_of.items()):
+                if exchange.complete(b) <= now:
+                    now += update_s[pid]
+                else:
+                    waiting.add(pid)
+        previous = exchange
+    starts.append(now)
+    # The next iteration's start waits for the first layer's parameters: account for it by the
+    # start-to-start time of the last two whole iterations.
+    return IterationTimes((starts[-1] - starts[-3]) / 2, compute_s)

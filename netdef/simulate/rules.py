@@ -1,0 +1,203 @@
+"""Per exchange rule, the iteration time of one worker out of ``workers`` (each rule's model).
+
+Synchronous rules run the solver's schedule (``iteration.simulate_synchronous``) with the rule's
+collective:
+
+- ``allreduce``: the MPI library's allreduce (``Network.allreduce``: ring or recursive doubling).
+- ``multicolor``: IBM's multi-colour allreduce over ``colors`` trees (``Network.multicolor_allreduce``).
+- ``fp16``: the multicolour trees carrying half the bytes (netdef's fp16 sends float16 messages down
+  ``multicolor``'s trees and sums in float32 at each node), plus the casts in and out (one pass over
+  the float32 gradient, like an update's, on the training thread).
+
+Asynchronous rules are closed forms (no rank waits for another's compute):
+
+- ``easgd``: every ``tau`` iterations a rank fetches the centre and accumulates its difference into
+  it (one-sided, the centre sharded over the ranks; ``Network.one_sided_exchange``) and moves its
+  own weights: iteration = compute + (that exchange + two passes over the weights) / tau.
+- ``gossip``: with probability ``gossip_probability`` per iteration a rank sends its weights to a
+  random peer (non-blocking) and a receiver merges them (one pass): iteration = the larger of
+  compute + the expected merges and the time the link needs for the expected bytes.
+- ``hybrid``: synchronous allreduce inside groups of ``group_size`` consecutive ranks (inside a node
+  when the group fits), and every ``tau`` iterations each group's first rank does the elastic step
+  with the centre (sharded over every rank), then broadcasts the result in its group.
+
+Defaults follow netdef's rules: tau 10 (Zhang et al.'s ImageNet runs), gossip probability 0.1,
+``min(workers, 4)`` colours.
+
+Speed-up and efficiency count samples per second; for the asynchronous rules they say nothing
+about how many more iterations the looser coupling needs to reach the same accuracy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..comm.scheduler import LinkMeasurement, ScheduleThread, chunk_size, credit_size
+from .iteration import IterationTimes, ScheduleOptions, simulate_synchronous
+from .network import Network
+from .profile import Profile
+
+RULES = ("allreduce", "multicolor", "fp16", "easgd", "gossip", "hybrid")
+
+# A CPU's fused SGD-with-momentum update of a float32 blob: fc6 of benchmarks/schedule.py's net,
+# 33 MB, in 12 ms (benchmarks/README.md, issue 8): about 0.36 ns per byte of parameters.
+CPU_UPDATE_S_PER_BYTE = 12e-3 / 33.6e6
+
+
+class RuleError(ValueError):
+    """An unknown rule or a parameter out of range; the message names the option."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleOptions:
+    rule: str = "allreduce"
+    colors: int = 0               # multicolor: 0 = default_colors(workers)
+    tau: int = 10                 # easgd, hybrid: iterations between elastic steps
+    gossip_probability: float = 0.1
+    group_size: int = 2           # hybrid
+    schedule: ScheduleOptions = ScheduleOptions()
+    update_s_per_byte: float = CPU_UPDATE_S_PER_BYTE
+    exchange_cpu_s_per_byte: float = 0.0
+
+    def __post_init__(self):
+        if self.rule not in RULES:
+            raise RuleError(f"--exchange must be one of {', '.join(RULES)}, got {self.rule!r}")
+        if self.tau < 1:
+            raise RuleError(f"--tau must be at least 1, got {self.tau}")
+        if not 0 <= self.gossip_probability <= 1:
+            raise RuleError(f"--gossip_probability must be in [0, 1], got {self.gossip_probability}")
+        if self.group_size < 1:
+            raise RuleError(f"--group_size must be at least 1, got {self.group_size}")
+        if self.colors < 0:
+            raise RuleError(f"--colors must be >= 0, got {self.colors}")
+        if self.schedule.schedule not in ("priority", "fifo"):
+            raise RuleError(f"--schedule must be priority or fifo, got {self.schedule.schedule!r}")
+
+
+def default_colors(workers: int) -> int:
+    """The number of multicolour trees netdef's ``multicolor`` chooses: one per rank, at most 4."""
+    return max(1, min(4, workers))
+
+
+def measured_sizes(cost_of, schedule: ScheduleOptions) -> tuple[int, int]:
+    """(chunk_bytes, credit_bytes) as ``scheduler.choose_sizes`` would choose them on this network:
+    the blocking allreduce's latency and rate fitted between 64 KiB and 1 MiB, a chunk's completion
+    when tested every poll interval."""
+    small, large = 64 << 10, 1 << 20
+    t_small, t_large = cost_of(small).total_s, cost_of(large).total_s
+    per_byte = max((t_large - t_small) / (large - small), 1e-12)
+    latency = max(t_small - small * per_byte, 1e-6)
+    chunk = schedule.chunk_bytes or chunk_size(latency, 1.0 / per_byte)
+    poll = ScheduleThread.poll_interval
+    polled = math.ceil(cost_of(chunk).total_s / poll) * poll
+    credit = schedule.credit_bytes or credit_size(chunk, LinkMeasurement(latency, 1.0 / per_byte, polled))
+    return int(chunk), int(max(credit, chunk))
+
+
+def _synchronous(profile: Profile, options: RuleOptions, cost_of, pack_s_per_byte: float = 0.0):
+    chunk, credit = measured_sizes(cost_of, options.schedule)
+    return simulate_synchronous(profile, cost_of, options.schedule, chunk, credit, options.update_s_per_byte,
+                                options.exchange_cpu_s_per_byte, pack_s_per_byte)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Case:
+    """What every rule's model is given: ``compute`` is one worker's iteration, ``weights`` the
+    parameter bytes, ``one_pass`` the time of one pass over them (an update's)."""
+
+    profile: Profile
+    network: Network
+    workers: int
+    options: RuleOptions
+    compute: float
+    weights: int
+    one_pass: float
+
+
+def _allreduce(case: _Case) -> IterationTimes:
+    return _synchronous(case.profile, case.options, lambda n: case.network.allreduce(n, case.workers))
+
+
+def _multicolor(case: _Case) -> IterationTimes:
+    colors = case.options.colors or default_colors(case.workers)
+    return _synchronous(case.profile, case.options,
+                        lambda n: case.network.multicolor_allreduce(n, case.workers, colors))
+
+
+def _fp16(case: _Case) -> IterationTimes:
+    colors = case.options.colors or default_colors(case.workers)
+    return _synchronous(case.profile, case.options,
+                        lambda n: case.network.multicolor_allreduce(n / 2, case.workers, colors),
+                        pack_s_per_byte=case.options.update_s_per_byte)
+
+
+def _easgd(case: _Case) -> IterationTimes:
+    step = case.network.one_sided_exchange(case.weights, case.workers).total_s + 2 * case.one_pass
+    return IterationTimes(case.compute + step / case.options.tau, case.compute)
+
+
+def _gossip(case: _Case) -> IterationTimes:
+    network, q = case.network, case.options.gossip_probability
+    if network.topology == "shared":
+        link_s = case.workers * q * case.weights / network.bytes_per_s
+    else:
+        across_nodes = network.topology == "nodes" and case.workers > network.ranks_per_node
+        sharing = network.ranks_per_node if across_nodes else 1
+        link_s = sharing * q * network.point_to_point(case.weights).total_s
+    return IterationTimes(max(case.compute + q * case.one_pass, link_s), case.compute)
+
+
+def _hybrid(case: _Case) -> IterationTimes:
+    network, options = case.network, case.options
+    group = min(options.group_size, case.workers)
+    groups = -(-case.workers // group)
+    inside = (iteration_times(case.profile, network, group, dataclasses.replace(options, rule="allreduce"))
+              if group > 1 else IterationTimes(case.compute, case.compute))
+    if groups == 1:
+        return inside
+    elastic = network.one_sided_exchange(case.weights, case.workers, stepping=groups).total_s + 2 * case.one_pass
+    crosses = not (network.topology == "nodes" and group <= network.ranks_per_node)
+    broadcast = math.ceil(math.log2(group)) * network.point_to_point(case.weights, crosses).total_s if group > 1 else 0.0
+    return IterationTimes(inside.iteration_s + (elastic + broadcast) / options.tau, case.compute)
+
+
+_MODELS = {"allreduce": _allreduce, "multicolor": _multicolor, "fp16": _fp16, "easgd": _easgd, "gossip": _gossip,
+           "hybrid": _hybrid}
+
+
+def iteration_times(profile: Profile, network: Network, workers: int, options: RuleOptions) -> IterationTimes:
+    """One worker's steady-state iteration and its compute alone, for ``workers`` workers."""
+    if workers < 1:
+        raise RuleError(f"--workers must be at least 1, got {workers}")
+    alone = simulate_synchronous(profile, None, options.schedule, 1, 1, options.update_s_per_byte)
+    if workers == 1:
+        return alone
+    weights = profile.gradient_bytes
+    return _MODELS[options.rule](_Case(profile, network, workers, options, alone.compute_s, weights,
+                                       weights * options.update_s_per_byte))
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    workers: int
+    iteration_s: float
+    compute_s: float
+    exposed_s: float
+    efficiency: float
+    speedup: float
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def predict(profile: Profile, network: Network, workers_list, options: RuleOptions) -> list[Prediction]:
+    """Iteration time, compute, exposed exchange, efficiency (one worker's iteration over this
+    one's) and speed-up (samples per second over one worker's) for each worker count."""
+    single = iteration_times(profile, network, 1, options).iteration_s
+    out = []
+    for workers in workers_list:
+        times = iteration_times(profile, network, workers, options)
+        efficiency = single / times.iteration_s if times.iteration_s > 0 else 1.0
+        out.append(Prediction(workers, times.iteration_s, times.compute_s, max(0.0, times.iteration_s - single),
+                              efficiency, efficiency * workers))
+    return out

@@ -1,0 +1,126 @@
+"""The scaling model (netdef.simulate) on hand-computed cases."""
+import math
+
+import pytest
+
+from netdef.simulate import Network, RuleOptions, ScheduleOptions, predict
+from netdef.simulate.iteration import simulate_synchronous
+from netdef.simulate.profile import LayerTimes, ParamInfo, Profile
+from netdef.simulate.rules import RULES, iteration_times
+
+MB = 1 << 20
+
+
+def profile_of(layers, param_bytes):
+    """layers: (forward_s, backward_s, param ids) in forward order; each parameter is final at its layer."""
+    return Profile(tuple(LayerTimes(f"l{i}", "T", f, b, tuple(ids), tuple(ids)) for i, (f, b, ids) in enumerate(layers)),
+                   tuple(ParamInfo(f"p{i}", (n // 4,), n) for i, n in enumerate(param_bytes)))
+
+
+def test_ring_formula_flat_and_shared():
+    net = Network(bytes_per_s=1e9, latency_s=1e-5)
+    for p in (4, 8, 64):
+        cost = net.ring_allreduce(100e6, p)
+        assert cost.latency_s == pytest.approx(2 * (p - 1) * 1e-5)
+        assert cost.transfer_s == pytest.approx(2 * (p - 1) / p * 100e6 / 1e9)
+    shared = Network(bytes_per_s=1e9, latency_s=1e-5, topology="shared")
+    assert shared.ring_allreduce(100e6, 3).transfer_s == pytest.approx(4 * 100e6 / 1e9)
+    # Rabenseifner's moves the ring's bytes in 2 log2 p steps; tiny messages take recursive doubling.
+    halving = net.rabenseifner_allreduce(100e6, 8)
+    assert halving.transfer_s == pytest.approx(2 * 7 / 8 * 100e6 / 1e9)
+    assert halving.latency_s == pytest.approx(2 * 3 * 1e-5)
+    assert net.allreduce(100e6, 8) == halving
+    assert net.allreduce(8, 8) == net.recursive_doubling_allreduce(8, 8)
+    assert net.allreduce(8, 8).latency_s == pytest.approx(3 * 1e-5)
+
+
+def test_nodes_use_the_intra_node_link_inside_a_node():
+    net = Network(bytes_per_s=1e9, latency_s=1e-5, topology="nodes", ranks_per_node=4, intra_bytes_per_s=1e11,
+                  intra_latency_s=1e-6)
+    inside, across = net.ring_allreduce(100e6, 4), net.ring_allreduce(100e6, 8)
+    assert inside.transfer_s == pytest.approx(2 * 3 / 4 * 100e6 / 1e11)
+    assert across.transfer_s == pytest.approx(2 * 7 / 8 * 100e6 / 1e9)
+    # Halving's one round across nodes moves n/8 per rank, 4 ranks on a node's link, twice.
+    assert net.rabenseifner_allreduce(100e6, 8).transfer_s == pytest.approx(
+        2 * (100e6 / 2 / 1e11 + 100e6 / 4 / 1e11 + 4 * 100e6 / 8 / 1e9))
+    # Recursive doubling's last round would send 4 ranks' whole vectors through each node's link.
+    assert net.recursive_doubling_allreduce(100e6, 8).transfer_s == pytest.approx(2 * 100e6 / 1e11 + 4 * 100e6 / 1e9)
+
+
+def test_one_bucket_after_backward_is_compute_plus_one_allreduce_plus_update():
+    profile = profile_of([(0.010, 0.020, [0])], [MB])
+    net = Network(bytes_per_s=1e8, latency_s=1e-4)
+    cost = lambda n: net.allreduce(n, 2)
+    options = ScheduleOptions(schedule="fifo", overlap=False, bucket_bytes=4 * MB)
+    update = 1e-9
+    times = simulate_synchronous(profile, cost, options, MB, MB, update_s_per_byte=update)
+    # 2 ranks: one exchange of the whole bucket, alpha + n / B.
+    assert times.iteration_s == pytest.approx(0.010 + 0.020 + 1e-4 + MB / 1e8 + MB * update)
+    assert times.compute_s == pytest.approx(0.030 + MB * update)
+
+
+def test_overlap_hides_the_exchange_when_backward_is_longer():
+    # The top layer's 4 MB leave first and take 40 ms; the bottom layer's backward is 100 ms.
+    profile = profile_of([(0.010, 0.100, [0]), (0.001, 0.001, [1])], [1024, 4 * MB])
+    net = Network(bytes_per_s=1e8 * 2, latency_s=1e-5)   # flat, 2 ranks: n / B = 21 ms for 4 MiB
+    hidden = iteration_times(profile, net, 2, RuleOptions(update_s_per_byte=0.0))
+    exposed = iteration_times(profile, net, 2, RuleOptions(update_s_per_byte=0.0,
+                                                          schedule=ScheduleOptions(schedule="fifo", overlap=False)))
+    small = net.allreduce(1024, 2).total_s
+    assert hidden.compute_s == pytest.approx(0.112)
+    # What stays exposed is the first layer's small bucket, ready only when backward ends.
+    assert hidden.iteration_s - hidden.compute_s == pytest.approx(small, rel=1e-6, abs=1e-9)
+    # After backward both leave at once, the large one first; their latencies overlap.
+    assert exposed.iteration_s == pytest.approx(0.112 + net.allreduce(4 * MB, 2).transfer_s + small, rel=1e-6)
+
+
+def test_one_worker_has_efficiency_one_and_no_exposed_exchange():
+    profile = profile_of([(0.01, 0.02, [0]), (0.01, 0.02, [1])], [MB, 8 * MB])
+    for rule in RULES:
+        (one,) = predict(profile, Network(1e9, 1e-5), [1], RuleOptions(rule=rule))
+        assert one.efficiency == 1.0 and one.speedup == 1.0 and one.exposed_s == 0.0
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_faster_links_never_predict_slower_iterations(rule):
+    profile = profile_of([(0.004, 0.008, [0, 1]), (0.002, 0.004, [2]), (0.001, 0.002, [3])],
+                         [64 * 1024, 1024, 16 * MB, 2 * MB])
+    for topology in ("flat", "shared"):
+        options = RuleOptions(rule=rule, gossip_probability=0.5)
+        times = [iteration_times(profile, Network(rate, 1e-5, topology), 8, options).iteration_s
+                 for rate in (1e7, 1e8, 1e9, 1e10, 1e11)]
+        assert all(a >= b - 1e-12 for a, b in zip(times, times[1:])), (topology, times)
+        assert times[0] > times[-1]
+
+
+def test_priority_sends_the_first_layers_gradients_first():
+    # The first layer's bucket (needed first by the next forward) is ready last; with priorities and
+    # chunks it overtakes the rest of the large top bucket, so the next forward starts earlier.
+    profile = profile_of([(0.001, 0.005, [0]), (0.050, 0.001, [1])], [MB, 32 * MB])
+    net = Network(1e8, 1e-5)
+    fifo = iteration_times(profile, net, 2, RuleOptions(update_s_per_byte=0.0,
+                                                        schedule=ScheduleOptions(schedule="fifo")))
+    priority = iteration_times(profile, net, 2, RuleOptions(update_s_per_byte=0.0))
+    assert priority.iteration_s < fifo.iteration_s
+
+
+def test_elastic_rules_amortise_their_exchange_over_tau():
+    profile = profile_of([(0.01, 0.02, [0])], [8 * MB])
+    net = Network(1e9, 1e-5)
+    every = iteration_times(profile, net, 4, RuleOptions(rule="easgd", tau=1, update_s_per_byte=0.0))
+    fourth = iteration_times(profile, net, 4, RuleOptions(rule="easgd", tau=4, update_s_per_byte=0.0))
+    step = net.one_sided_exchange(8 * MB, 4).total_s
+    assert every.iteration_s == pytest.approx(0.03 + step)
+    assert fourth.iteration_s == pytest.approx(0.03 + step / 4)
+    assert math.isclose(step, 2 * (1e-5 + 3 / 4 * 8 * MB / 1e9))
+
+
+def test_fp16_sends_half_of_multicolor_and_one_hybrid_group_is_allreduce():
+    profile = profile_of([(0.001, 0.002, [0])], [32 * MB])   # communication-bound
+    net = Network(1e9, 1e-5)
+    multicolor = iteration_times(profile, net, 4, RuleOptions(rule="multicolor", update_s_per_byte=0.0))
+    fp16 = iteration_times(profile, net, 4, RuleOptions(rule="fp16", update_s_per_byte=0.0))
+    assert fp16.exposed_s == pytest.approx(multicolor.exposed_s / 2, rel=0.05)
+    allreduce = iteration_times(profile, net, 4, RuleOptions(update_s_per_byte=0.0))
+    one_group = iteration_times(profile, net, 4, RuleOptions(rule="hybrid", group_size=4, update_s_per_byte=0.0))
+    assert one_group.iteration_s == pytest.approx(allreduce.iteration_s)
