@@ -30,7 +30,7 @@ import struct
 import threading
 import weakref
 
-from ..files import InputFileError, check_input_file
+from ..files import InputFileError, check_file_name, check_input_file
 from .errors import DataError
 
 
@@ -60,6 +60,10 @@ def open_db(path, backend="lmdb", mode: str = "r"):
     if mode not in ("r", "w", "a"):
         raise ValueError(f"open_db: mode must be 'r', 'w' or 'a', not {mode!r}")
     path = os.fspath(path)
+    try:
+        check_file_name(path, f"{name} database")
+    except InputFileError as exc:
+        raise DBError(str(exc)) from None
     if mode == "w" and os.path.exists(path):
         raise DBError(f"{path} already exists: remove it first or choose another output path")
     if name == "lmdb":

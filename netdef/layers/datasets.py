@@ -39,7 +39,7 @@ from ..data.db import open_db
 from ..data.errors import HDF5_EXTENSIONS, IMAGE_EXTENSIONS, DataError, listed_name
 from ..data.image import read_image, read_image_list
 from ..data.transform import DataTransformer
-from ..files import TEXT_LIST_LIMIT, InputFileError, check_input_file, read_input_file
+from ..files import TEXT_LIST_LIMIT, InputFileError, check_file_name, check_input_file, read_input_file
 from ..proto import netdef_pb2 as pb
 from ..threads import yield_cores_to_compute
 from .base import DataSource, Layer, LayerError, register_layer
@@ -801,6 +801,10 @@ class HDF5OutputLayer(Layer):
     def _check_replaceable(self) -> None:
         """Raise unless ``file_name`` is absent, empty, or an HDF5 file that this layer wrote."""
         path = self.file_name
+        try:
+            check_file_name(path, "hdf5_output_param.file_name")
+        except InputFileError as exc:
+            raise self.error(str(exc)) from None
         try:
             info = os.stat(path)
         except FileNotFoundError:
