@@ -18,6 +18,7 @@ import tempfile
 from fuzz.children import Budget, verdicts
 from fuzz.engine import FINDINGS
 from fuzz.targets import TARGETS
+from netdef.memory import mapped_bytes
 
 
 def _target_of(path: pathlib.Path, name: str | None):
@@ -37,10 +38,8 @@ def _finding_files(paths: list[str]) -> list[pathlib.Path]:
 
 def _run_here(target, data: bytes, budget: Budget) -> None:
     """Read ``data`` in this process under the cap, so that an exception shows its whole traceback."""
-    from fuzz.children import _mapped_bytes
-
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    cap = _mapped_bytes() + budget.memory_bytes
+    cap = mapped_bytes() + budget.memory_bytes
     resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
     try:
         with tempfile.TemporaryDirectory(prefix="netdef-replay-") as folder:

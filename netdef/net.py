@@ -19,6 +19,7 @@ import numpy as np
 
 from . import backend, weights as _weights
 from .blob import Blob
+from .memory import BlobTooLargeError
 from .layers.base import TEST, TRAIN, DataSource, LayerError, layer_class
 from .layers.data import MemoryDataLayer
 from .layers.python import PythonLayerPolicy
@@ -296,6 +297,8 @@ class Net:
                                f"is empty (shape {tuple(blob.shape)}); every dimension must be at least 1")
         try:
             layer.setup_layer(bottoms, tops)
+            for top in tops:  # allocated later (lazily), but sized now: refused here, naming the layer
+                top.check_fits()
         except (LayerError, ValueError, IndexError, KeyError, NotImplementedError, TypeError, ZeroDivisionError,
                 OSError, MemoryError) as exc:
             detail = exc.detail if isinstance(exc, LayerError) else str(exc)
@@ -493,10 +496,13 @@ class Net:
             for before, _, _, _ in hooks:
                 if before:
                     before(li)
-            layer.reshape(bottom, top)
-            for blob in self._own_array_tops[li]:
-                blob.data = blob.data.copy()
-            layer.forward(bottom, top)
+            try:
+                layer.reshape(bottom, top)
+                for blob in self._own_array_tops[li]:
+                    blob.data = blob.data.copy()
+                layer.forward(bottom, top)
+            except BlobTooLargeError as exc:  # netdef's refusal of a blob or scratch array: say whose
+                raise layer.error(str(exc)) from None
             for _, after, _, _ in hooks:
                 if after:
                     after(li)
@@ -617,7 +623,11 @@ class Net:
                 if before:
                     before(li)
             if self.layer_need_backward[li]:
-                self.layers[li].backward(self._top_vecs[li], self.bottom_need_backward[li], self._bottom_vecs[li])
+                layer = self.layers[li]
+                try:
+                    layer.backward(self._top_vecs[li], self.bottom_need_backward[li], self._bottom_vecs[li])
+                except BlobTooLargeError as exc:
+                    raise layer.error(str(exc)) from None
             for _, _, _, after in hooks:
                 if after:
                     after(li)
