@@ -361,7 +361,13 @@ class LMDB(_DB):
 
     def __len__(self) -> int:
         with _lmdb_errors(self.path, "counting records"):
-            return int(self._env.stat()["entries"])
+            entries, map_size = int(self._env.stat()["entries"]), int(self._env.info()["map_size"])
+        # The count is read from a meta page as is: a damaged one can say anything (past 2**63, len()
+        # itself fails). Every record takes more than a byte of the map (the whole file, when reading).
+        if entries > map_size:
+            raise DBError(f"LMDB {self.path}: its meta page counts {entries} records, more than its "
+                          f"{map_size}-byte map can hold (damaged)")
+        return entries
 
     def get(self, key: bytes) -> bytes | None:
         with _lmdb_errors(self.path, "reading"), self._env.begin(write=False, buffers=False) as txn:
