@@ -295,6 +295,7 @@ class Net:
                 # in the definition (an input or data shape with a zero dimension).
                 raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}): bottom blob {name!r} "
                                f"is empty (shape {tuple(blob.shape)}); every dimension must be at least 1")
+        bottom_shapes = {id(blob): blob.shape for blob in bottoms}
         try:
             layer.setup_layer(bottoms, tops)
             for top in tops:  # allocated later (lazily), but sized now: refused here, naming the layer
@@ -304,6 +305,13 @@ class Net:
             detail = exc.detail if isinstance(exc, LayerError) else str(exc)
             raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}) with bottoms [{shapes}]: "
                            f"{detail}") from None
+        for name, top in zip(layer_param.top, tops):
+            # An in-place top is its bottom's blob: a layer that reshapes it would read its input in the
+            # new shape (a Pooling over its own input broke the NumPy kernels with a ValueError).
+            if id(top) in bottom_shapes and top.shape != bottom_shapes[id(top)]:
+                raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}): top {name!r} is computed "
+                               f"in place over the bottom of that name, but of shape {top.shape}, not "
+                               f"{bottom_shapes[id(top)]}; in place needs the same shape: give the top its own name")
 
     def _layer_loss_weights(self, layer, layer_param, where) -> list[float]:
         n = len(layer_param.top)

@@ -333,6 +333,17 @@ def test_layer_hooks_wrap_every_forward_and_backward_in_order():
 INPUT_2x3 = 'layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }\n'
 
 
+def test_an_in_place_top_whose_shape_changes_is_refused():
+    """A Pooling whose first top is its own bottom (found by fuzzing LeNet): the NumPy kernels then read
+    the input in the pooled shape and raised a ValueError from NumPy."""
+    text = ('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } } }\n'
+            'layer { name: "pool" type: "Pooling" bottom: "x" top: "x" top: "mask" '
+            'pooling_param { pool: MAX kernel_size: 2 stride: 2 } }')
+    with pytest.raises(NetError, match=r"^<prototxt string>:2: layer 'pool' \(Pooling\): top 'x' is computed in place "
+                                       r"over the bottom of that name, but of shape \(2, 3, 4, 4\), not \(2, 3, 8, 8\)"):
+        netdef.Net(text, netdef.TRAIN)
+
+
 def test_the_same_top_twice_in_one_layer_is_named():
     text = INPUT_2x3 + 'layer { name: "s" type: "Slice" bottom: "x" top: "a" top: "a" slice_param { axis: 1 } }'
     with pytest.raises(NetError, match=r"^<prototxt string>:2: layer 's' \(Slice\) names top blob 'a' twice"):
