@@ -48,6 +48,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import netdef  # noqa: E402
+from netdef.memory import status_bytes  # noqa: E402
 from netdef.proto import io as proto_io  # noqa: E402
 from netdef.proto import netdef_pb2 as pb  # noqa: E402
 from netdef.summary import summarize  # noqa: E402
@@ -236,13 +237,9 @@ def rss_child(framework: str, key: str, batch: int | None, threads: int | None) 
 def peak_rss_of_this_process() -> float:
     """Bytes: VmHWM where /proc has it. Linux carries ru_maxrss across exec, so a child started by a
     large parent (this benchmark, after a few nets) reported the parent's peak instead of its own."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    peak = status_bytes("VmHWM")
+    if peak:
+        return peak
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

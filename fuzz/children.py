@@ -45,6 +45,8 @@ import tempfile
 import time
 from typing import Iterator
 
+from netdef.memory import mapped_bytes
+
 RETIRE_GROWTH_BYTES = 512 << 20
 _DETAIL_CHARS = 4000
 
@@ -193,7 +195,7 @@ def _read_one(target, data: bytes, scratch: pathlib.Path, budget: Budget) -> tup
     try:
         # The cap is on top of what the child has mapped now: after a long test session (numba's
         # compiler, BLAS thread buffers) that can pass 3 GiB, and an absolute cap would fail every input.
-        cap = _mapped_bytes() + budget.memory_bytes
+        cap = mapped_bytes() + budget.memory_bytes
         if limits[1] != resource.RLIM_INFINITY:
             cap = min(cap, limits[1])
         resource.setrlimit(resource.RLIMIT_AS, (cap, limits[1]))
@@ -214,18 +216,6 @@ def _read_one(target, data: bytes, scratch: pathlib.Path, budget: Budget) -> tup
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _mapped_bytes() -> int:
-    """This process's virtual memory size (VmSize), or 0 where /proc does not tell it."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def _count_entries(folder: str) -> int:
     try:
         return len(os.listdir(folder))
@@ -242,7 +232,7 @@ class _Footprint:
 
     @classmethod
     def now(cls) -> "_Footprint":
-        return cls(_count_entries("/proc/self/fd"), _count_entries("/proc/self/task"), _mapped_bytes())
+        return cls(_count_entries("/proc/self/fd"), _count_entries("/proc/self/task"), mapped_bytes())
 
     def left_behind(self) -> bool:
         """True when the child now holds more than at this footprint (after collecting garbage, which

@@ -96,6 +96,18 @@ def rng() -> np.random.Generator:
     return _state["rng"]
 
 
+def set_generator_state(generator: np.random.Generator, state) -> None:
+    """Give ``generator`` a saved ``bit_generator.state`` (as read from a snapshot), or raise ValueError
+    saying why it is not a state of that bit generator, the generator then unchanged. NumPy's own
+    checks raise TypeError, KeyError, ValueError, or OverflowError (a number past 128 bits)."""
+    previous = generator.bit_generator.state
+    try:
+        generator.bit_generator.state = state
+    except (TypeError, KeyError, ValueError, OverflowError) as exc:
+        generator.bit_generator.state = previous
+        raise ValueError(" ".join(str(exc).split())[:120]) from None
+
+
 def default_dtype():
     return _state["dtype"]
 

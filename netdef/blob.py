@@ -10,29 +10,11 @@ be built (shapes only) without touching memory. Rules layers follow:
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
-from . import backend
-
-
-class BlobTooLargeError(MemoryError):
-    """A blob that could never fit in this machine's memory (a typo such as ``num_output: 4000000000``)."""
-
-
-def _check_fits_in_memory(blob: "Blob") -> None:
-    # NumPy's zeros() of more than the machine's memory may succeed (the kernel overcommits) and the
-    # process is then killed while a filler writes it; refusing it here gives an error naming the blob.
-    needed = blob.count * np.dtype(blob.dtype).itemsize
-    if needed > _physical_memory_bytes():
-        what = f"blob {blob.name!r}" if blob.name else "a parameter blob"
-        raise BlobTooLargeError(f"{what} of shape {blob.shape} needs {needed} bytes, more than this machine's "
-                                f"memory ({_physical_memory_bytes()} bytes)")
-
-
-def _physical_memory_bytes() -> int:
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+from . import backend, memory
+from .memory import BlobTooLargeError  # noqa: F401 - raised by Blob, and imported from here by callers
 
 
 def _as_shape(shape) -> tuple:
@@ -105,9 +87,16 @@ class Blob:
     width = property(lambda self: self._legacy(3))
 
     # ------------------------------------------------------------------ contents
-    def _fresh(self):
+    def check_fits(self) -> None:
+        """Raise BlobTooLargeError, naming this blob, when its array could not be allocated now (on the
+        CPU: netdef/memory.py)."""
         if self._xp is np:
-            _check_fits_in_memory(self)
+            memory.check_fits(self.count * np.dtype(self.dtype).itemsize,
+                              f"blob {self.name!r} of shape {self._shape}" if self.name else
+                              f"a parameter blob of shape {self._shape}")
+
+    def _fresh(self):
+        self.check_fits()
         return self._xp.zeros(self._shape, dtype=self.dtype)
 
     def _checked(self, value, what: str):

@@ -30,7 +30,7 @@ import stat
 
 from .tempnames import temp_name
 
-__all__ = ["IMAGE_FILE_LIMIT", "InputFileError", "PROTOBUF_LIMIT", "TEXT_LIST_LIMIT", "bytes_to_temp", "check_input_file", "hdf5_to_temp",
+__all__ = ["IMAGE_FILE_LIMIT", "InputFileError", "PROTOBUF_LIMIT", "TEXT_LIST_LIMIT", "bytes_to_temp", "check_file_name", "check_input_file", "hdf5_to_temp",
            "open_input_file", "read_input_file", "remove_quietly", "replace", "temp_beside",
            "write_bytes_atomically", "write_hdf5_atomically"]
 
@@ -51,10 +51,20 @@ class InputFileError(ValueError):
     The message names the file, what it was read as, and what is wrong."""
 
 
+def check_file_name(path, what: str) -> None:
+    """Raise InputFileError when ``path`` cannot name any file: it holds a NUL byte (a string field
+    of a definition or a state file can; the OS calls would raise a bare ValueError). Every other
+    path is left for the OS to judge."""
+    if "\0" in os.fspath(path):
+        # repr shows where the NUL is; printed as is, it would be invisible.
+        raise InputFileError(f"{what} {os.fspath(path)!r}: the name holds a NUL byte, which no file name can")
+
+
 def open_input_file(path, what: str, limit: int | None = None):
     """``path`` opened for binary reading (a file object), once it is known to be a regular file of at
     most ``limit`` bytes. ``what`` says what the file was to be (``"weights file"``) in errors."""
     path = os.fspath(path)
+    check_file_name(path, what)
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer; it changes nothing for a regular file.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)

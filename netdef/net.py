@@ -19,6 +19,7 @@ import numpy as np
 
 from . import backend, weights as _weights
 from .blob import Blob
+from .memory import BlobTooLargeError
 from .layers.base import TEST, TRAIN, DataSource, LayerError, layer_class
 from .layers.data import MemoryDataLayer
 from .layers.python import PythonLayerPolicy
@@ -294,13 +295,23 @@ class Net:
                 # in the definition (an input or data shape with a zero dimension).
                 raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}): bottom blob {name!r} "
                                f"is empty (shape {tuple(blob.shape)}); every dimension must be at least 1")
+        bottom_shapes = {id(blob): blob.shape for blob in bottoms}
         try:
             layer.setup_layer(bottoms, tops)
+            for top in tops:  # allocated later (lazily), but sized now: refused here, naming the layer
+                top.check_fits()
         except (LayerError, ValueError, IndexError, KeyError, NotImplementedError, TypeError, ZeroDivisionError,
                 OSError, MemoryError) as exc:
             detail = exc.detail if isinstance(exc, LayerError) else str(exc)
             raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}) with bottoms [{shapes}]: "
                            f"{detail}") from None
+        for name, top in zip(layer_param.top, tops):
+            # An in-place top is its bottom's blob: a layer that reshapes it would read its input in the
+            # new shape (a Pooling over its own input broke the NumPy kernels with a ValueError).
+            if id(top) in bottom_shapes and top.shape != bottom_shapes[id(top)]:
+                raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}): top {name!r} is computed "
+                               f"in place over the bottom of that name, but of shape {top.shape}, not "
+                               f"{bottom_shapes[id(top)]}; in place needs the same shape: give the top its own name")
 
     def _layer_loss_weights(self, layer, layer_param, where) -> list[float]:
         n = len(layer_param.top)
@@ -499,10 +510,13 @@ class Net:
             for before, _, _, _ in hooks:
                 if before:
                     before(li)
-            layer.reshape(bottom, top)
-            for blob in self._own_array_tops[li]:
-                blob.data = blob.data.copy()
-            layer.forward(bottom, top)
+            try:
+                layer.reshape(bottom, top)
+                for blob in self._own_array_tops[li]:
+                    blob.data = blob.data.copy()
+                layer.forward(bottom, top)
+            except BlobTooLargeError as exc:  # netdef's refusal of a blob or scratch array: say whose
+                raise layer.error(str(exc)) from None
             for _, after, _, _ in hooks:
                 if after:
                     after(li)
@@ -623,7 +637,11 @@ class Net:
                 if before:
                     before(li)
             if self.layer_need_backward[li]:
-                self.layers[li].backward(self._top_vecs[li], self.bottom_need_backward[li], self._bottom_vecs[li])
+                layer = self.layers[li]
+                try:
+                    layer.backward(self._top_vecs[li], self.bottom_need_backward[li], self._bottom_vecs[li])
+                except BlobTooLargeError as exc:
+                    raise layer.error(str(exc)) from None
             for _, _, _, after in hooks:
                 if after:
                     after(li)

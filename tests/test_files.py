@@ -202,3 +202,30 @@ def test_idx_reader_reads_no_more_than_its_header_announces(tmp_path):
         read_idx(tmp_path / "bomb.idx.gz")
     (tmp_path / "ok.idx").write_bytes(header + bytes(range(6)))
     assert read_idx(tmp_path / "ok.idx").tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_file_names_holding_a_nul_byte_are_refused_naming_the_field(tmp_path):
+    """A string field can hold a NUL byte (``\\000`` in a prototxt); the OS calls would raise a bare
+    ValueError ("embedded null byte"), found by fuzzing."""
+    import netdef
+    from netdef.data.datum import read_mean_file
+    from netdef.data.errors import DataError
+    from netdef.solver import get_solver
+    from netdef.solver.updates import SolverConfigError
+
+    nul = "the name holds a NUL byte"
+    with pytest.raises(proto_io.ProtoFileError, match=rf"prototxt '\\x00 LeNet': {nul}"):
+        netdef.Net("\0 LeNet", "TEST")
+    with pytest.raises(DataError, match=rf"mean file '{tmp_path}/m\\x00': {nul}"):
+        read_mean_file(f"{tmp_path}/m\0")
+    data = 'layer { name: "d" type: "Data" top: "x" data_param { source: "db\\000" batch_size: 1 backend: LMDB } }'
+    with pytest.raises(netdef.NetError, match=rf"layer 'd' \(Data\).*lmdb database 'db\\x00': {nul}"):
+        netdef.Net(data, "TEST")
+    output = ('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 } } }\n'
+              'layer { name: "out" type: "HDF5Output" bottom: "x" bottom: "x" hdf5_output_param { file_name: "o\\000" } }')
+    with pytest.raises(netdef.NetError, match=rf"layer 'out' \(HDF5Output\).*hdf5_output_param.file_name 'o\\x00': {nul}"):
+        netdef.Net(output, "TEST")
+    net = ('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 } } }\n'
+           'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" inner_product_param { num_output: 1 } }')
+    with pytest.raises(SolverConfigError, match=rf"snapshot_prefix '{tmp_path}/s\\x00': {nul}"):
+        get_solver(f'net_param {{ {net} }} base_lr: 0.1 lr_policy: "fixed" snapshot_prefix: "{tmp_path}/s\\000"')

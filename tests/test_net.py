@@ -333,6 +333,17 @@ def test_layer_hooks_wrap_every_forward_and_backward_in_order():
 INPUT_2x3 = 'layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }\n'
 
 
+def test_an_in_place_top_whose_shape_changes_is_refused():
+    """A Pooling whose first top is its own bottom (found by fuzzing LeNet): the NumPy kernels then read
+    the input in the pooled shape and raised a ValueError from NumPy."""
+    text = ('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } } }\n'
+            'layer { name: "pool" type: "Pooling" bottom: "x" top: "x" top: "mask" '
+            'pooling_param { pool: MAX kernel_size: 2 stride: 2 } }')
+    with pytest.raises(NetError, match=r"^<prototxt string>:2: layer 'pool' \(Pooling\): top 'x' is computed in place "
+                                       r"over the bottom of that name, but of shape \(2, 3, 4, 4\), not \(2, 3, 8, 8\)"):
+        netdef.Net(text, netdef.TRAIN)
+
+
 def test_the_same_top_twice_in_one_layer_is_named():
     text = INPUT_2x3 + 'layer { name: "s" type: "Slice" bottom: "x" top: "a" top: "a" slice_param { axis: 1 } }'
     with pytest.raises(NetError, match=r"^<prototxt string>:2: layer 's' \(Slice\) names top blob 'a' twice"):
@@ -347,12 +358,18 @@ def test_an_empty_bottom_is_named_before_the_layer_sets_up(dims):
         netdef.Net(text, netdef.TEST)
 
 
-def test_a_parameter_larger_than_memory_is_refused_naming_the_layer():
-    text = INPUT_2x3 + ('layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" '
-                        'inner_product_param { num_output: 4000000000 } }')
-    with pytest.raises(NetError, match=r"^<prototxt string>:2: layer 'ip' \(InnerProduct\) with bottoms \[x \(2, 3\)\]: "
-                                       r".*4000000000"):
-        netdef.Net(text, netdef.TEST)
+@pytest.mark.parametrize("layer, message", [
+    pytest.param('layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" inner_product_param { num_output: 4000000000 } }',
+                 r"^<prototxt string>:2: layer 'ip' \(InnerProduct\) with bottoms \[x \(8, 3, 32, 32\)\]: .*4000000000",
+                 id="parameter"),
+    # LRN pads its input by local_size - 1: 2147483647 asked NumPy for 144 GiB inside forward (fuzzing).
+    pytest.param('layer { name: "lrn" type: "LRN" bottom: "x" top: "y" lrn_param { local_size: 2147483647 } }',
+                 r"layer 'lrn' \(LRN\) .*the input padded by local_size 2147483647 of shape \(8, 2147483649, 32, 32\) "
+                 r"needs \d+ bytes, more than", id="temporary")])
+def test_a_size_from_the_definition_larger_than_memory_is_refused_naming_the_layer(layer, message):
+    text = 'layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 8 dim: 3 dim: 32 dim: 32 } } }\n'
+    with pytest.raises(NetError, match=message):
+        netdef.Net(text + layer, netdef.TEST)
 
 
 def test_a_blob_larger_than_memory_is_refused_before_allocating():
@@ -362,6 +379,36 @@ def test_a_blob_larger_than_memory_is_refused_before_allocating():
     with pytest.raises(BlobTooLargeError, match=r"blob 'huge' of shape \(2000000, 3000000\) needs \d+ bytes, more than "
                                                 r"this machine's memory"):
         blob.data
+
+
+def test_a_scratch_array_larger_than_memory_is_refused_naming_it():
+    from netdef.blob import BlobTooLargeError
+    from netdef.layers.scratch import Scratch
+
+    with pytest.raises(BlobTooLargeError, match=r"scratch array 'cols' of shape \(3000000, 4000000\) needs"):
+        Scratch().get("cols", (3_000_000, 4_000_000), np.float32, np)
+
+
+def test_sizes_are_checked_against_the_address_space_limit_too(tmp_path):
+    """Under RLIMIT_AS (ulimit -v, the fuzzer's cap) an allocation fails long before physical memory is
+    used up: a 2 GB top blob under a 1 GiB headroom is refused when the net is built, naming the layer."""
+    import subprocess
+    import sys
+
+    script = (
+        "import resource, netdef\n"
+        "from netdef.memory import mapped_bytes\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (mapped_bytes() + (1 << 30), resource.RLIM_INFINITY))\n"
+        "try:\n"
+        "    netdef.Net('layer { name: \"in\" type: \"Input\" top: \"x\" top: \"y\" input_param '\n"
+        "               '{ shape { dim: 2 } shape { dim: 500000000 } } }', netdef.TEST)\n"
+        "except netdef.NetError as exc:\n"
+        "    print(exc)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "layer 'in' (Input)" in result.stdout
+    assert "blob 'y' of shape (500000000,) needs 2000000000 bytes, more than what this process's address-space " \
+           "limit leaves" in result.stdout
 
 
 @pytest.mark.parametrize("typo, suggestion", [("InnerProdcut", "'InnerProduct'"), ("relu", "'ReLU'"),

@@ -34,6 +34,7 @@ import time
 
 import numpy as np
 
+from .. import backend
 from .own_weights import OwnWeightsRule
 from .exchange import register_exchange
 
@@ -155,9 +156,8 @@ class GossipExchange(OwnWeightsRule):
         if not 0 < weight <= 1:
             raise ValueError(f"gossip mixing weight {weight} in the rank state is not in (0, 1]")
         try:
-            generator = json.loads(state.gossip.rng_state.decode("ascii"))
-            self.rng.bit_generator.state = generator
-        except (UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
+            backend.set_generator_state(self.rng, json.loads(state.gossip.rng_state.decode("ascii")))
+        except ValueError as exc:  # UnicodeDecodeError and JSON's errors too
             raise ValueError(f"the gossip peer-choice generator in the rank state is not a PCG64 state "
                              f"({' '.join(str(exc).split())[:100]})") from None
         self.mixing_weight = float(weight)

@@ -30,7 +30,7 @@ import struct
 import threading
 import weakref
 
-from ..files import InputFileError, check_input_file
+from ..files import InputFileError, check_file_name, check_input_file
 from .errors import DataError
 
 
@@ -60,6 +60,10 @@ def open_db(path, backend="lmdb", mode: str = "r"):
     if mode not in ("r", "w", "a"):
         raise ValueError(f"open_db: mode must be 'r', 'w' or 'a', not {mode!r}")
     path = os.fspath(path)
+    try:
+        check_file_name(path, f"{name} database")
+    except InputFileError as exc:
+        raise DBError(str(exc)) from None
     if mode == "w" and os.path.exists(path):
         raise DBError(f"{path} already exists: remove it first or choose another output path")
     if name == "lmdb":
@@ -357,7 +361,13 @@ class LMDB(_DB):
 
     def __len__(self) -> int:
         with _lmdb_errors(self.path, "counting records"):
-            return int(self._env.stat()["entries"])
+            entries, map_size = int(self._env.stat()["entries"]), int(self._env.info()["map_size"])
+        # The count is read from a meta page as is: a damaged one can say anything (past 2**63, len()
+        # itself fails). Every record takes more than a byte of the map (the whole file, when reading).
+        if entries > map_size:
+            raise DBError(f"LMDB {self.path}: its meta page counts {entries} records, more than its "
+                          f"{map_size}-byte map can hold (damaged)")
+        return entries
 
     def get(self, key: bytes) -> bytes | None:
         with _lmdb_errors(self.path, "reading"), self._env.begin(write=False, buffers=False) as txn:

@@ -15,7 +15,11 @@ Parameter defaults live in the schema (``netdef.proto``), never in layer code. p
 from __future__ import annotations
 
 import difflib
+import math
 
+import numpy as np
+
+from .. import memory
 from ..blob import Blob
 from ..proto import netdef_pb2 as pb
 
@@ -183,6 +187,16 @@ class Layer:
     def error(self, message: str) -> LayerError:
         """An exception whose message names this layer; ``raise self.error("...")``."""
         return LayerError(f"layer {self.name!r} ({self.type}): {message}", detail=message)
+
+    def check_temporary_fits(self, shape, dtype, what: str) -> None:
+        """Raise this layer's error when a temporary of ``shape`` (sized by the definition, not only by
+        the blobs: LRN's ``local_size``) could not be allocated: from ``reshape``, before ``forward``
+        makes it (netdef/memory.py says why before)."""
+        nbytes = math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+        try:
+            memory.check_fits(nbytes, f"{what} of shape {tuple(int(d) for d in shape)}")
+        except memory.BlobTooLargeError as exc:
+            raise self.error(str(exc)) from None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

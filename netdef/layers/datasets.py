@@ -39,7 +39,7 @@ from ..data.db import open_db
 from ..data.errors import HDF5_EXTENSIONS, IMAGE_EXTENSIONS, DataError, listed_name
 from ..data.image import read_image, read_image_list
 from ..data.transform import DataTransformer
-from ..files import TEXT_LIST_LIMIT, InputFileError, check_input_file, read_input_file
+from ..files import TEXT_LIST_LIMIT, InputFileError, check_file_name, check_input_file, read_input_file
 from ..proto import netdef_pb2 as pb
 from ..threads import yield_cores_to_compute
 from .base import DataSource, Layer, LayerError, register_layer
@@ -319,13 +319,12 @@ class DataSourceLayer(DataSource):
             raise self.error(f"restore_data_state: the state is for shard {shard[0]} of {shard[1]}, but "
                              f"set_shard chose {self._shard[0]} of {self._shard[1]}")
         self.close()
-        previous = self._consumed
         try:
-            self._apply({"pos": doc["pos"], "rng": doc.get("rng"), "shard": list(shard)})
-        except (TypeError, ValueError, KeyError) as exc:  # numpy's checks of a bit generator state
-            self._apply(previous)
+            backend.set_generator_state(self._rng, doc.get("rng"))
+        except ValueError as exc:
             raise self.error(f"restore_data_state: the random state (rng) is not a valid "
                              f"{type(self._rng.bit_generator).__name__} state ({exc})") from None
+        self._apply({"pos": doc["pos"], "rng": doc.get("rng"), "shard": list(shard)})
         self._failure = None
 
     def _checked_shard(self, shard) -> tuple[int, int]:
@@ -459,8 +458,21 @@ class DataLayer(DataSourceLayer):
 
     def check_position(self, pos) -> None:
         self._check_fields(pos, {"index": self.num_records - 1})
-        if not isinstance(pos.get("key"), bytes):
+        key = pos.get("key")
+        if not isinstance(key, bytes):
             raise self.error("restore_data_state: position field 'key' must be a record key (bytes)")
+        # Checked here, so that a position that names no record is an error of the state being restored,
+        # not one of the DB at the first batch. (That the key sits at ``index`` is not checked: it takes a
+        # walk over the records before it.)
+        try:
+            with self.db.cursor() as cur:
+                present = cur.seek(key)
+        except DataError as exc:  # lmdb refuses an empty key, or one past its 511-byte limit
+            raise self.error(f"restore_data_state: position field 'key': {exc}") from None
+        if not present:
+            raise self.error(f"restore_data_state: position field 'key' names record {key[:60]!r}, which "
+                             f"{self.source_name} does not hold: the state was taken over another DB, or the "
+                             f"DB changed since")
 
     def _records(self, pos: dict, count: int):
         """``count`` (key, value) pairs of this shard from ``pos``, and the position after them."""
@@ -801,6 +813,10 @@ class HDF5OutputLayer(Layer):
     def _check_replaceable(self) -> None:
         """Raise unless ``file_name`` is absent, empty, or an HDF5 file that this layer wrote."""
         path = self.file_name
+        try:
+            check_file_name(path, "hdf5_output_param.file_name")
+        except InputFileError as exc:
+            raise self.error(str(exc)) from None
         try:
             info = os.stat(path)
         except FileNotFoundError:

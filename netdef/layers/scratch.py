@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .. import backend
+from .. import backend, memory
 
 
 class Scratch:
@@ -32,6 +32,8 @@ class Scratch:
         nbytes = math.prod(shape) * dtype.itemsize
         buffer = self._buffers.get(key)
         if buffer is None or buffer.nbytes < nbytes or backend.get_array_module(buffer) is not xp:
+            if xp is np:  # the net names the layer (netdef/memory.py says why before allocating)
+                memory.check_fits(nbytes, f"scratch array {key!r} of shape {shape}")
             buffer = xp.empty(max(nbytes, 1), dtype=np.uint8)
             self._buffers[key] = buffer
         array = buffer[:nbytes].view(dtype).reshape(shape)

@@ -1487,6 +1487,11 @@ class LRNLayer(Layer):
         if bottom[0].num_axes != 4:
             raise self.error(f"input must have 4 axes (num, channels, height, width); got {bottom[0].shape}")
         top[0].reshape(bottom[0].shape)
+        # The window sums pad the input by local_size - 1 (channels across, rows and columns within).
+        n, c, h, w = bottom[0].shape
+        padded = ((n, c + self.size - 1, h, w) if self.region == _LRN.ACROSS_CHANNELS
+                  else (n, c, h + self.size - 1, w + self.size - 1))
+        self.check_temporary_fits(padded, bottom[0].dtype, f"the input padded by local_size {self.size}")
 
     def forward(self, bottom, top):
         x = bottom[0].data

@@ -97,13 +97,10 @@ def _restore_rng(data: bytes, where: str) -> None:
         raise SnapshotError(f"{where}: field rng_state: the saved random state is for "
                             f"{str(state.get('bit_generator'))[:40]!r}, netdef's generator is "
                             f"{type(generator.bit_generator).__name__}")
-    previous = generator.bit_generator.state
     try:
-        generator.bit_generator.state = state
-    except (TypeError, ValueError, KeyError) as exc:
-        generator.bit_generator.state = previous
-        raise SnapshotError(f"{where}: field rng_state: not a valid {state['bit_generator']} state "
-                            f"({' '.join(str(exc).split())[:120]})") from None
+        backend.set_generator_state(generator, state)
+    except ValueError as exc:
+        raise SnapshotError(f"{where}: field rng_state: not a valid {state['bit_generator']} state ({exc})") from None
 
 
 def _data_sources(solver):
@@ -412,6 +409,9 @@ def _restore_binary(solver, path: str) -> None:
     _check_counters(solver, state.iter, state.current_step, path)
     solver.iter = state.iter
     if state.HasField("learned_net"):
+        if not isinstance(state.learned_net, str):
+            # protobuf (upb) gives a proto2 string field whose bytes are not UTF-8 as bytes.
+            raise SnapshotError(f"{path}: field learned_net ({len(state.learned_net)} bytes) is not UTF-8 text")
         _load_weights(solver.net, _resolve_learned_net(state.learned_net, path), path)
     solver.current_step = state.current_step
     logger.info("SGDSolver: restoring history")

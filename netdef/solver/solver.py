@@ -54,6 +54,7 @@ import time
 import numpy as np
 
 from .. import backend
+from ..files import InputFileError, check_file_name
 from ..layers.base import TEST, TRAIN
 from ..net import Net
 from ..proto import io as proto_io
@@ -222,6 +223,11 @@ class Solver:
         lr_policy.validate(param)
         if param.weight_decay and param.regularization_type not in ("L1", "L2"):
             raise SolverConfigError(f"Unknown regularization type: {param.regularization_type!r} (L1 or L2)")
+        try:
+            # Used by every snapshot, also the one at the end or on a signal (snapshot: 0 included).
+            check_file_name(param.snapshot_prefix, "snapshot_prefix")
+        except InputFileError as exc:
+            raise SolverConfigError(str(exc)) from None
         if param.snapshot and not param.HasField("snapshot_prefix"):
             raise SolverConfigError("In solver params, snapshot is specified but snapshot_prefix is not")
         if param.snapshot:

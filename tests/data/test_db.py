@@ -150,6 +150,9 @@ DAMAGES = {
     "not whole pages": (lambda data, size: overwrite(data, size, b"abc"),
                         r"is not a whole number of \d+-byte pages"),
     "shorter than a meta page": (lambda data, size: os.truncate(data, 100), "smaller than its meta pages"),
+    # MDB_meta.mm_dbs[MAIN_DBI].md_entries (offset 120 of each meta page): len() failed with OverflowError.
+    "record count past 2**63": (lambda data, size: [overwrite(data, meta + 120, b"\xff" * 8) for meta in (0, 4096)],
+                                r"its meta page counts 18446744073709551615 records, more than its \d+-byte map"),
     "garbage in the middle": (lambda data, size: overwrite(data, 40 * 4096, np.random.default_rng(1).bytes(40960)),
                               r"LMDB .*db: reading failed: (CorruptedError|PageNotFoundError|BadValsizeError)"),
 }

@@ -3,6 +3,7 @@
 the Python API and the command line, instead of looping, dividing by zero or quoting a parser."""
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
+from netdef import backend
 from netdef.proto import netdef_pb2 as pb
 from netdef.solver import get_solver
 from netdef.solver.snapshot import SnapshotError
@@ -67,7 +69,16 @@ BINARY_CASES = [
                  id="cursor-index"),
     pytest.param(_edit_cursor(lambda d: d.update(rng={"bit_generator": "PCG64", "state": 3})),
                  r"data_cursor 'data'.*random state", id="cursor-rng"),
+    pytest.param(_edit_cursor(lambda d: d["rng"]["state"].update(state=2**200)),
+                 r"data_cursor 'data'.*random state.*too large", id="cursor-rng-overflow"),
+    pytest.param(_edit_cursor(lambda d: d["pos"].update(key={"__bytes__": base64.b64encode(b"0P06").decode()})),
+                 r"data_cursor 'data'.*'key' names record b'0P06', which .*lmdb does not hold", id="cursor-key"),
+    pytest.param(_edit_cursor(lambda d: d["pos"].update(key={"__bytes__": ""})),
+                 r"data_cursor 'data'.*'key': LMDB .*BadValsizeError", id="cursor-key-empty"),
     pytest.param(_rng(b"numpy-bitgen-json:{not json"), r"field rng_state: not a readable", id="rng-json"),
+    pytest.param(_rng(b'numpy-bitgen-json:{"bit_generator": "PCG64", "state": {"state": %d, "inc": 1}, '
+                      b'"has_uint32": 0, "uinteger": 0}' % 2**200),
+                 r"field rng_state: not a valid PCG64 state \(Python int too large", id="rng-overflow"),
     pytest.param(_rng(b'numpy-bitgen-json:{"bit_generator": "PCG64", "state": {"state": "x"}}'),
                  r"field rng_state: not a valid PCG64 state", id="rng-state"),
     pytest.param(_rng(b'numpy-bitgen-json:[1, 2]'), r"field rng_state: .*mapping", id="rng-not-a-mapping"),
@@ -88,6 +99,25 @@ def test_a_crafted_field_is_named_with_the_file(case, tmp_path, edit, message):
         with pytest.raises(SnapshotError, match=message) as info:
             solver.restore(path)
     assert str(info.value).startswith(path)
+
+
+def test_a_learned_net_that_is_not_utf8_is_named(case, tmp_path):
+    """protobuf hands such a string field over as bytes (which os.path.join then refused)."""
+    path = _crafted(case, tmp_path, lambda state: None)
+    with open(path, "ab") as handle:
+        handle.write(b"\x12\x03a\xff\xfe")  # learned_net again (the last one counts): 'a', then not UTF-8
+    with get_solver(str(case[1])) as solver:
+        with pytest.raises(SnapshotError, match=rf"^{path}: field learned_net \(3 bytes\) is not UTF-8 text$"):
+            solver.restore(path)
+
+
+def test_a_refused_random_state_leaves_the_generator_as_it_was():
+    generator = np.random.default_rng(5)
+    before = generator.bit_generator.state
+    bad = {**before, "state": {"state": 2**200, "inc": 1}}
+    with pytest.raises(ValueError, match="too large"):
+        backend.set_generator_state(generator, bad)
+    assert generator.bit_generator.state == before
 
 
 def test_the_untouched_state_restores(case, tmp_path):
