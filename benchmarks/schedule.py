@@ -17,6 +17,9 @@ of one BLAS thread each:
   schedule, each blob updated as its gradient arrives, the next forward overlapping the exchange);
 - efficiency = max(compute, exchange) / iteration (1.0: nothing of the shorter one is exposed).
 
+``--configs`` also takes ``multicolor`` and ``fp16``: the priority schedule with those exchange
+rules instead of the MPI library's allreduce (``exchange`` stays one blocking MPI allreduce).
+
 Iteration times are the medians of start-to-start times (an ``on_start`` callback), over
 ``--rounds`` rounds of ``--iters`` iterations that interleave the configurations, so that load from
 other work on the machine hits them alike. The model is overlap.py's (DummyData 3x32x32, four
@@ -51,6 +54,9 @@ CONFIGS = {
     "after": {"overlap": False, "schedule": "fifo", "progress": "POLL"},
     "fifo": {"overlap": True, "schedule": "fifo", "progress": "AUTO"},
     "priority": {},  # netdef's defaults
+    # Other exchange rules on the default schedule (issue 9): --configs compute,priority,multicolor,fp16
+    "multicolor": {"exchange": "multicolor"},
+    "fp16": {"exchange": "fp16"},
 }
 
 
@@ -79,7 +85,7 @@ def worker(spec_path: str) -> None:
                     solver = get_solver(param)  # independent: no exchange
                 else:
                     settings = dict(CONFIGS[name])
-                    if name == "priority":
+                    if settings.get("schedule", "priority") == "priority":
                         settings.update(spec["priority_sizes"])  # --chunk-bytes / --credit-bytes, else measured
                     solver = create_solver(param, comm=comm, options=options_from(param, **settings))
                 stamps[name] = []
@@ -104,6 +110,7 @@ def worker(spec_path: str) -> None:
             for solver in solvers.values():
                 solver.close()
             chunk = solvers["priority"].parallel.exchange.transport if "priority" in solvers else None
+            transports = {name: s.parallel.exchange.transport for name, s in solvers.items() if CONFIGS[name] is not None}
             out["regimes"][str(batch)] = {
                 "exchange_s": statistics.median(exchange),
                 "iteration_s": {name: statistics.median(t) for name, t in times.items()},
@@ -111,6 +118,7 @@ def worker(spec_path: str) -> None:
                               for name, t in times.items()},
                 "chunk_bytes": chunk.chunk_bytes if chunk else None,
                 "credit_bytes": chunk.credit_bytes if chunk else None,
+                "sizes": {name: [t.chunk_bytes, t.credit_bytes] for name, t in transports.items() if t is not None},
                 "megabytes": probe.nbytes / 1e6,
             }
         if comm.rank == 0:
@@ -177,6 +185,10 @@ def report(args, doc: dict) -> None:
         sizes = f"{r['chunk_bytes'] // 1024}/{r['credit_bytes'] // 1024}" if r["chunk_bytes"] else "-"
         print(f"{batch:>5} {r['megabytes']:>5.1f} {compute * 1e3:>6.0f}ms {r['exchange_s'] * 1e3:>6.0f}ms | "
               + " | ".join(cells) + f" | {sizes}")
+        others = {name: v for name, v in r.get("sizes", {}).items() if name != "priority"}
+        if others:
+            print("      chunk/credit KiB: " + ", ".join(f"{name} {c // 1024}/{k // 1024}"
+                                                        for name, (c, k) in others.items()))
 
 
 def main(argv=None) -> int:
