@@ -23,6 +23,11 @@ their positions, whatever order they arrive in), and the root's bytes are what e
 The order differs from the MPI library's, so a sum may differ from ``allreduce``'s in the last bits.
 
 What travels is set by a ``WireFormat``: here the values themselves; ``fp16.py`` sends float16.
+
+A started reduction is a state machine (``TreeOperation``) that moves only when its requests are
+tested, by the schedule's communication thread or the training thread's polls; MPICH's own progress
+thread (``progress: MPI_ASYNC``) moves its messages but not the steps between them (adding the
+children's sums, sending on), which then wait for the final wait.
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ from .exchange import AllreduceExchange, register_exchange
 from .reduction import Reduction
 
 DEFAULT_MAX_COLOURS = 4
+MIN_TAG_WINDOW = 64  # operations that may be in flight at once (the tags of older ones are reused)
 
 
 # ============================================================================================== trees
@@ -247,7 +253,10 @@ class TreeReduction(Reduction):
         self.wire = wire or WireFormat()
         # Tags cycle through as many operations as fit below the library's bound; far more than are
         # ever in flight at once (a few chunks, or one iteration's buckets).
-        self._tag_window = max(1, (comm.max_tag + 1) // (2 * self.colours))
+        self._tag_window = (comm.max_tag + 1) // (2 * self.colours)
+        if self._tag_window < MIN_TAG_WINDOW:
+            raise ValueError(f"multicolor_colors {self.colours}: too many colours for this MPI library's largest "
+                             f"tag ({comm.max_tag}); use at most {(comm.max_tag + 1) // (2 * MIN_TAG_WINDOW)}")
         self._started = 0
 
     def describe(self) -> str:

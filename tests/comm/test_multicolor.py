@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 from netdef.comm.communicator import Communicator
@@ -55,16 +56,29 @@ def test_colour_count_defaults_to_the_ranks_up_to_four_and_is_at_most_one_per_ra
 
 class _Ranks(Communicator):
     size = 6
-    max_tag = 99
+    max_tag = 32767
 
 
 def test_tags_of_operations_in_flight_stay_below_the_bound():
     reduction = TreeReduction(_Ranks(), 3)
     assert reduction.colours == 3
-    # 6 tags (3 colours x up/down) per operation: 16 operations fit below 99, then the tags repeat.
-    bases = [(k % reduction._tag_window) * 6 for k in range(40)]
-    assert reduction._tag_window == 16 and max(bases) + 5 <= 99
+    # 6 tags (3 colours x up/down) per operation: 5461 operations fit below 32767, then the tags repeat.
+    assert reduction._tag_window == 5461
+    tags = {reduction.start(np.zeros(0, np.float32)).tag_base + t for _ in range(5461) for t in range(6)}
+    assert len(tags) == 5461 * 6 and max(tags) <= 32767
+    assert reduction.start(np.zeros(0, np.float32)).tag_base == 0  # the first operation's again
     assert "3 colours, binary trees rooted at ranks 0, 2, 4, over MPI point-to-point" in reduction.describe()
+
+
+class _ManyRanks(Communicator):
+    size = 1000
+    max_tag = 32767
+
+
+def test_colours_that_leave_too_few_tags_are_refused():
+    assert TreeReduction(_ManyRanks(), 256)._tag_window == 64
+    with pytest.raises(ValueError, match="too many colours .* use at most 256"):
+        TreeReduction(_ManyRanks(), 257)
 
 
 AVAILABLE, WHY_NOT = mpi_available()
