@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from .exchange import Bucket, register_exchange
+from .jit_half import scaled_half_bits
 from .multicolor import MulticolorExchange, TreeReduction, WireFormat
 from .reduction import Reduction
 
@@ -67,16 +68,20 @@ class Float16Wire(WireFormat):
     def encode(self, values: np.ndarray) -> np.ndarray:
         message = np.empty(values.size + 1, dtype=np.float16)
         exponent = scale_exponent(values)
-        with np.errstate(over="ignore", invalid="ignore"):  # only an inf or nan already there stays one
-            np.multiply(values, np.float32(2.0 ** -exponent), out=message[:-1], casting="same_kind")
+        scaled_half_bits(np.ascontiguousarray(values, dtype=np.float32).reshape(-1), np.float32(2.0 ** -exponent),
+                         message[:-1].view(np.uint16))
         message[-1] = exponent
         return message
 
+    # NumPy's float16 -> float32 cast is fast (about 1 ns a value); a multiply with dtype=float32 on
+    # the float16 array took 3 times as long as the cast and a multiply in place.
     def decode(self, message: np.ndarray, out: np.ndarray) -> None:
-        np.multiply(message[:-1], np.float32(2.0 ** int(message[-1])), out=out, casting="same_kind")
+        np.copyto(out, message[:-1])
+        np.multiply(out, out.dtype.type(2.0 ** int(message[-1])), out=out)
 
     def accumulate(self, out: np.ndarray, message: np.ndarray) -> None:
-        values = np.multiply(message[:-1], np.float32(2.0 ** int(message[-1])), dtype=np.float32)
+        values = message[:-1].astype(np.float32)
+        np.multiply(values, np.float32(2.0 ** int(message[-1])), out=values)
         np.add(out, values, out=out, casting="same_kind")
 
 

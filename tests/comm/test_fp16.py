@@ -8,6 +8,7 @@ import pytest
 
 from netdef.comm.communicator import Communicator
 from netdef.comm.fp16 import ErrorProbe, Float16Wire, scale_exponent
+from netdef.comm.jit_half import scaled_half_bits
 
 WIRE = Float16Wire()
 
@@ -53,6 +54,21 @@ def test_large_gradients_do_not_overflow_and_keep_float16_precision():
         message, out = round_trip(values)
         assert np.isfinite(message).all() and np.isfinite(out).all()
         assert np.abs(out - values).max() <= 2.0 ** -11 * np.abs(values).max()
+
+
+def test_the_compiled_encoding_rounds_as_numpys_cast_bit_for_bit():
+    rng = np.random.default_rng(1)
+    patterns = rng.integers(0, 2 ** 32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    edges = np.array([0.0, 65504, 65519.99, 65520, 1e30, np.inf, np.nan, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26,
+                      2.0 ** -14, 2.0 ** -14 * (1 - 2.0 ** -11), 1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11], dtype=np.float32)
+    values = np.concatenate([patterns, edges, -edges])
+    got = np.empty(values.size, dtype=np.uint16)
+    scaled_half_bits(values, np.float32(1.0), got)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = values.astype(np.float16)
+    nan = np.isnan(expected)
+    assert (np.isnan(got.view(np.float16)) == nan).all()
+    assert (got[~nan] == expected.view(np.uint16)[~nan]).all()
 
 
 def test_partial_sums_accumulate_in_float32():
