@@ -147,7 +147,7 @@ class TreeOperation(Operation):
         self.wire = wire
         self.tag_base = tag_base
         self._requests: list = []
-        self._events: list[tuple] = []
+        self._events: list[tuple[str, _Colour] | None] = []   # what each request is, by index
         self._keep: list[np.ndarray] = []  # buffers of requests in flight
         flat = array.reshape(-1)
         bounds = [flat.size * c // colours for c in range(colours + 1)]
@@ -179,7 +179,7 @@ class TreeOperation(Operation):
 
     def _handle(self, indices) -> bool:
         for i in indices:
-            kind, colour, extra = self._events[i]
+            kind, colour = self._events[i]
             self._events[i] = None
             if kind == "child":
                 colour.waiting_children -= 1
@@ -201,7 +201,7 @@ class TreeOperation(Operation):
 
     def _add(self, request, kind: str, colour: _Colour, buffer: np.ndarray) -> None:
         self._requests.append(request)
-        self._events.append((kind, colour, None))
+        self._events.append((kind, colour))
         self._keep.append(buffer)
 
     def _post_receives(self, colour: _Colour) -> None:
