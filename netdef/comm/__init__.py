@@ -6,6 +6,9 @@ exchanging gradients during backprop. The pieces, each replaceable on its own:
 - ``launch``: was this process started by an MPI launcher (mpiexec/mpirun/srun)?
 - ``communicator``: the few collectives training needs (``Communicator``; MPI or one process).
 - ``exchange``: the exchange rule interface, its registry, and the synchronous bucketed allreduce.
+- ``reduction``: the algorithm that sums a bucket or chunk (the MPI library's allreduce by default).
+- the other exchange rules, one module each: ``multicolor`` (multi-colour trees over point-to-point),
+  ``fp16`` (float16 messages over those trees); importing this package registers them.
 - ``progress``: who drives non-blocking exchanges forward (polling, a communication thread, MPI's
   own progress thread).
 - ``timeline``: per-iteration measurements and the Chrome trace.
@@ -32,12 +35,15 @@ from .exchange import (
     register_exchange,
     registered_exchanges,
 )
+from .fp16 import Fp16Exchange  # importing a rule's module registers it (``exchange: "fp16"``)
 from .launch import LaunchInfo, detect_launch
+from .multicolor import MulticolorExchange  # ``exchange: "multicolor"``
 from .timeline import Measurements, Timeline
 
 __all__ = [
     "AllreduceExchange", "Communicator", "CommunicatorError", "DataParallel", "ExchangeOptions", "ExchangeRule",
-    "LaunchInfo", "MPICommunicator", "Measurements", "SingleProcessCommunicator", "Timeline", "create_communicator",
+    "Fp16Exchange", "LaunchInfo", "MPICommunicator", "Measurements", "MulticolorExchange",
+    "SingleProcessCommunicator", "Timeline", "create_communicator",
     "create_solver", "detect_launch", "exchange_class", "options_from",
     "register_exchange", "registered_exchanges", "run_guarded",
 ]

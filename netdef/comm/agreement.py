@@ -91,7 +91,8 @@ def distributed_facts(options) -> dict[str, str]:
     return {"exchange": options.exchange, "overlap": _text(bool(options.overlap)),
             "bucket_bytes": str(options.bucket_bytes), "progress": options.progress,
             "schedule": options.schedule, "chunk_bytes": str(options.chunk_bytes),
-            "credit_bytes": str(options.credit_bytes), "timeline written": _text(bool(options.timeline)),
+            "credit_bytes": str(options.credit_bytes), "multicolor_colors": str(options.multicolor_colors),
+            "timeline written": _text(bool(options.timeline)),
             "tau": str(options.tau), "alpha": _text(float(options.alpha)), "beta": _text(float(options.beta)),
             "group_size": str(options.group_size), "gossip_probability": _text(float(options.gossip_probability))}
 

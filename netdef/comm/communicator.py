@@ -9,7 +9,9 @@ The training loop and the exchange rules call these methods and never see MPI. T
 
 Arrays are NumPy arrays in host memory, C-contiguous, of one dtype (float32/float64 for the
 collectives, any for ``broadcast``); an array on the GPU is staged through host memory.
-Non-blocking operations return a request; ``test_some`` and ``wait_all`` complete them.
+Non-blocking operations return a request; ``test_some`` and ``wait_all`` complete them, and accept
+netdef's own non-blocking ``Operation``s (made of several MPI requests, such as a multicolour
+allreduce) beside MPI's requests.
 """
 from __future__ import annotations
 
@@ -32,6 +34,21 @@ class _Done:
     """The request of an operation that completed when it started (one process)."""
 
     done = True
+
+
+class Operation:
+    """A non-blocking operation netdef builds from several MPI requests (``multicolor.TreeOperation``).
+    ``Communicator.test_some`` and ``wait_all`` take it like one of MPI's own requests: the schedules
+    and progress drivers that test requests need not know which kind they hold. Its state advances
+    only inside ``test`` and ``wait``, so it is driven by whichever thread tests the requests."""
+
+    def test(self) -> bool:
+        """Move the operation along as far as it goes without blocking; whether it has completed."""
+        raise NotImplementedError
+
+    def wait(self) -> None:
+        """Block until the operation has completed."""
+        raise NotImplementedError
 
 
 class Communicator:
@@ -103,14 +120,24 @@ class Communicator:
         add to without this rank taking part (collective; ``count`` may differ between ranks)."""
         return Window(count, dtype)
 
+    def wait_some(self, requests: list) -> list[int]:
+        """Block until at least one of the (MPI) requests in ``requests`` has completed; the indices
+        of those that have (which then become inactive)."""
+        return self.test_some(requests)
+
     # -------------------------------------------------------------------------------- point-to-point
+    # For exchange rules that build their own algorithms (multicolor.py, gossip.py). ``tag`` at most
+    # ``max_tag``.
+    max_tag = 32767  # the least MPI_TAG_UB the standard allows
+
     def isend(self, array, dest: int, tag: int):
-        """Start sending ``array`` (C-contiguous NumPy, untouched until done) to rank ``dest``; returns
-        a request for ``test_some``/``wait_all``."""
+        """Start sending the C-contiguous host ``array`` to rank ``dest``; returns a request. The
+        array must not change until the request completes."""
         raise CommunicatorError("one process has no other rank to send to")
 
-    def irecv(self, array, tag: int):
-        """Start receiving into ``array`` a message with ``tag`` from any rank; returns a request."""
+    def irecv(self, array, source: int | None, tag: int):
+        """Start receiving into the C-contiguous host ``array`` from rank ``source`` (None: from any
+        rank); returns a request."""
         raise CommunicatorError("one process has no other rank to receive from")
 
     def cancel(self, requests: list) -> None:
@@ -168,6 +195,7 @@ class MPICommunicator(Communicator):
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+        self.max_tag = int(self.comm.Get_attr(MPI.TAG_UB))
         version = MPI.Get_library_version().strip().splitlines()
         self.description = version[0].strip() if version else "MPI"
         self.library = "MPICH" if "MPICH" in MPI.Get_library_version() else (
@@ -221,37 +249,56 @@ class MPICommunicator(Communicator):
         return self.comm.Iallreduce(self._MPI.IN_PLACE, array, op=self._ops[op])
 
     def test_some(self, requests: list) -> list[int]:
+        done = [i for i, r in enumerate(requests) if isinstance(r, Operation) and r.test()]
+        active = [i for i, r in enumerate(requests) if r is not None and not isinstance(r, Operation)]
+        if active:
+            indices = self._MPI.Request.Testsome([requests[i] for i in active]) or []
+            done += [active[k] for k in indices]
+        for i in done:
+            requests[i] = None
+        return sorted(done)
+
+    def wait_all(self, requests: list) -> None:
+        # Operations first: each blocks inside MPI, where the library also moves the other requests.
+        for request in requests:
+            if isinstance(request, Operation):
+                request.wait()
+        handles = [r for r in requests if r is not None and not isinstance(r, Operation)]
+        if handles:
+            self._MPI.Request.Waitall(handles)
+        requests[:] = [None] * len(requests)
+
+    def wait_some(self, requests: list) -> list[int]:
         active = [i for i, r in enumerate(requests) if r is not None]
         if not active:
             return []
-        handles = [requests[i] for i in active]
-        indices = self._MPI.Request.Testsome(handles) or []
+        indices = self._MPI.Request.Waitsome([requests[i] for i in active]) or []
         done = [active[k] for k in indices]
         for i in done:
             requests[i] = None
         return done
 
-    def wait_all(self, requests: list) -> None:
-        handles = [r for r in requests if r is not None]
-        if handles:
-            self._MPI.Request.Waitall(handles)
-        requests[:] = [None] * len(requests)
+    # As bytes: the ranks run the same program on machines of one byte order, and MPI has no type for
+    # every NumPy dtype a rule may send (float16).
+    def isend(self, array, dest: int, tag: int):
+        return self.comm.Isend([self._contiguous(array), self._MPI.BYTE], dest=dest, tag=tag)
+
+    def irecv(self, array, source: int | None, tag: int):
+        source = self._MPI.ANY_SOURCE if source is None else source
+        return self.comm.Irecv([self._contiguous(array), self._MPI.BYTE], source=source, tag=tag)
+
+    @staticmethod
+    def _contiguous(array):
+        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+            raise ValueError("point-to-point messages need C-contiguous NumPy arrays (stage GPU arrays in host "
+                             "memory)")
+        return array
 
     def split(self, color: int) -> "MPICommunicator":
         return MPICommunicator(self.comm.Split(int(color), self.rank))
 
     def window(self, count: int, dtype) -> "MPIWindow":
         return MPIWindow(self._MPI, self.comm, count, dtype)
-
-    def isend(self, array, dest: int, tag: int):
-        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
-            raise ValueError("isend needs a C-contiguous NumPy array")
-        return self.comm.Isend(array, dest=dest, tag=tag)
-
-    def irecv(self, array, tag: int):
-        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
-            raise ValueError("irecv needs a C-contiguous NumPy array")
-        return self.comm.Irecv(array, source=self._MPI.ANY_SOURCE, tag=tag)
 
     def cancel(self, requests: list) -> None:
         for request in requests:

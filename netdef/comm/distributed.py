@@ -31,14 +31,15 @@ logger = logging.getLogger("netdef")
 def options_from(param: pb.SolverParameter, *, exchange: str | None = None, overlap: bool | None = None,
                  bucket_bytes: int | None = None, progress: str | None = None,
                  timeline: str | None = None, schedule: str | None = None, chunk_bytes: int | None = None,
-                 credit_bytes: int | None = None, tau: int | None = None, alpha: float | None = None,
-                 beta: float | None = None, group_size: int | None = None,
+                 credit_bytes: int | None = None, multicolor_colors: int | None = None, tau: int | None = None,
+                 alpha: float | None = None, beta: float | None = None, group_size: int | None = None,
                  gossip_probability: float | None = None) -> ExchangeOptions:
     """The solver file's ``netdef_distributed`` settings with the given (command line) overrides."""
     d = param.netdef_distributed
     options = ExchangeOptions(exchange=d.exchange, overlap=d.overlap, bucket_bytes=int(d.bucket_bytes),
                               progress=mode_name(d.progress), timeline=d.timeline, schedule=d.schedule,
-                              chunk_bytes=int(d.chunk_bytes), credit_bytes=int(d.credit_bytes), tau=int(d.tau),
+                              chunk_bytes=int(d.chunk_bytes), credit_bytes=int(d.credit_bytes),
+                              multicolor_colors=int(d.multicolor_colors), tau=int(d.tau),
                               alpha=float(d.alpha), beta=float(d.beta), group_size=int(d.group_size),
                               gossip_probability=float(d.gossip_probability))
     _override_asynchronous(options, tau=tau, alpha=alpha, beta=beta, group_size=group_size,
@@ -53,6 +54,10 @@ def options_from(param: pb.SolverParameter, *, exchange: str | None = None, over
         raise ValueError(f"netdef_distributed.schedule must be fifo or priority, got {options.schedule!r}")
     if options.chunk_bytes < 0 or options.credit_bytes < 0:
         raise ValueError("netdef_distributed.chunk_bytes and credit_bytes must not be negative")
+    if multicolor_colors is not None:
+        if multicolor_colors < 0:
+            raise ValueError(f"--colors must not be negative (0: chosen from the rank count), got {multicolor_colors}")
+        options.multicolor_colors = int(multicolor_colors)
     if exchange is not None:
         options.exchange = exchange
     if overlap is not None:

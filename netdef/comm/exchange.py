@@ -73,6 +73,7 @@ import numpy as np
 
 from .. import backend
 from .progress import choose_mode, make_driver
+from .reduction import Reduction
 from .scheduler import PriorityTransport, ScheduleThread, choose_sizes
 from .timeline import BucketRecord, ChunkRecord, Measurements
 
@@ -93,6 +94,7 @@ class ExchangeOptions:
     schedule: str = "priority"  # or "fifo" (scheduler.py)
     chunk_bytes: int = 0        # priority: 0 = chosen by measuring
     credit_bytes: int = 0       # priority: 0 = chosen by measuring
+    multicolor_colors: int = 0  # multicolor and fp16: trees; 0 = chosen from the rank count (multicolor.py)
     tau: int = 10               # easgd, hybrid: iterations between elastic steps
     alpha: float = 0.0          # easgd, hybrid: moving rate; 0 = beta / participants
     beta: float = 0.9           # easgd, hybrid
@@ -372,8 +374,9 @@ class AllreduceExchange(ExchangeRule):
     """Synchronous data parallelism: gradients summed over the ranks by allreduce, divided by the
     number of ranks (see the module docstring for buckets and overlap).
 
-    Subclasses change the wire format by overriding ``pack_bucket``/``unpack_bucket`` (e.g.
-    half-precision exchange) and the collective by overriding ``start_bucket``.
+    Subclasses change the collective by overriding ``make_reduction``: the drivers and the priority
+    schedule start every bucket or chunk through it (``reduction.py``; ``multicolor`` and ``fp16``
+    do so), and what is summed by overriding ``pack_bucket``/``unpack_bucket``.
     """
 
     def __init__(self, comm, net, options=None, measurements=None, clock=time.perf_counter, seed: int = 0):
@@ -384,10 +387,13 @@ class AllreduceExchange(ExchangeRule):
             raise ValueError(f"unknown schedule {self.options.schedule!r}; use fifo or priority")
         self.progress_mode = choose_mode(comm, self.options.progress) if comm.size > 1 else "NONE"
         prioritized = comm.size > 1 and self.options.schedule == "priority"
-        self.driver = make_driver(comm, self.progress_mode, clock) if comm.size > 1 and not prioritized else None
+        self.reduction = self.make_reduction() if comm.size > 1 else None
+        self.driver = (make_driver(comm, self.progress_mode, clock, self.reduction)
+                       if comm.size > 1 and not prioritized else None)
         # The priority schedule; its chunk and credit sizes are settled in broadcast_initial.
         self.transport = (PriorityTransport(comm, self.progress_mode, self.options.chunk_bytes,
-                                            max(self.options.credit_bytes, self.options.chunk_bytes), clock)
+                                            max(self.options.credit_bytes, self.options.chunk_bytes), clock,
+                                            self.reduction)
                           if prioritized else None)
         self._record = None                         # the iteration whose buckets are exchanging
         self._fresh = False                         # priority: this iteration's exchange has not begun
@@ -421,7 +427,7 @@ class AllreduceExchange(ExchangeRule):
             return
         chunk, credit = self.options.chunk_bytes, self.options.credit_bytes
         if not chunk or not credit:
-            measured_chunk, measured_credit, link = choose_sizes(self.comm, self.clock)
+            measured_chunk, measured_credit, link = choose_sizes(self.comm, self.clock, reduction=self.reduction)
             if self.comm.rank == 0:
                 logger.info("Priority schedule: measured allreduce latency %.0f us, %.0f MB/s, %.1f ms for a chunk "
                             "tested every %.0f ms: chunks of %d bytes, at most %d bytes in flight%s",
@@ -630,6 +636,10 @@ class AllreduceExchange(ExchangeRule):
             self.transport.close()
 
     # ------------------------------------------------------------------------------ overridable steps
+    def make_reduction(self) -> Reduction:
+        """The algorithm that sums a bucket or chunk over the ranks (built once, with two ranks or more)."""
+        return Reduction(self.comm)
+
     def pack_bucket(self, bucket: Bucket, slot: int, diff) -> None:
         """Copy one gradient into its place in the bucket."""
         bucket.pack(slot, diff)

@@ -104,7 +104,7 @@ class GossipExchange(OwnWeightsRule):
             self._merge_inbox()
 
     def _post_receive(self) -> None:
-        self._receive[0] = self.comm.irecv(self._inbox, GOSSIP_TAG)
+        self._receive[0] = self.comm.irecv(self._inbox, None, GOSSIP_TAG)
 
     def _merge_inbox(self) -> None:
         theirs = self._inbox[:self._weight_bytes].view(np.float32)

@@ -33,6 +33,7 @@ import time
 
 from ..proto import netdef_pb2 as pb
 from .communicator import ASYNC_PROGRESS_VARIABLE, CommunicatorError
+from .reduction import Reduction
 
 MODES = ("AUTO", "POLL", "THREAD", "MPI_ASYNC")
 
@@ -104,15 +105,17 @@ def choose_mode(comm, requested: str = "AUTO", environ=None) -> str:
 
 class ProgressDriver:
     """Starts bucket exchanges and sees them through. A bucket has ``buffer`` (a NumPy array summed
-    in place over the ranks), ``started_at`` and ``done_at``. ``polls_between_layers``: whether
-    ``poke()`` does anything, so that the exchange rule calls it after every layer's backward."""
+    in place over the ranks by ``reduction``, by default MPI's Iallreduce), ``started_at`` and
+    ``done_at``. ``polls_between_layers``: whether ``poke()`` does anything, so that the exchange rule
+    calls it after every layer's backward."""
 
     mode = "NONE"
     polls_between_layers = False
 
-    def __init__(self, comm, clock=time.perf_counter):
+    def __init__(self, comm, clock=time.perf_counter, reduction: Reduction | None = None):
         self.comm = comm
         self.clock = clock
+        self.reduction = reduction or Reduction(comm)
 
     def start(self, bucket) -> None:
         raise NotImplementedError
@@ -134,14 +137,14 @@ class PollDriver(ProgressDriver):
     mode = "POLL"
     polls_between_layers = True
 
-    def __init__(self, comm, clock=time.perf_counter):
-        super().__init__(comm, clock)
+    def __init__(self, comm, clock=time.perf_counter, reduction: Reduction | None = None):
+        super().__init__(comm, clock, reduction)
         self._buckets: list = []
         self._requests: list = []
 
     def start(self, bucket) -> None:
         bucket.started_at = self.clock()
-        self._requests.append(self.comm.iallreduce(bucket.buffer))
+        self._requests.append(self.reduction.start(bucket.buffer))
         self._buckets.append(bucket)
 
     def poke(self) -> None:
@@ -200,8 +203,9 @@ class ThreadDriver(ProgressDriver):
     mode = "THREAD"
     poll_interval = 0.002
 
-    def __init__(self, comm, clock=time.perf_counter, poll_interval: float | None = None):
-        super().__init__(comm, clock)
+    def __init__(self, comm, clock=time.perf_counter, poll_interval: float | None = None,
+                 reduction: Reduction | None = None):
+        super().__init__(comm, clock, reduction)
         if poll_interval is not None:
             self.poll_interval = float(poll_interval)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -278,7 +282,7 @@ class ThreadDriver(ProgressDriver):
                         urgent = True
                     else:
                         item.started_at = self.clock()
-                        requests.append(self.comm.iallreduce(item.buffer))
+                        requests.append(self.reduction.start(item.buffer))
                         buckets.append(item)
                     try:
                         item = self._queue.get_nowait()
@@ -306,7 +310,8 @@ class ThreadDriver(ProgressDriver):
 DRIVERS = {"POLL": PollDriver, "THREAD": ThreadDriver, "MPI_ASYNC": MPIAsyncDriver, "DEFERRED": DeferredDriver}
 
 
-def make_driver(comm, mode: str, clock=time.perf_counter) -> ProgressDriver:
-    """The driver for a resolved mode (see ``choose_mode``; DEFERRED is one too)."""
+def make_driver(comm, mode: str, clock=time.perf_counter, reduction: Reduction | None = None) -> ProgressDriver:
+    """The driver for a resolved mode (see ``choose_mode``; DEFERRED is one too), starting buckets
+    through ``reduction`` (default: MPI's Iallreduce)."""
     name = str(mode).strip().upper()
-    return DRIVERS[name if name == "DEFERRED" else mode_name(mode)](comm, clock)
+    return DRIVERS[name if name == "DEFERRED" else mode_name(mode)](comm, clock, reduction=reduction)

@@ -35,9 +35,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .reduction import Reduction
+
 
 class Chunk:
-    """Elements ``start:stop`` of a bucket's flat buffer, exchanged as one allreduce."""
+    """Elements ``start:stop`` of a bucket's flat buffer, exchanged as one reduction."""
 
     __slots__ = ("bucket", "number", "start", "stop", "nbytes", "request", "mark", "mark_request", "started_at",
                  "done_at")
@@ -57,12 +59,15 @@ class Chunk:
 
 class PrioritySchedule:
     """See the module docstring. ``buckets`` in fill order (``bucket.index``), ``priorities`` by
-    bucket index (lower first)."""
+    bucket index (lower first); each chunk is summed by ``reduction`` (default: MPI's Iallreduce), the
+    marks by Iallreduce."""
 
-    def __init__(self, comm, buckets, priorities, chunk_bytes: int, credit_bytes: int, clock=time.perf_counter):
+    def __init__(self, comm, buckets, priorities, chunk_bytes: int, credit_bytes: int, clock=time.perf_counter,
+                 reduction: Reduction | None = None):
         if chunk_bytes <= 0 or credit_bytes < chunk_bytes:
             raise ValueError(f"need 0 < chunk_bytes <= credit_bytes, got {chunk_bytes} and {credit_bytes}")
         self.comm = comm
+        self.reduction = reduction or Reduction(comm)
         self.buckets = list(buckets)
         self.priorities = list(priorities)
         self.chunk_bytes = int(chunk_bytes)
@@ -195,7 +200,7 @@ class PrioritySchedule:
         chunk.started_at = self.clock()
         if np.isnan(chunk.bucket.started_at):
             chunk.bucket.started_at = chunk.started_at
-        chunk.request = self.comm.iallreduce(chunk.bucket.buffer[chunk.start:chunk.stop])
+        chunk.request = self.reduction.start(chunk.bucket.buffer[chunk.start:chunk.stop])
         chunk.mark[0] = self.local_ready
         chunk.mark_request = self.comm.iallreduce(chunk.mark, op="min")
         self.started.append(chunk)
@@ -283,10 +288,13 @@ class PriorityTransport:
     """Runs a ``PrioritySchedule`` for the allreduce rule: on the training thread (``pump`` between
     layers and in waits) or on a ``ScheduleThread`` (THREAD progress). ``plan`` once the bucket
     layout is known; per iteration ``begin`` (after the previous exchange is drained), ``ready``
-    for each packed bucket, ``wait`` for the buckets the caller needs."""
+    for each packed bucket, ``wait`` for the buckets the caller needs. Chunks are summed by
+    ``reduction`` (default: MPI's Iallreduce)."""
 
-    def __init__(self, comm, mode: str, chunk_bytes: int, credit_bytes: int, clock=time.perf_counter):
+    def __init__(self, comm, mode: str, chunk_bytes: int, credit_bytes: int, clock=time.perf_counter,
+                 reduction: Reduction | None = None):
         self.comm = comm
+        self.reduction = reduction
         self.mode = mode
         self.chunk_bytes = int(chunk_bytes)
         self.credit_bytes = int(credit_bytes)
@@ -299,7 +307,7 @@ class PriorityTransport:
 
     def plan(self, buckets, priorities) -> None:
         self.schedule = PrioritySchedule(self.comm, buckets, priorities, self.chunk_bytes, self.credit_bytes,
-                                         self.clock)
+                                         self.clock, self.reduction)
 
     def begin(self) -> None:
         """Wait for the previous iteration's last marks, then start afresh."""
@@ -386,45 +394,50 @@ def credit_size(chunk: int, link: LinkMeasurement) -> int:
     return min(chunks * chunk, max(2 * chunk, CREDIT_CEILING // chunk * chunk))
 
 
-def measure_blocking(comm, clock=time.perf_counter, repeats: int = 5) -> tuple[float, float]:
-    """(latency_s, bytes_per_s) of this rank's blocking allreduces of 64 KiB and 1 MiB (a collective call)."""
+def measure_blocking(comm, clock=time.perf_counter, repeats: int = 5, reduction: Reduction | None = None
+                     ) -> tuple[float, float]:
+    """(latency_s, bytes_per_s) of this rank's blocking reductions (default: MPI's allreduce) of 64 KiB
+    and 1 MiB (a collective call)."""
+    reduction = reduction or Reduction(comm)
     small, large = 64 << 10, 1 << 20
     times = {}
     for size in (small, large):
         buffer = np.zeros(size // 4, dtype=np.float32)
-        comm.allreduce(buffer)  # warm-up
+        reduction.run(buffer)  # warm-up
         comm.barrier()
         start = clock()
         for _ in range(repeats):
-            comm.allreduce(buffer)
+            reduction.run(buffer)
         times[size] = (clock() - start) / repeats
     per_byte = max((times[large] - times[small]) / (large - small), 1e-12)
     return max(times[small] - small * per_byte, 1e-6), 1.0 / per_byte
 
 
 def measure_polled(comm, chunk: int, clock=time.perf_counter, sleep=time.sleep, repeats: int = 5,
-                   poll_interval: float | None = None) -> float:
-    """The median time this rank sees one ``chunk``-byte non-blocking allreduce take when it is
-    tested every ``poll_interval`` (the communication thread's); a collective call, ``chunk`` the
-    same on every rank."""
+                   poll_interval: float | None = None, reduction: Reduction | None = None) -> float:
+    """The median time this rank sees one ``chunk``-byte non-blocking reduction (default: MPI's
+    allreduce) take when it is tested every ``poll_interval`` (the communication thread's); a
+    collective call, ``chunk`` the same on every rank."""
+    reduction = reduction or Reduction(comm)
     poll_interval = ScheduleThread.poll_interval if poll_interval is None else poll_interval
     buffer = np.zeros(chunk // 4, dtype=np.float32)
     times = []
     for _ in range(repeats):
         comm.barrier()
         start = clock()
-        pending = [comm.iallreduce(buffer)]
+        pending = [reduction.start(buffer)]
         while not comm.test_some(pending):
             sleep(poll_interval)
         times.append(clock() - start)
     return float(np.median(times))
 
 
-def choose_sizes(comm, clock=time.perf_counter, sleep=time.sleep, repeats: int = 5
-                 ) -> tuple[int, int, LinkMeasurement]:
-    """(chunk_bytes, credit_bytes, rank 0's measurement), the same on every rank (a collective call)."""
-    latency, rate = measure_blocking(comm, clock, repeats)
+def choose_sizes(comm, clock=time.perf_counter, sleep=time.sleep, repeats: int = 5,
+                 reduction: Reduction | None = None) -> tuple[int, int, LinkMeasurement]:
+    """(chunk_bytes, credit_bytes, rank 0's measurement), the same on every rank (a collective call),
+    measured with the reduction the chunks will use (default: MPI's allreduce)."""
+    latency, rate = measure_blocking(comm, clock, repeats, reduction)
     chunk = comm.broadcast_int(chunk_size(latency, rate))
-    link = LinkMeasurement(latency, rate, measure_polled(comm, chunk, clock, sleep, repeats))
+    link = LinkMeasurement(latency, rate, measure_polled(comm, chunk, clock, sleep, repeats, reduction=reduction))
     credit = comm.broadcast_int(credit_size(chunk, link))
     return chunk, credit, link

@@ -60,6 +60,17 @@ def test_options_from_the_solver_file_and_overrides():
         options_from(param, bucket_bytes=0)
 
 
+def test_multicolor_colors_from_the_solver_file_and_the_command_line():
+    param, _ = read_solver_param('net: "x" netdef_distributed { exchange: "multicolor" multicolor_colors: 3 }')
+    assert (options_from(param).exchange, options_from(param).multicolor_colors) == ("multicolor", 3)
+    assert options_from(param, multicolor_colors=2).multicolor_colors == 2
+    assert options_from(pb.SolverParameter()).multicolor_colors == 0  # chosen from the rank count
+    with pytest.raises(ValueError, match="--colors must not be negative"):
+        options_from(param, multicolor_colors=-1)
+    args = build_parser().parse_args(["train", "s.prototxt", "--exchange", "fp16", "--colors", "2"])
+    assert (args.exchange, args.colors) == ("fp16", 2)
+
+
 def test_train_flags():
     parser = build_parser()
     args = parser.parse_args(["train", "s.prototxt", "--overlap=off", "--progress", "thread", "--bucket_bytes",

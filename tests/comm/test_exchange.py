@@ -12,6 +12,7 @@ import netdef
 from netdef.blob import Blob
 from netdef.comm import exchange as ex
 from netdef.comm.communicator import Communicator, CommunicatorError
+from netdef.comm.reduction import Reduction
 from netdef.comm.progress import (
     PollDriver,
     ThreadDriver,
@@ -288,6 +289,41 @@ def test_allreduce_averages_into_the_diffs(overlap):
         assert record.bytes == 60 + 12 + 120 + 20
         assert all(b.ready_at <= b.started_at <= b.done_at for b in record.buckets)
         assert record.wait_s >= 0 and record.exchange_call_s > 0
+
+
+class RecordingReduction(Reduction):
+    """MPI's (scripted) allreduce, noting the size of every buffer it is asked to sum."""
+
+    def __init__(self, comm):
+        super().__init__(comm)
+        self.sizes = []
+
+    def start(self, array):
+        self.sizes.append(array.size)
+        return super().start(array)
+
+
+class RuleWithItsOwnReduction(ex.AllreduceExchange):
+    def make_reduction(self):
+        return RecordingReduction(self.comm)
+
+
+@pytest.mark.parametrize("schedule, mode", [("priority", "POLL"), ("priority", "THREAD"), ("fifo", "POLL"),
+                                            ("fifo", "THREAD")])
+def test_both_transports_sum_through_the_rules_reduction(schedule, mode):
+    net = make_net()
+    expected = reference_gradients(net)
+    rule = RuleWithItsOwnReduction(ScriptedComm(size=4), net, ex.ExchangeOptions(
+        schedule=schedule, bucket_bytes=64, progress=mode, chunk_bytes=32, credit_bytes=64))
+    rule.broadcast_initial()
+    net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
+    run_iteration(net, rule, 0, [])
+    for blob, g in zip(net.learnable_params, expected):
+        np.testing.assert_allclose(blob.diff, g + 0.25, rtol=1e-6, atol=1e-6)
+    # ip2.w, ip2.b, ip1.w, ip1.b (15, 3, 30, 5 floats): whole buckets, or chunks of at most 8 floats.
+    sizes = sorted(rule.reduction.sizes)
+    assert sizes == ([3, 5, 15, 30] if schedule == "fifo" else [3, 5, 6, 7, 8, 8, 8, 8])
+    rule.close()
 
 
 def test_poll_driver_is_poked_after_layers_without_parameters():

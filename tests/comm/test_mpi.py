@@ -88,6 +88,11 @@ EQUIVALENCE_CASES = [
     pytest.param(2, "on", "poll", 1, True, ["--schedule", "fifo"], id="2ranks-fifo-poll-timeline"),
     pytest.param(3, "on", "thread", 2, False, ["--schedule", "fifo"], id="3ranks-fifo-thread-iter_size2"),
     pytest.param(2, "on", "auto", 1, False, ["--schedule", "fifo"], id="2ranks-fifo-auto"),
+    # The multicolour allreduce through both transports: chunks of 16 floats in 3 colours of 5-6.
+    pytest.param(3, "on", "thread", 1, False, ["--exchange", "multicolor", "--chunk_bytes", "64", "--credit_bytes",
+                                               "128"], id="3ranks-multicolor-thread-small-chunks"),
+    pytest.param(2, "on", "poll", 1, False, ["--exchange", "multicolor", "--schedule", "fifo"],
+                 id="2ranks-multicolor-fifo-poll"),
 ]
 
 
@@ -110,6 +115,8 @@ def test_equals_one_process_with_n_times_the_batch(tmp_path, references, ranks, 
     if resolved == "AUTO":
         resolved = "DEFERRED"  # the ranks share this machine's memory
     schedule = "fifo" if "fifo" in flags else "priority"
+    rule = flags[flags.index("--exchange") + 1] if "--exchange" in flags else "allreduce"
+    assert f"Gradient exchange: {rule} (" in log
     assert f"overlap {overlap}" in log and f"progress {resolved}" in log and f"schedule {schedule}" in log
     if schedule == "priority":
         chunk = flags[flags.index("--chunk_bytes") + 1] if "--chunk_bytes" in flags else None
@@ -269,3 +276,36 @@ def test_communicator_and_initial_broadcast_under_mpi(tmp_path):
     run = run_python([str(script), str(solver)], 3, tmp_path, timeout=90)
     assert run.returncode == 0, run.stderr[-3000:]
     assert sorted(re.findall(r"rank (\d) ok", run.stdout)) == ["0", "1", "2"]  # lines may interleave
+
+
+
+FP16_ERROR = re.compile(r"fp16 exchange error \(first exchanged iteration, averaged gradient against a float32 "
+                        r"allreduce of the same gradients\): relative L2 ([-+.\deE]+), largest absolute ([-+.\deE]+)")
+
+
+def test_fp16_stays_within_its_measured_error(tmp_path, references):
+    ranks = 3
+    solver = write_case(tmp_path, "dist", BATCH, ITERATIONS, records=RECORDS, test_records=RECORDS,
+                        test_iter=TEST_ITER)
+    run = run_netdef(["train", str(solver), "--exchange", "fp16", "--bucket_bytes", "256", "--chunk_bytes", "128",
+                      "--credit_bytes", "256"], ranks, tmp_path, timeout=90)
+    assert run.returncode == 0, run.stderr[-3000:]
+    log = run.stderr + run.stdout
+    assert "Gradient exchange: fp16 (" in log and "float16 messages" in log
+    found = FP16_ERROR.findall(log)
+    assert len(found) == 1, log[-3000:]  # measured and logged once
+    relative = float(found[0][0])
+    assert 0 < relative < 2 ** -10  # rounded, by a few float16 units in the last place at most
+    # Each of the 4 iterations' gradients carries an error of about that size, and each changes the
+    # weights the later gradients are taken at: measured, the weights' change from their start
+    # differs from the float32 run's by up to 3x the gradient's error; allowed 10x.
+    final, initial, scores = references(ranks, 1)
+    got = weights(tmp_path / "dist_net.prototxt", tmp_path / f"dist_iter_{ITERATIONS}.caffemodel")
+    for name in final:
+        for j, (a, b, start) in enumerate(zip(got[name], final[name], initial[name])):
+            change = np.abs(b - start).max()
+            assert change > 1e-3, f"{name}[{j}] did not train"
+            assert np.abs(a - b).max() <= 10 * relative * change, f"{name}[{j}] differs by more than fp16 explains"
+    tested = logged_test_outputs(log)
+    for name, value in scores.items():
+        assert tested[name] == pytest.approx(value, rel=1e-2, abs=1e-3)
