@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import os
 import struct
 import threading
 import weakref
+
+import numpy as np
 
 from ..files import InputFileError, check_file_name, check_input_file
 from .errors import DataError
@@ -285,14 +288,80 @@ def _lmdb_errors(path: str, doing: str):
         raise DBError(f"LMDB {path}: {doing} failed: {type(exc).__name__}: {exc}") from None
 
 
+class _MapBounds:
+    """Where a read-only environment's file is mapped, so that a record is copied out only when it
+    lies inside.
+
+    lmdb hands back a record as a pointer into the map and a size read from the page; a damaged size
+    (or overflow page number) points past the map's end, and copying it killed the process with SIGSEGV
+    before Python saw anything (fuzz finding, issue 11). Read as buffers (``begin(buffers=True)``: no
+    copy), a record's address and size are checked first. lmdb does not say where it mapped the file
+    (``info()["map_addr"]`` is the address a fixed map asked for, 0 here), so the bounds come from
+    the process's own memory map (/proc/self/maps); where that is not readable nothing is checked."""
+
+    def __init__(self, data_path: str, db_path: str):
+        self.path = db_path
+        self.start = self.end = None
+        target = os.path.realpath(data_path)
+        try:
+            with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+                spans = [line.split()[0].split("-") for line in maps if line.rstrip("\n").endswith(" " + target)]
+        except OSError:
+            return
+        if spans:
+            self.start = min(int(a, 16) for a, _ in spans)
+            self.end = max(int(b, 16) for _, b in spans)
+
+    # LMDB 0.9's leaf node (the version py-lmdb bundles): an 8-byte header (mn_lo, mn_hi: the value's
+    # size; mn_flags; mn_ksize) right before the key, then the value, or for F_BIGDATA the number of
+    # its first overflow page, whose 16-byte header precedes the value.
+    NODE_HEADER = struct.Struct("<HHHH")
+    F_BIGDATA = 0x01
+    PAGE_HEADER = 16
+
+    def check_value(self, key_buffer, page_size: int) -> None:
+        """Before lmdb reads the value of the record whose key is ``key_buffer`` (which must lie in the
+        map, see ``copy``): the value's extent, from its node, lies in the map too. py-lmdb copies
+        (or touches) the value as soon as it is asked for it, past any check of ours."""
+        if self.start is None or not len(key_buffer):
+            return
+        key_at = np.frombuffer(key_buffer, dtype=np.uint8).ctypes.data
+        if key_at - self.NODE_HEADER.size < self.start:
+            raise DBError(f"LMDB {self.path}: a record's node lies outside the database file (damaged)")
+        lo, hi, flags, _ = self.NODE_HEADER.unpack(ctypes.string_at(key_at - self.NODE_HEADER.size,
+                                                                    self.NODE_HEADER.size))
+        size = lo | (hi << 16)
+        if flags & self.F_BIGDATA:
+            if key_at + len(key_buffer) + 8 > self.end:
+                raise DBError(f"LMDB {self.path}: a record's node lies outside the database file (damaged)")
+            (page,) = struct.unpack("<Q", ctypes.string_at(key_at + len(key_buffer), 8))
+            value_at = self.start + page * page_size + self.PAGE_HEADER
+        else:
+            value_at = key_at + len(key_buffer)
+        if value_at < self.start or value_at + size > self.end:
+            raise DBError(f"LMDB {self.path}: a record's value ({size} bytes) lies outside the database file "
+                          f"(damaged)")
+
+    def copy(self, buffer, what: str) -> bytes:
+        size = len(buffer)
+        if size and self.start is not None:
+            address = np.frombuffer(buffer, dtype=np.uint8).ctypes.data
+            if address < self.start or address + size > self.end:
+                raise DBError(f"LMDB {self.path}: a record's {what} ({size} bytes) lies outside the database "
+                              f"file (damaged)")
+        return bytes(buffer)
+
+
 class _LmdbCursor(Cursor):
     def __init__(self, db: LMDB):
         if db._env is None:
             raise DBError(f"{db.path}: the DB is closed")
         self._db = db  # keeps the environment in use while the cursor lives
         self._path = db.path
+        self._bounds = db._bounds
         with _lmdb_errors(self._path, "starting a read"):
-            self._txn = db._env.begin(write=False, buffers=False)
+            self._page_size = int(db._env.stat()["psize"])
+            self._txn = db._env.begin(write=False, buffers=True)
             self._cur = self._txn.cursor()
         self.valid = False
         self.key = b""
@@ -302,7 +371,10 @@ class _LmdbCursor(Cursor):
         with _lmdb_errors(self._path, "reading"):
             self.valid = bool(move(*args))
             if self.valid:
-                self.key, self.value = self._cur.key(), self._cur.value()
+                key = self._cur.key()
+                self.key = self._bounds.copy(key, "key")
+                self._bounds.check_value(key, self._page_size)
+                self.value = self._bounds.copy(self._cur.value(), "value")
             else:
                 self.key, self.value = b"", b""
         return self.valid
@@ -358,6 +430,10 @@ class LMDB(_DB):
                 raise DBError(f"{path}: cannot open LMDB ({type(exc).__name__}: {exc})") from None
 
         self._env = self._acquire(mode == "r", opener)
+        # A file written here is netdef's own, and its map moves as it grows: only reads are checked.
+        self._bounds = _MapBounds(os.path.join(path, "data.mdb") if subdir else path, path)
+        if self.writable:
+            self._bounds.start = None
 
     def __len__(self) -> int:
         with _lmdb_errors(self.path, "counting records"):
@@ -370,8 +446,9 @@ class LMDB(_DB):
         return entries
 
     def get(self, key: bytes) -> bytes | None:
-        with _lmdb_errors(self.path, "reading"), self._env.begin(write=False, buffers=False) as txn:
-            return txn.get(bytes(key))
+        with _lmdb_errors(self.path, "reading"), self._env.begin(write=False, buffers=True) as txn:
+            value = txn.get(bytes(key))
+            return None if value is None else self._bounds.copy(value, "value")
 
     def cursor(self) -> _LmdbCursor:
         return _LmdbCursor(self)

@@ -142,6 +142,28 @@ def overwrite(data, offset: int, payload: bytes) -> None:
         handle.write(payload)
 
 
+def big_record_size_set_to_2_gib(tmp_path) -> pathlib.Path:
+    """An LMDB with one record on overflow pages (key ``zz_big``) whose size, in its leaf node header
+    (mn_lo, mn_hi: the first 4 of the 8 bytes right before the key), says 0x7fff0000: copying the value
+    ran far past the map's end and was SIGSEGV (fuzz finding of the long run)."""
+    rng = np.random.default_rng(5)
+    records = {b"%08d" % i: rng.bytes(1000) for i in range(30)}
+    records[b"zz_big"] = rng.bytes(20000)
+    path = write_lmdb(tmp_path / "db", records)
+    data = path / "data.mdb"
+    key = data.read_bytes().index(b"zz_big")
+    overwrite(data, key - 8, b"\x00\x00\xff\x7f")
+    return path
+
+
+def test_a_record_whose_size_runs_past_the_file_is_a_clear_error(tmp_path):
+    path = big_record_size_set_to_2_gib(tmp_path)
+    done = read_in_subprocess(path)
+    assert done.returncode == 3, f"exit status {done.returncode} (negative: killed by a signal)\n{done.stderr}"
+    assert "a record's value (2147418112 bytes) lies outside the database file (damaged)" in done.stdout
+    assert str(path) in done.stdout
+
+
 DAMAGES = {
     "truncated to a third": (lambda data, size: os.truncate(data, size // 3),
                              r"meta page 1 says pages up to \d+ of \d+ bytes are in use .*truncated\?"),
