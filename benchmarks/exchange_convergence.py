@@ -58,6 +58,7 @@ RUNS = {
 MILESTONES = (500, 1000, 1500)
 TARGET = 0.975  # issue 9's bar for every rule after 1,500 iterations
 
+
 @dataclass
 class Curve:
     """One rule's run: its test points as (iteration, seconds since "Solving", accuracy); ``wall_s``:
