@@ -231,10 +231,10 @@ def _clean_env(threads: int) -> dict:
     return env
 
 
-def _run(command: list[str], env: dict, timeout: float) -> tuple[int, str]:
-    """Run ``command`` in a session of its own; past ``timeout`` the whole session is killed."""
+def _run(command: list[str], env: dict, timeout: float, cwd=None) -> tuple[int, str]:
+    """Run ``command`` (in ``cwd``) in a session of its own; past ``timeout`` the whole session is killed."""
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+                               start_new_session=True, cwd=cwd)
     try:
         output, _ = process.communicate(timeout=timeout)
         return process.returncode, output

@@ -155,11 +155,17 @@ def launch(args, spec: dict, script: str = __file__) -> dict | None:
 
 
 def command(args, spec: str, script: str = __file__) -> tuple[list[str], dict]:
-    worker_cmd = [sys.executable, str(pathlib.Path(script).resolve()), "--worker", spec]
+    return mpi_command(args, [sys.executable, str(pathlib.Path(script).resolve()), "--worker", spec])
+
+
+def mpi_command(args, program: list[str]) -> tuple[list[str], dict]:
+    """The command line and environment that run ``program`` on ``args.ranks`` ranks of one BLAS
+    thread each: this Python's mpiexec over shared memory, or with ``args.emulated`` (a tc rate, or
+    'tcp') Open MPI's prterun from ``args.openmpi_prefix`` inside a private network namespace."""
     env = _clean_env(1)
     if not args.emulated:
         mpiexec = pathlib.Path(sys.executable).parent / "mpiexec"
-        return [str(mpiexec), "-n", str(args.ranks), *worker_cmd], env
+        return [str(mpiexec), "-n", str(args.ranks), *program], env
     if os.geteuid() != 0:
         raise SystemExit("--emulated needs root (unshare -n, tc)")
     prefix = pathlib.Path(args.openmpi_prefix)
@@ -174,7 +180,7 @@ def command(args, spec: str, script: str = __file__) -> tuple[list[str], dict]:
     setup = "set -e; ip link set lo up; ip link set lo mtu 9000; "
     if args.emulated != "tcp":
         setup += f"tc qdisc add dev lo root tbf rate {args.emulated} burst {default_burst(args.emulated)} latency 100ms; "
-    return ["unshare", "-n", "--", "bash", "-c", setup + 'exec "$@"', "bash", *mpi, *worker_cmd], env
+    return ["unshare", "-n", "--", "bash", "-c", setup + 'exec "$@"', "bash", *mpi, *program], env
 
 
 def report(args, doc: dict) -> None:
