@@ -223,23 +223,42 @@ def _count_entries(folder: str) -> int:
         return 0
 
 
+def _open_descriptors() -> frozenset:
+    """(descriptor, what it points to) for each open descriptor: compared as sets, since collecting
+    garbage may close a descriptor that the child inherited as garbage while an input leaves a new one
+    open, and the count alone would then not change."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:  # no /proc: nothing to compare
+        return frozenset()
+    found = set()
+    for name in names:
+        try:
+            found.add((name, os.readlink(f"/proc/self/fd/{name}")))
+        except OSError:  # closed meanwhile (the listing's own descriptor)
+            pass
+    return frozenset(found)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Footprint:
     """What a child holds that an input could leave behind: open descriptors, threads, mapped bytes."""
-    descriptors: int
+    descriptors: frozenset
     threads: int
     mapped_bytes: int
 
     @classmethod
     def now(cls) -> "_Footprint":
-        return cls(_count_entries("/proc/self/fd"), _count_entries("/proc/self/task"), mapped_bytes())
+        return cls(_open_descriptors(), _count_entries("/proc/self/task"), mapped_bytes())
+
+    def _more_than(self, now: "_Footprint") -> bool:
+        return bool(now.descriptors - self.descriptors) or now.threads > self.threads
 
     def left_behind(self) -> bool:
         """True when the child now holds more than at this footprint (after collecting garbage, which
         closes what an input merely dropped): then it must not read another input."""
         now = _Footprint.now()
-        if now.descriptors > self.descriptors or now.threads > self.threads:
+        if self._more_than(now):
             gc.collect()  # about 0.2 s with netdef loaded, so only when something looks left open
             now = _Footprint.now()
-        return (now.descriptors > self.descriptors or now.threads > self.threads
-                or now.mapped_bytes > self.mapped_bytes + RETIRE_GROWTH_BYTES)
+        return self._more_than(now) or now.mapped_bytes > self.mapped_bytes + RETIRE_GROWTH_BYTES
