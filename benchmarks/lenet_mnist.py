@@ -32,21 +32,11 @@ def run(cmd, cwd) -> str:
 
 def prepare_splits(mnist: pathlib.Path, work: pathlib.Path) -> None:
     """``mnist_train_lmdb`` (the first 8,000 t10k images) and ``mnist_test_lmdb`` (the last 2,000) in
-    ``work``, through `netdef convert-mnist`; kept when already there."""
+    ``work``, through `netdef convert-mnist`; kept when already there (the reliability scripts' LMDBs)."""
     sys.path.insert(0, str(REPO))
-    from netdef.data.convert import write_idx
-    from netdef.data.idx import read_idx
+    from reliability.mnist import make_lenet_lmdbs
 
-    images = read_idx(mnist / "t10k-images-idx3-ubyte.gz")
-    labels = read_idx(mnist / "t10k-labels-idx1-ubyte.gz")
-    work.mkdir(parents=True, exist_ok=True)
-    for split, part in (("train", slice(0, 8000)), ("test", slice(8000, 10000))):
-        if (work / f"mnist_{split}_lmdb").exists():
-            continue
-        write_idx(work / f"{split}-images.idx", images[part])
-        write_idx(work / f"{split}-labels.idx", labels[part])
-        run([sys.executable, "-m", "netdef.cli", "convert-mnist", f"{split}-images.idx", f"{split}-labels.idx",
-             f"mnist_{split}_lmdb"], work)
+    make_lenet_lmdbs(work, mnist)
 
 
 def main() -> None:
@@ -72,7 +62,7 @@ def main() -> None:
     iters = [int(m) for m in re.findall(r"Iteration (\d+), loss", log)]
     final_iter = max(iters) if iters else 0
     print(f"work folder         {work} (log: train.log)")
-    print(f"train / test images 8000 / 2000 (MNIST t10k split)")
+    print("train / test images 8000 / 2000 (MNIST t10k split)")
     print(f"iterations          {final_iter} (batch 64)")
     print(f"final test accuracy {accuracies[-1]:.4f}" if accuracies else "final test accuracy: none logged")
     print(f"wall time           {wall:.1f} s (process start to exit, tests and snapshots included)")
