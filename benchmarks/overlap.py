@@ -142,13 +142,7 @@ def worker(spec_path: str) -> None:
             # The link: one blocking allreduce of every gradient at once (no netdef involved).
             probe = np.ones(spec["probe_bytes"] // 4, dtype=np.float32)
             comm.allreduce(probe)
-            times = []
-            for _ in range(3):
-                comm.barrier()
-                t = time.perf_counter()
-                comm.allreduce(probe)
-                times.append(time.perf_counter() - t)
-            info["allreduce_all_s"] = statistics.median(times)
+            info["allreduce_all_s"] = timed_allreduce(comm, probe, 3)
             from netdef.comm.progress import choose_mode
             info["auto"] = choose_mode(comm, "AUTO")
         # Every configuration's solver is built and warmed up first, then the rounds run each for
@@ -199,6 +193,18 @@ def _speed_probe() -> float:
             a @ a
         best = min(best, time.perf_counter() - t)
     return best
+
+
+def timed_allreduce(comm, array, repeats: int) -> float:
+    """Median seconds of ``repeats`` blocking allreduces of ``array``, each started together (a
+    barrier before each): what the link alone takes, no netdef exchange involved."""
+    times = []
+    for _ in range(repeats):
+        comm.barrier()
+        start = time.perf_counter()
+        comm.allreduce(array)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def _loadavg() -> str:

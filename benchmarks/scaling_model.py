@@ -50,7 +50,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 from dummy_data import dummy_data_text  # noqa: E402
-from overlap import _clean_env, model_text, solver_text  # noqa: E402
+from overlap import _clean_env, model_text, solver_text, timed_allreduce  # noqa: E402
 from schedule import launch  # noqa: E402
 
 NETS = {
@@ -92,20 +92,8 @@ def worker(spec_path: str) -> None:
         gradient_bytes = sum(b.count for b in independent.net.learnable_params) * 4
         # The link, before any solver exchanges anything.
         tiny, probe = np.ones(2, np.float32), np.ones(gradient_bytes // 4, np.float32)
-        times = []
-        for _ in range(30):
-            comm.barrier()
-            start = time.perf_counter()
-            comm.allreduce(tiny)
-            times.append(time.perf_counter() - start)
-        out["tiny_allreduce_s"] = statistics.median(times)
-        times = []
-        for _ in range(3):
-            comm.barrier()
-            start = time.perf_counter()
-            comm.allreduce(probe)
-            times.append(time.perf_counter() - start)
-        out["exchange_s"] = statistics.median(times)
+        out["tiny_allreduce_s"] = timed_allreduce(comm, tiny, 30)
+        out["exchange_s"] = timed_allreduce(comm, probe, 3)
         cpu = []
         for _ in range(3):
             comm.barrier()

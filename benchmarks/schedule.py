@@ -47,7 +47,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from overlap import _clean_env, _run, default_burst, model_text, solver_text  # noqa: E402
+from overlap import _clean_env, _run, default_burst, model_text, solver_text, timed_allreduce  # noqa: E402
 
 CONFIGS = {
     "compute": None,
@@ -93,12 +93,7 @@ def worker(spec_path: str) -> None:
                 solver.step(spec["warmup"])
                 solvers[name] = solver
             probe = np.ones(sum(b.count for b in solvers[spec["configs"][0]].net.learnable_params), np.float32)
-            exchange = []
-            for _ in range(5):
-                comm.barrier()
-                start = time.perf_counter()
-                comm.allreduce(probe)
-                exchange.append(time.perf_counter() - start)
+            exchange_s = timed_allreduce(comm, probe, 5)
             times = {name: [] for name in spec["configs"]}
             for r in range(spec["rounds"]):
                 names = spec["configs"][r % len(spec["configs"]):] + spec["configs"][:r % len(spec["configs"])]
@@ -112,7 +107,7 @@ def worker(spec_path: str) -> None:
             chunk = solvers["priority"].parallel.exchange.transport if "priority" in solvers else None
             transports = {name: s.parallel.exchange.transport for name, s in solvers.items() if CONFIGS[name] is not None}
             out["regimes"][str(batch)] = {
-                "exchange_s": statistics.median(exchange),
+                "exchange_s": exchange_s,
                 "iteration_s": {name: statistics.median(t) for name, t in times.items()},
                 "quartiles": {name: statistics.quantiles(t, n=4) if len(t) > 1 else [t[0]] * 3
                               for name, t in times.items()},
