@@ -299,9 +299,11 @@ class _MapBounds:
     (``info()["map_addr"]`` is the address a fixed map asked for, 0 here), so the bounds come from
     the process's own memory map (/proc/self/maps); where that is not readable nothing is checked."""
 
-    def __init__(self, data_path: str, db_path: str):
+    def __init__(self, data_path: str, db_path: str, checked: bool = True):
         self.path = db_path
         self.start = self.end = None
+        if not checked:
+            return
         target = os.path.realpath(data_path)
         try:
             with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
@@ -374,7 +376,7 @@ class _LmdbCursor(Cursor):
                 key = self._cur.key()
                 self.key = self._bounds.copy(key, "key")
                 self._bounds.check_value(key, self._page_size)
-                self.value = self._bounds.copy(self._cur.value(), "value")
+                self.value = bytes(self._cur.value())  # its extent checked just above
             else:
                 self.key, self.value = b"", b""
         return self.valid
@@ -431,9 +433,7 @@ class LMDB(_DB):
 
         self._env = self._acquire(mode == "r", opener)
         # A file written here is netdef's own, and its map moves as it grows: only reads are checked.
-        self._bounds = _MapBounds(os.path.join(path, "data.mdb") if subdir else path, path)
-        if self.writable:
-            self._bounds.start = None
+        self._bounds = _MapBounds(os.path.join(path, "data.mdb") if subdir else path, path, checked=not self.writable)
 
     def __len__(self) -> int:
         with _lmdb_errors(self.path, "counting records"):
@@ -446,9 +446,9 @@ class LMDB(_DB):
         return entries
 
     def get(self, key: bytes) -> bytes | None:
-        with _lmdb_errors(self.path, "reading"), self._env.begin(write=False, buffers=True) as txn:
-            value = txn.get(bytes(key))
-            return None if value is None else self._bounds.copy(value, "value")
+        # Through a cursor: its move checks the record's extent before lmdb reads the value.
+        with self.cursor() as cur:
+            return cur.value if cur.seek(key) else None
 
     def cursor(self) -> _LmdbCursor:
         return _LmdbCursor(self)
