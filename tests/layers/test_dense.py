@@ -146,6 +146,31 @@ def test_inner_product_param_gradients_accumulate_and_respect_propagate_down():
     np.testing.assert_allclose(layer.blobs[1].diff, 3 * dy.sum(0), rtol=1e-12)
 
 
+@pytest.mark.parametrize("transpose,num_output,k", [(False, 300, 20000), (False, 20000, 300), (True, 300, 20000),
+                                                   (True, 20000, 300)])
+def test_inner_product_large_weight_gradient_is_blocked_exactly(transpose, num_output, k):
+    """A weight gradient larger than the block (24 MB here) is summed into the diff in blocks: the same
+    float32 values as one product, and no temporary as large as the weights (VGG-16's fc6: 392 MiB)."""
+    import tracemalloc
+
+    x = rng(11).standard_normal((3, k)).astype(np.float32)
+    dy = rng(12).standard_normal((3, num_output)).astype(np.float32)
+    layer, bottom, top = ip(f"num_output: {num_output} transpose: {str(transpose).lower()}", x, dtype=np.float32)
+    start = rng(13).standard_normal(layer.blobs[0].shape).astype(np.float32)
+    layer.blobs[0].diff = start.copy()
+    layer.forward(bottom, top)
+    top[0].diff = dy
+    tracemalloc.start()
+    try:
+        layer.backward(top, [False], bottom)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    expected = start + ((x.T @ dy) if transpose else (dy.T @ x))
+    np.testing.assert_array_equal(layer.blobs[0].diff, expected)
+    assert peak < 0.8 * start.nbytes  # the 16 MiB block buffer, not a 24 MB product
+
+
 def test_inner_product_float32():
     layer, bottom, top = ip('num_output: 3 weight_filler { type: "xavier" }', np.ones((2, 5)), dtype=np.float32)
     assert layer.blobs[0].data.dtype == np.float32
