@@ -1,7 +1,7 @@
 """CPU time per iteration of the zoo's nets: netdef against PyTorch, same nets, same weights, same run.
 
     python benchmarks/cpu_forward_backward.py [--nets lenet,cifar10_quick,...] [--iters 10] [--threads N]
-                                              [--batch N] [--per-layer] [--no-rss] [--column-path]
+                                              [--batch N] [--per-layer] [--unfused] [--no-rss] [--column-path]
 
 For every net (the zoo's deploy.prototxt with its batch set, its final Softmax replaced by
 SoftmaxWithLoss for training) it prints:
@@ -19,7 +19,9 @@ PyTorch runs the same net through torch_mirror.py (its own operators, weights co
 Both use the same thread count (--threads, default: all cores). Timed steps alternate netdef and
 PyTorch, so the machine's other load falls on both, each timed step right after untimed runs of the same
 step (warm, as in a training loop); figures are medians after warm-up. Ratios below 1
-mean netdef is faster. --per-layer adds netdef's per-layer-type forward and backward medians.
+mean netdef is faster. --per-layer adds netdef's per-layer-type forward and backward medians and the
+TEST forward's per step type (fused chains as one step, Net.forward_steps); --unfused also times the
+TEST forward with its layers run one by one (Net.fuse_layers off) in the same rounds.
 --column-path runs every convolution through im2col (the CPU row-product path off).
 """
 from __future__ import annotations
@@ -215,6 +217,27 @@ def per_layer_type(net, iters: int) -> dict:
     return {kind: (1000 * statistics.median(f[1:]), 1000 * statistics.median(b[1:])) for kind, (f, b) in totals.items()}
 
 
+def per_step_type(net, iters: int) -> dict:
+    """{step type: forward ms} medians over iterations of the TEST net's forward, a step being a
+    layer or a fused chain (``Net.forward_steps``, typed like "Convolution+BatchNorm+Scale+ReLU")."""
+    totals = collections.defaultdict(list)
+    steps = net.forward_steps()
+    for _ in range(iters + 1):
+        spent = collections.Counter()
+        for first, last in steps:
+            start = time.perf_counter()
+            net.forward_range(first, last)
+            spent["+".join(layer.type for layer in net.layers[first:last + 1])] += time.perf_counter() - start
+        for kind in spent:
+            totals[kind].append(spent[kind])
+    return {kind: 1000 * statistics.median(ts[1:]) for kind, ts in totals.items()}
+
+
+def print_test_steps(net, iters: int, label: str) -> None:
+    for kind, ms in sorted(per_step_type(net, iters).items(), key=lambda kv: -kv[1]):
+        print(f"    TEST {label:<8} {kind:<40} forward {ms:8.2f} ms")
+
+
 # ---------------------------------------------------------------------------------------- peak RSS
 def rss_child(framework: str, key: str, batch: int | None, threads: int | None) -> None:
     """Run in a fresh process: build the net, 3 forward+backward passes, print peak RSS in MiB."""
@@ -277,6 +300,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="BLAS / torch threads (default: all cores)")
     parser.add_argument("--per-layer", action="store_true", help="also print netdef's per-layer-type times")
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
+    parser.add_argument("--unfused", action="store_true",
+                        help="also time netdef's TEST forward with its layers run one by one (Net.fuse_layers off)")
     parser.add_argument("--column-path", action="store_true",
                         help="run every convolution through im2col (the CPU row-product path off)")
     parser.add_argument("--rss-child", choices=("netdef", "torch"), help=argparse.SUPPRESS)
@@ -312,8 +337,14 @@ def main() -> None:
             train.clear_param_diffs()
             train.forward_backward()
 
-        ms = alternate({"fb": fb_netdef, "fb_torch": fb_torch, "fwd": test.forward_range, "fwd_torch": fwd_torch},
-                       args.iters)
+        def fwd_netdef(fused=True):
+            test.fuse_layers = fused
+            test.forward_range()
+
+        steps = {"fb": fb_netdef, "fb_torch": fb_torch, "fwd": fwd_netdef, "fwd_torch": fwd_torch}
+        if args.unfused:
+            steps["fwd_unfused"] = lambda: fwd_netdef(fused=False)
+        ms = alternate(steps, args.iters)
         _, both = multiply_adds(train)
         floor = 2 * both / (gflops * 1e9) * 1000
         rss = ((peak_rss("netdef", key, args.batch, args.threads), peak_rss("torch", key, args.batch, args.threads))
@@ -322,10 +353,18 @@ def main() -> None:
         print(f"{label:<15}{batch:>6} | {ms['fb']:>10.1f}{ms['fb_torch']:>9.1f}{ms['fb'] / ms['fb_torch']:>7.2f} | "
               f"{ms['fwd']:>8.1f}{ms['fwd_torch']:>8.1f}{ms['fwd'] / ms['fwd_torch']:>7.2f} | "
               f"{floor:>8.1f}{ms['fb'] / floor:>8.2f} | {rss[0]:>8.0f}{rss[1]:>7.0f}", flush=True)
+        if args.unfused:
+            print(f"    TEST forward with the layers one by one {ms['fwd_unfused']:.1f} ms: fused / unfused "
+                  f"{ms['fwd'] / ms['fwd_unfused']:.2f}, unfused / torch {ms['fwd_unfused'] / ms['fwd_torch']:.2f}")
         if args.per_layer:
             for kind, (f, b) in sorted(per_layer_type(train, max(3, args.iters // 2)).items(),
                                        key=lambda kv: -sum(kv[1])):
                 print(f"    {kind:<18} forward {f:8.2f} ms   backward {b:8.2f} ms")
+            test.fuse_layers = True
+            print_test_steps(test, max(3, args.iters // 2), "fused")
+            if args.unfused:
+                test.fuse_layers = False
+                print_test_steps(test, max(3, args.iters // 2), "unfused")
         del train, test, fb_torch, fwd_torch
 
 

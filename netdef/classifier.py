@@ -20,11 +20,13 @@ from .net import Net
 
 
 class Classifier(Net):
-    """A TEST-phase Net with a preprocessing ``transformer`` and ``predict`` (module docstring)."""
+    """A TEST-phase, ``forward_only`` Net with a preprocessing ``transformer`` and ``predict`` (module
+    docstring)."""
 
     def __init__(self, model_file, pretrained_file, image_dims=None, mean=None, input_scale=None, raw_scale=None,
                  channel_swap=None):
         super().__init__(model_file, TEST, weights=pretrained_file)
+        self.forward_only = True  # predicting runs no backward: per-channel layers may run fused (net.py)
         if not self.inputs:
             raise ValueError(f"{model_file}: a Classifier needs a net with an input blob (an Input layer or input:)")
         in_ = self.inputs[0]

@@ -168,6 +168,7 @@ def cmd_test(args) -> int:
     iterations = _positive_iterations(args, "test")
     _set_device(args.gpu)
     net = netdef.Net(args.model, netdef.TEST, weights=args.weights or None, stages=_stages(args), level=args.level)
+    net.forward_only = True  # scoring runs no backward: every chain of per-channel layers may run fused
     log.info("Running for %d iterations.", iterations)
     weights = net.blob_loss_weights
     totals: dict[str, np.ndarray] = {}

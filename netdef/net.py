@@ -20,6 +20,7 @@ import numpy as np
 from . import backend, weights as _weights
 from .blob import Blob
 from .memory import BlobTooLargeError
+from .layers import fusion
 from .layers.base import TEST, TRAIN, DataSource, LayerError, layer_class
 from .layers.data import MemoryDataLayer
 from .layers.python import PythonLayerPolicy
@@ -96,6 +97,15 @@ class Net:
     """
 
     keep_blob_diffs = True
+
+    #: ``fuse_layers`` (True): a layer followed by layers that only map its top in place per channel
+    #: (a convolution, then BatchNorm with global statistics, Scale, ReLU; an Eltwise sum, then ReLU)
+    #: runs as one pass (layers/fusion.py), with the same bits, when no layer of the chain needs
+    #: backward (or the net is ``forward_only``): only the chain's last value could be read anyway.
+    #: ``forward_only`` (False): the net is only run forward (``netdef test``, ``Classifier``): every
+    #: chain may run fused, and ``backward`` refuses, since fused layers keep nothing for it.
+    fuse_layers = True
+    forward_only = False
 
     def __init__(self, model, phase=None, weights=None, *, stages=(), level: int = 0, base_dir=None,
                  python_layers: str | None = None, python_path=(), **legacy):
@@ -207,6 +217,7 @@ class Net:
         self._setup_params(with_splits, file_index_of)
         self._decide_backward()
         self._compute_hook_points()
+        self._chains = fusion.plan_chains(self.layers, self._bottom_vecs, self._top_vecs, self._loss_weights)
 
     @staticmethod
     def _check_top_names(layer_param, where: str) -> None:
@@ -504,26 +515,71 @@ class Net:
         """Run layers start..end inclusive; return the weighted loss they produced."""
         end = len(self.layers) - 1 if end is None else end
         loss = 0.0
-        hooks = self._layer_hooks
-        for li in range(start, end + 1):
-            layer, bottom, top = self.layers[li], self._bottom_vecs[li], self._top_vecs[li]
-            for before, _, _, _ in hooks:
-                if before:
-                    before(li)
-            try:
-                layer.reshape(bottom, top)
-                for blob in self._own_array_tops[li]:
-                    blob.data = blob.data.copy()
-                layer.forward(bottom, top)
-            except BlobTooLargeError as exc:  # netdef's refusal of a blob or scratch array: say whose
-                raise layer.error(str(exc)) from None
-            for _, after, _, _ in hooks:
-                if after:
-                    after(li)
-            for blob, weight in zip(top, self._loss_weights[li]):
-                if weight:
-                    loss += weight * float(blob.data.sum())
+        li = start
+        while li <= end:
+            last = self._fused_chain_end(li, end)
+            self._call_forward_hooks(li, last, before=True)
+            if last == li or not self._forward_fused(li, last):
+                for lj in range(li, last + 1):
+                    self._forward_layer(lj)
+            self._call_forward_hooks(li, last, before=False)
+            for lj in range(li, last + 1):
+                for blob, weight in zip(self._top_vecs[lj], self._loss_weights[lj]):
+                    if weight:
+                        loss += weight * float(blob.data.sum())
+            li = last + 1
         return loss
+
+    def forward_steps(self, start: int = 0, end: int | None = None) -> list[tuple[int, int]]:
+        """The (first, last) layer ranges ``forward_range(start, end)`` runs, each as one step: a
+        fused chain (layers/fusion.py) or a single layer."""
+        end = len(self.layers) - 1 if end is None else end
+        steps, li = [], start
+        while li <= end:
+            steps.append((li, self._fused_chain_end(li, end)))
+            li = steps[-1][1] + 1
+        return steps
+
+    def _fused_chain_end(self, li: int, end: int) -> int:
+        """The last layer of the fused chain that starts at ``li`` and ends by ``end``; ``li`` when none."""
+        last = self._chains.get(li)
+        if not self.fuse_layers or last is None or last > end:
+            return li
+        if not self.forward_only and any(self.layer_need_backward[li:last + 1]):
+            return li
+        return last
+
+    def _call_forward_hooks(self, first: int, last: int, before: bool) -> None:
+        for handle in self._layer_hooks:
+            hook = handle[0] if before else handle[1]
+            if hook:
+                for li in range(first, last + 1):
+                    hook(li)
+
+    def _forward_layer(self, li: int) -> None:
+        layer, bottom, top = self.layers[li], self._bottom_vecs[li], self._top_vecs[li]
+        try:
+            layer.reshape(bottom, top)
+            for blob in self._own_array_tops[li]:
+                blob.data = blob.data.copy()
+            layer.forward(bottom, top)
+        except BlobTooLargeError as exc:  # netdef's refusal of a blob or scratch array: say whose
+            raise layer.error(str(exc)) from None
+
+    def _forward_fused(self, first: int, last: int) -> bool:
+        """Run the chain first..last as its first layer's forward with the others' maps applied;
+        False (nothing computed) when the maps do not compose or the first layer cannot."""
+        members = range(first, last + 1)
+        layer = self.layers[first]
+        try:
+            for li in members:
+                self.layers[li].reshape(self._bottom_vecs[li], self._top_vecs[li])
+            channel_map = fusion.compose_all(self.layers[li].channel_map(self._bottom_vecs[li], self._top_vecs[li])
+                                             for li in members[1:])
+            return channel_map is not None and layer.forward_mapped(self._bottom_vecs[first], self._top_vecs[first],
+                                                                    channel_map)
+        except BlobTooLargeError as exc:
+            raise layer.error(str(exc)) from None
 
     def forward(self, blobs=None, start=None, end=None, **kwargs):
         """pycaffe's forward: set input blobs from ``kwargs``, run, return {output name: data}."""
@@ -630,6 +686,9 @@ class Net:
 
     def backward_range(self, start: int | None = None, end: int = 0) -> None:
         """Run backward from layer ``start`` down to layer ``end`` (inclusive)."""
+        if self.forward_only:
+            raise NetError(f"net {self.name!r} is forward_only (as netdef test and Classifier run nets): its "
+                           f"forward fuses layers and keeps nothing for backward; set forward_only = False")
         start = len(self.layers) - 1 if start is None else start
         hooks = self._layer_hooks
         for li in range(start, end - 1, -1):

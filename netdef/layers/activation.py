@@ -18,6 +18,7 @@ from ..fillers import fill
 from ..proto import netdef_pb2 as pb
 from . import elementwise
 from .base import TRAIN, Layer, register_layer
+from .fusion import ChannelMap
 from .reused import ReusedArrays
 
 
@@ -66,6 +67,9 @@ class ReLULayer(NeuronLayer):
         # writes into (in place, the top's new array replaces it in the blob).
         self._sign_of = out if self.negative_slope >= 0 else x
         top[0].data = out
+
+    def channel_map(self, bottom, top):
+        return ChannelMap(negative_slope=self.negative_slope)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -404,6 +408,10 @@ class DropoutLayer(NeuronLayer):
             self.mask = None
             if top[0] is not bottom[0]:
                 top[0].data = x.copy()
+
+    def channel_map(self, bottom, top):
+        # The identity in the TEST phase (an in-place Dropout after a ReLU joins its chain).
+        return None if self.phase == TRAIN else ChannelMap()
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:

@@ -148,6 +148,21 @@ class Layer:
     def backward(self, top: list[Blob], propagate_down: list[bool], bottom: list[Blob]) -> None:
         """Default: no gradient (layers that cannot back-propagate, e.g. data layers)."""
 
+    # ------------------------------------------------------------------ fusion (layers/fusion.py)
+    def channel_map(self, bottom: list[Blob], top: list[Blob]):
+        """What ``forward`` computes, when it is a per-channel element-wise map of its one bottom
+        that backward needs nothing of: a ``fusion.ChannelMap`` with the values forward would use
+        now (called after ``reshape``); None (the default) when it is not one. A net runs the maps
+        of layers working in place one after another as one pass, which must give forward's bits."""
+        return None
+
+    def forward_mapped(self, bottom: list[Blob], top: list[Blob], channel_map) -> bool:
+        """Run ``forward`` with ``channel_map`` (a ``fusion.ChannelMap``) applied to top[0]'s values
+        as well, and return True; False (the default, nothing computed) when this layer cannot. The
+        net asks when the layers after this one only map its top in place and no one can read the
+        values in between (net.py); it then runs none of them, and no backward follows."""
+        return False
+
     def resolve_path(self, path: str) -> str:
         """A file named in this layer's parameters: as given when it exists (relative to the working
         directory, as Caffe), else relative to the folder of the net definition (``self.base_dir``),

@@ -4,6 +4,7 @@ from __future__ import annotations
 from .. import backend
 from ..blob import Blob
 from ..fillers import fill
+from . import fusion
 from .base import Layer, register_layer
 
 
@@ -78,6 +79,10 @@ class InnerProductLayer(Layer):
         if self.bias_term:
             y += self.blobs[1].data
         top[0].data = y
+
+    def forward_mapped(self, bottom, top, channel_map):
+        # The product is a fresh array: mapped there in place.
+        return fusion.forward_then_map(self, bottom, top, channel_map)
 
     def backward(self, top, propagate_down, bottom):
         dy = top[0].diff.reshape(self.M, self.num_output)

@@ -9,6 +9,7 @@ from ..fillers import fill
 from ..proto import netdef_pb2 as pb
 from . import batchnorm, elementwise
 from .base import TEST, Layer, register_layer
+from .fusion import ChannelMap
 from .reused import ReusedArrays
 
 
@@ -74,11 +75,7 @@ class BatchNormLayer(Layer):
         x = bottom[0].data
         out = self._outputs.get("top", like=x, avoid=(x,))
         if self.use_global_stats:
-            f = float(self.blobs[2].data.reshape(-1)[0])
-            factor = 0.0 if f == 0 else 1.0 / f
-            mean = self.blobs[0].data * factor
-            var = self.blobs[1].data * factor
-            std = get_array_module(x).sqrt(var + self.eps).astype(x.dtype, copy=False)
+            mean, std = self._global_statistics(x.dtype)
             batchnorm.forward_global(self._view(x), mean, std, self._view(out))
         else:
             mean, var, std = batchnorm.forward_batch(self._view(x), self.eps, self._view(out))
@@ -98,6 +95,23 @@ class BatchNormLayer(Layer):
         self._y = None if self.use_global_stats else out
         self._std = std
         top[0].data = out
+
+    def _global_statistics(self, dtype):
+        """(mean, std) per channel from the stored blobs, in ``dtype``."""
+        f = float(self.blobs[2].data.reshape(-1)[0])
+        factor = 0.0 if f == 0 else 1.0 / f
+        mean = self.blobs[0].data * factor
+        var = self.blobs[1].data * factor
+        std = get_array_module(mean).sqrt(var + self.eps).astype(dtype, copy=False)
+        return mean, std
+
+    def channel_map(self, bottom, top):
+        if not self.use_global_stats:
+            return None
+        shape = bottom[0].shape
+        mean, std = self._global_statistics(bottom[0].dtype)
+        return ChannelMap(dims=(shape[0], self.channels, bottom[0].count // (shape[0] * self.channels)),
+                          mean=mean, std=std)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -204,6 +218,12 @@ class ScaleLayer(Layer):
         # the shared blob, and nothing writes into it.
         self._x = x
         top[0].data = out
+
+    def channel_map(self, bottom, top):
+        if len(bottom) > 1:  # the scale is an input: its values are no constant of the layer
+            return None
+        bias = None if self.bias_index is None else self.blobs[self.bias_index].data.reshape(-1)
+        return ChannelMap(dims=self._dims, scale=self.blobs[0].data.reshape(-1), bias=bias)
 
     def backward(self, top, propagate_down, bottom):
         dy = top[0].diff

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..backend import get_array_module, to_host
 from ..proto import netdef_pb2 as pb
-from . import elementwise
+from . import elementwise, fusion
 from .base import Layer, register_layer
 from .reused import ReusedArrays
 
@@ -76,6 +76,15 @@ class EltwiseLayer(Layer):
         # array replaces bottom 0's in the blob).
         self._xs = xs
         top[0].data = out
+
+    def forward_mapped(self, bottom, top, channel_map):
+        # A sum and a ReLU after it (ResNet's shortcuts) in one pass; no state for backward.
+        if self.op != _Elt.SUM:
+            return False
+        xs = [b.data for b in bottom]
+        out = self._outputs.get("top", like=xs[0], avoid=xs)
+        top[0].data = fusion.weighted_sum_mapped(xs, self.coeff, channel_map, out)
+        return True
 
     def backward(self, top, propagate_down, bottom):
         dy = top[0].diff

@@ -20,7 +20,7 @@ from .. import backend
 from ..blob import Blob
 from ..fillers import fill
 from ..proto import netdef_pb2 as pb
-from . import depthwise
+from . import depthwise, fusion
 from . import im2col as _cols
 from . import jit, kernels
 from .base import TRAIN, Layer, register_layer
@@ -249,6 +249,10 @@ class ConvolutionLayer(_ConvolutionBase):
                     y_all[start:stop] = lay.gather(y)
             # The last chunk's columns are still in the workspace: backward starts with that chunk.
             self._cols_fresh[i] = True
+
+    def forward_mapped(self, bottom, top, channel_map):
+        # Every algorithm writes the output into the top's array itself: mapped there in place.
+        return fusion.forward_then_map(self, bottom, top, channel_map)
 
     def backward(self, top, propagate_down, bottom):
         xp = backend.get_array_module(top[0].diff)

@@ -1,0 +1,168 @@
+"""Per-channel element-wise maps that several layers compute in one pass (TEST-phase fusion).
+
+In the TEST phase BatchNorm (global statistics), Scale (a learned per-channel operand) and ReLU are
+each a map of one value to one value with per-channel constants: y = (x - mean) / std,
+y = x * s (+ b), y = max(x, 0) (or x * slope below 0). Run one by one, each reads its whole input
+and writes a fresh array; the zoo's nets run them in place, one after the other, on a convolution's
+output, so ResNet-50 made three passes over every convolution output to produce values nobody can
+read in between. A ``ChannelMap`` describes such a map as stages in a fixed order (normalize, scale
+and bias, rectify), ``compose`` chains the maps of consecutive layers, and ``apply`` runs a chain in
+one pass with the same float32 operations per element in the same order as the layers: the answer
+is the same bits (the kernel computes each stage's expression as written in the layer's kernel;
+BatchNorm is never folded into the convolution's weights, which would round differently).
+
+The net decides where a chain may run fused (net.py: a layer followed by layers working in place on
+its one top, none needing backward): the layers' contract has ``channel_map`` (what a layer's
+forward is, as a ChannelMap, or None) and ``forward_mapped`` (a layer that can apply a map to the
+output it has just written). ``apply`` on C-contiguous float NumPy arrays runs jit/fusion.py; on any
+other array the layers' own reference functions in sequence, which is also the twin of the kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import batchnorm, elementwise, jit
+
+NORMALIZE, AFFINE, RECTIFY = range(3)  # the stages, in the order a map applies them
+
+
+@dataclass(frozen=True)
+class ChannelMap:
+    """y = rectify((((x - mean) / std) * scale) + bias) per element, each stage present or not.
+
+    ``dims`` (O, D, I): the input read as an O x D x I array, the per-channel arrays (D) broadcast
+    over O and I; None when no stage has per-channel values (only rectify). ``negative_slope``:
+    None without the rectify stage, else y = x where x > 0, else slope * x (+0 for slope 0).
+    ``bias`` only comes with ``scale``. No stage at all: the identity (Dropout in the TEST phase).
+    """
+
+    dims: tuple | None = None
+    mean: object = None
+    std: object = None
+    scale: object = None
+    bias: object = None
+    negative_slope: float | None = None
+
+    @property
+    def stages(self) -> list[int]:
+        present = [(NORMALIZE, self.mean is not None), (AFFINE, self.scale is not None),
+                   (RECTIFY, self.negative_slope is not None)]
+        return [stage for stage, here in present if here]
+
+
+def compose(first: ChannelMap, then: ChannelMap) -> ChannelMap | None:
+    """The map ``then(first(x))``, or None when it is not one ChannelMap: a stage of ``then`` that
+    does not come after every stage of ``first``, or per-channel values over different dims."""
+    if first.stages and then.stages and min(then.stages) <= max(first.stages):
+        return None
+    if first.dims is not None and then.dims is not None and tuple(first.dims) != tuple(then.dims):
+        return None
+    dims = first.dims if first.dims is not None else then.dims
+    return ChannelMap(dims, *(b if b is not None else a for a, b in
+                              ((first.mean, then.mean), (first.std, then.std), (first.scale, then.scale),
+                               (first.bias, then.bias), (first.negative_slope, then.negative_slope))))
+
+
+def compose_all(maps) -> ChannelMap | None:
+    """The maps applied in order as one ChannelMap; None when one of them is None or they do not compose."""
+    result = ChannelMap()
+    for m in maps:
+        if m is None:
+            return None
+        result = compose(result, m)
+        if result is None:
+            return None
+    return result
+
+
+def apply(m: ChannelMap, x, out):
+    """out = m(x); ``out`` may be ``x`` (in place). Returns out."""
+    if not m.stages:
+        if out is not x:
+            out[...] = x
+        return out
+    dims = m.dims if m.dims is not None else (1, 1, x.size)
+    x3, out3 = x.reshape(dims), out.reshape(dims)
+    if jit.usable(x3, m.mean, m.std, m.scale, m.bias, out3):
+        slope = None if m.negative_slope is None else x.dtype.type(m.negative_slope)
+        if out is x:
+            _kernels().channel_map_in_place(out3, m.mean, m.std, m.scale, m.bias, slope)
+        else:
+            _kernels().channel_map(x3, m.mean, m.std, m.scale, m.bias, slope, out3)
+        return out
+    return apply_reference(m, x, out)
+
+
+def apply_reference(m: ChannelMap, x, out):
+    """``apply`` by the layers' reference functions, one stage after the other (the kernel's twin)."""
+    dims = m.dims if m.dims is not None else (1, 1, x.size)
+    x3, out3 = x.reshape(dims), out.reshape(dims)
+    source = x3
+    if m.mean is not None:
+        batchnorm.forward_global_reference(source, m.mean, m.std, out3)
+        source = out3
+    if m.scale is not None:
+        elementwise.scale_forward_reference(source, m.scale, m.bias, out3)
+        source = out3
+    if m.negative_slope is not None:
+        elementwise.relu_forward_reference(source, m.negative_slope, out3)
+        source = out3
+    if source is not out3:
+        out3[...] = source
+    return out
+
+
+def weighted_sum_mapped(xs, coeffs, m: ChannelMap, out):
+    """out = m(sum_k coeffs[k] * xs[k]) (Eltwise SUM, then the map), the sum as ``weighted_sum``
+    adds it; in one pass when the map is rectify alone and the kernels take the arrays."""
+    if m.dims is None and m.negative_slope is not None and jit.usable(*xs, out):
+        import numpy as np
+
+        _kernels().weighted_sum_rectified(tuple(a.reshape(-1) for a in xs), np.asarray(coeffs, dtype=out.dtype),
+                                          out.dtype.type(m.negative_slope), out.reshape(-1))
+        return out
+    elementwise.weighted_sum(xs, coeffs, out)
+    return apply(m, out, out)
+
+
+def forward_then_map(layer, bottom, top, m: ChannelMap) -> bool:
+    """``layer.forward`` and then ``m`` in place on top[0]'s values: for a layer whose forward leaves
+    in its one top an array it has just written that views no other blob (a convolution's output,
+    an inner product's), so writing into it once more changes nothing anyone else holds."""
+    if len(top) != 1:
+        return False
+    layer.forward(bottom, top)
+    apply(m, top[0].data, top[0].data)
+    return True
+
+
+def _kernels():
+    from .jit import fusion
+
+    return fusion
+
+
+def plan_chains(layers, bottom_vecs, top_vecs, loss_weights) -> dict[int, int]:
+    """{first layer: last layer} of the chains a net may run fused: a layer with one top T, followed
+    by layers that each take T alone and work in place on it with a ``channel_map``. Only T's final
+    value can be read (the chain's layers overwrite one blob), so fusing changes nothing a user
+    sees; no layer of a chain has a loss weight (its loss would be summed from an intermediate
+    value). Whether a chain is run fused is decided at each forward (net.py)."""
+    chains = {}
+    li = 0
+    while li < len(layers):
+        last = li
+        tops = top_vecs[li]
+        if len(tops) == 1 and not any(loss_weights[li]):
+            while last + 1 < len(layers) and _maps_in_place(layers[last + 1], bottom_vecs[last + 1],
+                                                            top_vecs[last + 1], loss_weights[last + 1], tops[0]):
+                last += 1
+        if last > li:
+            chains[li] = last
+        li = last + 1
+    return chains
+
+
+def _maps_in_place(layer, bottom, top, loss_weights, blob) -> bool:
+    return (len(bottom) == 1 and len(top) == 1 and bottom[0] is blob and top[0] is blob and not any(loss_weights)
+            and layer.channel_map(bottom, top) is not None)

@@ -1,0 +1,106 @@
+"""Fused element-wise kernels (layers/fusion.py): a chain of per-channel maps in one pass, and an
+Eltwise sum rectified in the same pass.
+
+Each value goes through the stages with the expressions of the layers' own kernels, in the arrays'
+dtype, in the same order: (x - mean) / std (jit/batchnorm.py), v * s + b (jit/elementwise.py's
+Scale), then ReLU's comparison, so a fused chain gives the bits the layers give one by one. A stage
+that is absent is a None argument: numba compiles a version without it (dead branches pruned).
+Work items as Scale's kernel: chunks of at most BLOCK values of one (o, d) row. Twins:
+``fusion.apply_reference`` and ``elementwise.weighted_sum`` followed by ``relu_forward``.
+"""
+from __future__ import annotations
+
+from ...threads import let_idle_kernel_threads_sleep
+
+let_idle_kernel_threads_sleep()  # before numba starts its thread pool
+
+from numba import njit, prange  # noqa: E402 (after the wait policy)
+
+from .elementwise import BLOCK  # noqa: E402
+
+
+@njit(inline="always")
+def _bounds(block, size):
+    lo = block * BLOCK
+    return lo, min(lo + BLOCK, size)
+
+
+@njit(inline="always")
+def _count(size):
+    return (size + BLOCK - 1) // BLOCK
+
+
+@njit(inline="always")
+def _rectify(v, negative_slope):
+    # ReLU's kernel: +0 where v <= 0 for slope 0 (NaN stays NaN), v * slope below 0 otherwise.
+    if negative_slope == 0:
+        return negative_slope - negative_slope if v <= 0 else v  # +0 of v's type, for slope -0 too
+    return v if v > 0 else v * negative_slope
+
+
+@njit(inline="always", error_model="numpy")
+def _mapped(v, d, mean, std, scale, bias, negative_slope):
+    if mean is not None:
+        v = (v - mean[d]) / std[d]
+    if scale is not None:
+        if bias is not None:
+            v = v * scale[d] + bias[d]
+        else:
+            v = v * scale[d]
+    if negative_slope is not None:
+        v = _rectify(v, negative_slope)
+    return v
+
+
+@njit(nogil=True, parallel=True, error_model="numpy", cache=True)
+def channel_map(x, mean, std, scale, bias, negative_slope, y):
+    """y[o, d, i] = rectify(((x - mean[d]) / std[d]) * scale[d] + bias[d]), each stage skipped
+    where its argument is None; x, y (O x D x I), not overlapping (``channel_map_in_place`` else)."""
+    o_, d_, i_ = x.shape
+    chunks = _count(i_)
+    for item in prange(o_ * d_ * chunks):
+        plane = item // chunks
+        o = plane // d_
+        d = plane % d_
+        lo, hi = _bounds(item % chunks, i_)
+        src = x[o, d, lo:hi]
+        dst = y[o, d, lo:hi]
+        for i in range(hi - lo):
+            dst[i] = _mapped(src[i], d, mean, std, scale, bias, negative_slope)
+
+
+@njit(nogil=True, parallel=True, error_model="numpy", cache=True)
+def channel_map_in_place(y, mean, std, scale, bias, negative_slope):
+    """``channel_map`` from y into y. A kernel of its own: given the same array twice, LLVM's
+    vectorized loop saw its operands overlap and ran the scalar loop (3.5x slower)."""
+    o_, d_, i_ = y.shape
+    chunks = _count(i_)
+    for item in prange(o_ * d_ * chunks):
+        plane = item // chunks
+        o = plane // d_
+        d = plane % d_
+        lo, hi = _bounds(item % chunks, i_)
+        row = y[o, d, lo:hi]
+        for i in range(hi - lo):
+            row[i] = _mapped(row[i], d, mean, std, scale, bias, negative_slope)
+
+
+@njit(nogil=True, parallel=True, cache=True)
+def weighted_sum_rectified(xs, coeffs, negative_slope, y):
+    """y = rectify(sum_k coeffs[k] * xs[k]), added from k = 0 up as ``weighted_sum``; each block is
+    rectified while it is still in cache."""
+    size = y.shape[0]
+    for block in prange(_count(size)):
+        lo, hi = _bounds(block, size)
+        out = y[lo:hi]
+        first = xs[0][lo:hi]
+        c = coeffs[0]
+        for i in range(hi - lo):
+            out[i] = c * first[i]
+        for k in range(1, len(xs)):
+            term = xs[k][lo:hi]
+            c = coeffs[k]
+            for i in range(hi - lo):
+                out[i] += c * term[i]
+        for i in range(hi - lo):
+            out[i] = _rectify(out[i], negative_slope)
