@@ -17,13 +17,23 @@ rank count N (``--ranks``):
      gradient (shared memory's bandwidth, which has no nominal figure), and the CPU time one
      non-blocking allreduce of every gradient costs a rank when tested every 2 ms as the
      communication thread does (the exchange's CPU work per byte);
+   - the synchronisation cost (``synchronisation_cost``): every rank busy-computes for the
+     profile's compute time (NumPy, one BLAS thread, no netdef), in rounds alternating between
+     doing so on its own and ending each period with a blocking tiny allreduce; what the
+     synchronised period takes beyond the independent one, less the tiny allreduce's own latency,
+     is what waiting for the slowest rank costs at each iteration's agreement (``--sync_ms``):
+     ranks that share cores take turns, and the last to finish sets the pace;
+   - a tiny non-blocking allreduce tested every poll interval (what the model's ``thread``
+     progress assumes it takes: one poll per round plus one; printed beside it, not used);
    - the iteration time of N independent solvers (no exchange: the measured compute) and of
      data-parallel training with netdef's defaults (the priority schedule), medians of
      start-to-start times over ``--rounds`` alternating rounds of each;
 3. the prediction: ``rules.iteration_times`` (what ``netdef simulate`` prints) from the profile, a
    ``shared`` network (every rank's bytes cross the one loopback; EMULATED-NETWORK.md) with the
-   nominal rate of the emulated link (shared memory: the measured one), the measured latency, and,
-   where ranks >= cores, the exchange's CPU work times N / cores.
+   nominal rate of the emulated link (shared memory: the measured one), the measured latency,
+   where ranks >= cores the exchange's CPU work times N / cores, the progress the solver chooses
+   (``deferred`` over shared memory, a ``thread`` polling every 2 ms over TCP) and the measured
+   synchronisation cost.
 
 It prints predicted against measured compute and iteration time, and the error; and the error
 again with the profile rescaled to the compute measured in the same launch (on a shared machine
@@ -33,6 +43,7 @@ model adds to compute: the exchange, its overlap and its CPU work). ``--json`` k
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -65,6 +76,47 @@ TRANSPORTS = ("shm", "1gbit", "10gbit")
 
 
 # ============================================================================================== the worker
+def busy(units: int, matrix):
+    """CPU work like a net's: small single-thread BLAS products and an element-wise pass."""
+    import numpy as np
+
+    for _ in range(units):
+        matrix = np.tanh(matrix @ matrix * 1e-2)
+    return matrix
+
+
+def synchronisation_cost(comm, seconds: float, tiny, tiny_allreduce_s: float, rounds: int = 3) -> dict:
+    """What a blocking tiny allreduce after each ``seconds`` of compute adds beyond the compute and
+    its own latency (the module docstring): medians over ``rounds`` alternating rounds of periods
+    computed alone and periods that end in the allreduce; the independent periods are averaged
+    over the ranks (each runs at its own pace)."""
+    import numpy as np
+
+    matrix = np.random.default_rng(comm.rank).random((96, 96), dtype=np.float32)
+    comm.barrier()
+    start = time.perf_counter()
+    busy(50, matrix)
+    units = comm.broadcast_int(max(1, round(seconds / ((time.perf_counter() - start) / 50))))
+    periods = int(min(20, max(4, 1.5 / max(seconds, 1e-3))))
+    times = {"alone": [], "synchronised": []}
+    for r in range(2 * rounds):
+        name = "alone" if r % 2 == 0 else "synchronised"
+        comm.barrier()
+        stamps = [time.perf_counter()]
+        for _ in range(periods + 1):
+            busy(units, matrix)
+            if name == "synchronised":
+                comm.allreduce(tiny)
+            stamps.append(time.perf_counter())
+        times[name] += list(np.diff(stamps)[1:])
+    alone = np.array([statistics.median(times["alone"])])
+    comm.allreduce(alone)
+    alone_s = float(alone[0]) / comm.size
+    synchronised_s = statistics.median(times["synchronised"])
+    return {"sync_s": max(0.0, synchronised_s - alone_s - tiny_allreduce_s), "sync_alone_s": alone_s,
+            "sync_synchronised_s": synchronised_s}
+
+
 def worker(spec_path: str) -> None:
     import logging
 
@@ -72,6 +124,7 @@ def worker(spec_path: str) -> None:
 
     from netdef.comm import create_communicator, create_solver, options_from
     from netdef.comm.distributed import run_guarded
+    from netdef.comm.scheduler import measure_polled
     from netdef.solver import get_solver
     from netdef.solver.solver import read_solver_param
 
@@ -104,6 +157,8 @@ def worker(spec_path: str) -> None:
             cpu.append(time.process_time() - start)
         out["exchange_cpu_s_per_byte"] = statistics.median(cpu) / gradient_bytes
         out["gradient_bytes"] = gradient_bytes
+        out.update(synchronisation_cost(comm, spec["sync_compute_s"], tiny, out["tiny_allreduce_s"]))
+        out["polled_tiny_allreduce_s"] = measure_polled(comm, tiny.nbytes, repeats=9)
         # The N independent solvers (the compute) and data-parallel training, in alternating rounds so
         # that other work on the machine hits both alike.
         solvers = {"compute": independent, "iteration": create_solver(param, comm=comm, options=options_from(param))}
@@ -155,8 +210,8 @@ def predict(profile_path: str, ranks: int, transport: str, measured: dict, cores
     the profile rescaled to the compute measured in the launch (``calibrated``: other work on the
     machine between the profile and the launch changes compute, which is the model's input, not
     what it models)."""
-    from netdef.simulate import Network, RuleOptions, load_profile, parse_rate
-    from netdef.simulate.rules import CPU_UPDATE_S_PER_BYTE, iteration_times
+    from netdef.simulate import Network, RuleOptions, ScheduleOptions, load_profile, parse_rate
+    from netdef.simulate.rules import CPU_UPDATE_S_PER_BYTE, iteration_times, progress_of
 
     profile = load_profile(profile_path)
     contention = ranks / cores if ranks >= cores else 0.0
@@ -167,8 +222,11 @@ def predict(profile_path: str, ranks: int, transport: str, measured: dict, cores
     else:
         bandwidth = parse_rate(transport)
     network = Network(bandwidth, latency, "shared")
+    # The solver's progress (progress.choose_mode): deferred between ranks that share memory, else a thread.
+    schedule = ScheduleOptions(progress="deferred" if transport == "shm" else "thread")
     options = RuleOptions(update_s_per_byte=CPU_UPDATE_S_PER_BYTE * max(1.0, ranks / cores),
-                          exchange_cpu_s_per_byte=measured["exchange_cpu_s_per_byte"] * contention)
+                          exchange_cpu_s_per_byte=measured["exchange_cpu_s_per_byte"] * contention,
+                          schedule=schedule, sync_s=measured["sync_s"])
     alone = iteration_times(profile, network, 1, options)
     times = iteration_times(profile, network, ranks, options)
     update_s = alone.iteration_s - profile.forward_s - profile.backward_s
@@ -178,7 +236,9 @@ def predict(profile_path: str, ranks: int, transport: str, measured: dict, cores
     return {"compute_s": alone.iteration_s, "iteration_s": times.iteration_s,
             "calibrated_iteration_s": calibrated.iteration_s, "bandwidth": bandwidth,
             "latency_s": latency, "exchange_cpu_ns": options.exchange_cpu_s_per_byte * 1e9,
-            "exchange_s": network.allreduce(measured["gradient_bytes"], ranks).total_s}
+            "exchange_s": network.allreduce(measured["gradient_bytes"], ranks).total_s,
+            "progress": schedule.progress, "sync_s": options.sync_s,
+            "polled_tiny_allreduce_s": progress_of(dataclasses.replace(schedule, progress="thread"), ranks).polled_s}
 
 
 # ============================================================================================== main
@@ -208,7 +268,7 @@ def main(argv=None) -> int:
     rows = []
     print(f"# {os.cpu_count()} cores, 1 BLAS thread per rank, load average at start {os.getloadavg()[0]:.2f}")
     print(f"{'net':>13} {'ranks':>5} {'transport':>9} | {'compute pred':>12} {'meas':>8} | {'iteration pred':>14} "
-          f"{'meas':>8} {'error':>7} | {'calibrated':>8} {'error':>7} | exchange alone")
+          f"{'meas':>8} {'error':>7} | {'calibrated':>8} {'error':>7} | exchange alone | sync | polled")
     with tempfile.TemporaryDirectory(prefix="netdef-scaling-") as folder:
         for net in nets:
             text_of, batch, profile_iters, warmup, iters = NETS[net]
@@ -221,7 +281,11 @@ def main(argv=None) -> int:
                     profile_path = measure_profile(model_path, ranks, profile_iters, folder)
                     launch_args = types.SimpleNamespace(ranks=ranks, emulated=None if transport == "shm" else transport,
                                                         openmpi_prefix=args.openmpi_prefix, timeout=args.timeout)
-                    spec = {"solver": solver_text(net_text), "warmup": warmup, "iters": iters, "rounds": args.rounds}
+                    profile = json.loads(pathlib.Path(profile_path).read_text())
+                    profile_compute_s = sum(layer["forward_ms"] + layer["backward_ms"]
+                                            for layer in profile["layers"]) / 1e3
+                    spec = {"solver": solver_text(net_text), "warmup": warmup, "iters": iters, "rounds": args.rounds,
+                            "sync_compute_s": profile_compute_s}
                     measured = launch(launch_args, spec, script=__file__)
                     if measured is None:
                         return 1
@@ -230,14 +294,15 @@ def main(argv=None) -> int:
                     calibrated_error = predicted["calibrated_iteration_s"] / measured["iteration_s"] - 1
                     rows.append({"net": net, "batch": batch, "ranks": ranks, "transport": transport,
                                  "measured": measured, "predicted": predicted, "error": error,
-                                 "calibrated_error": calibrated_error,
-                                 "profile": json.loads(pathlib.Path(profile_path).read_text())})
+                                 "calibrated_error": calibrated_error, "profile": profile})
                     print(f"{net:>13} {ranks:>5} {transport:>9} | {predicted['compute_s'] * 1e3:>10.0f}ms "
                           f"{measured['compute_s'] * 1e3:>6.0f}ms | {predicted['iteration_s'] * 1e3:>12.0f}ms "
                           f"{measured['iteration_s'] * 1e3:>6.0f}ms {error:>+7.1%} | "
                           f"{predicted['calibrated_iteration_s'] * 1e3:>6.0f}ms {calibrated_error:>+7.1%} | "
-                          f"{predicted['exchange_s'] * 1e3:.0f} ms pred, {measured['exchange_s'] * 1e3:.0f} ms meas",
-                          flush=True)
+                          f"{predicted['exchange_s'] * 1e3:.0f} ms pred, {measured['exchange_s'] * 1e3:.0f} ms meas | "
+                          f"sync {measured['sync_s'] * 1e3:.1f} ms | polled tiny allreduce "
+                          f"{predicted['polled_tiny_allreduce_s'] * 1e3:.1f} ms pred, "
+                          f"{measured['polled_tiny_allreduce_s'] * 1e3:.1f} ms meas", flush=True)
     worst = max(abs(r["error"]) for r in rows)
     worst_calibrated = max(abs(r["calibrated_error"]) for r in rows)
     print(f"# worst error {worst:.1%} (compute from the launch: {worst_calibrated:.1%}); load average at end {os.getloadavg()[0]:.2f}; wall time "

@@ -63,15 +63,20 @@ def test_overlap_hides_the_exchange_when_backward_is_longer():
     # The top layer's 4 MB leave first and take 40 ms; the bottom layer's backward is 100 ms.
     profile = profile_of([(0.010, 0.100, [0]), (0.001, 0.001, [1])], [1024, 4 * MB])
     net = Network(bytes_per_s=1e8 * 2, latency_s=1e-5)   # flat, 2 ranks: n / B = 21 ms for 4 MiB
-    hidden = iteration_times(profile, net, 2, RuleOptions(update_s_per_byte=0.0))
-    exposed = iteration_times(profile, net, 2, RuleOptions(update_s_per_byte=0.0,
-                                                          schedule=ScheduleOptions(schedule="fifo", overlap=False)))
+    # The link alone: nothing polls (poll 0); the agreement at each iteration's end is added.
+    hidden = iteration_times(profile, net, 2, RuleOptions(update_s_per_byte=0.0, schedule=ScheduleOptions(poll_s=0)))
+    exposed = iteration_times(profile, net, 2, RuleOptions(
+        update_s_per_byte=0.0, schedule=ScheduleOptions(schedule="fifo", overlap=False, poll_s=0)))
     small = net.allreduce(1024, 2).total_s
+    agreement = net.allreduce(8, 2).total_s
     assert hidden.compute_s == pytest.approx(0.112)
-    # What stays exposed is the first layer's small bucket, ready only when backward ends.
+    # What stays exposed is the first layer's small bucket, ready only when backward ends; the
+    # agreement (shorter) runs while it is in flight.
+    assert agreement < small
     assert hidden.iteration_s - hidden.compute_s == pytest.approx(small, rel=1e-6, abs=1e-9)
     # After backward both leave at once, the large one first; their latencies overlap.
-    assert exposed.iteration_s == pytest.approx(0.112 + net.allreduce(4 * MB, 2).transfer_s + small, rel=1e-6)
+    assert exposed.iteration_s == pytest.approx(0.112 + net.allreduce(4 * MB, 2).transfer_s + small + agreement,
+                                                rel=1e-6)
 
 
 def test_one_worker_has_efficiency_one_and_no_exposed_exchange():
@@ -110,8 +115,9 @@ def test_elastic_rules_amortise_their_exchange_over_tau():
     every = iteration_times(profile, net, 4, RuleOptions(rule="easgd", tau=1, update_s_per_byte=0.0))
     fourth = iteration_times(profile, net, 4, RuleOptions(rule="easgd", tau=4, update_s_per_byte=0.0))
     step = net.one_sided_exchange(8 * MB, 4).total_s
-    assert every.iteration_s == pytest.approx(0.03 + step)
-    assert fourth.iteration_s == pytest.approx(0.03 + step / 4)
+    agreement = net.allreduce(8, 4).total_s   # every iteration, whatever the rule
+    assert every.iteration_s == pytest.approx(0.03 + step + agreement)
+    assert fourth.iteration_s == pytest.approx(0.03 + step / 4 + agreement)
     assert math.isclose(step, 2 * (1e-5 + 3 / 4 * 8 * MB / 1e9))
 
 
