@@ -1,12 +1,13 @@
 """The scaling model (netdef.simulate) on hand-computed cases."""
+import dataclasses
 import math
 
 import pytest
 
 from netdef.simulate import Network, RuleOptions, ScheduleOptions, predict
-from netdef.simulate.iteration import simulate_synchronous
+from netdef.simulate.iteration import Progress, simulate_synchronous
 from netdef.simulate.profile import LayerTimes, ParamInfo, Profile
-from netdef.simulate.rules import RULES, iteration_times
+from netdef.simulate.rules import RULES, iteration_times, progress_of
 
 MB = 1 << 20
 
@@ -130,3 +131,54 @@ def test_fp16_sends_half_of_multicolor_and_one_hybrid_group_is_allreduce():
     allreduce = iteration_times(profile, net, 4, RuleOptions(update_s_per_byte=0.0))
     one_group = iteration_times(profile, net, 4, RuleOptions(rule="hybrid", group_size=4, update_s_per_byte=0.0))
     assert one_group.iteration_s == pytest.approx(allreduce.iteration_s)
+
+
+# ------------------------------------------------------------------------------ fixed per-iteration costs
+def _two_layers():
+    """A 4 MB top layer whose bucket is ready 12 ms into the iteration, above a 100 ms backward whose
+    1 KB bucket is ready when backward ends (the iteration's compute: 112 ms)."""
+    return profile_of([(0.010, 0.100, [0]), (0.001, 0.001, [1])], [1024, 4 * MB])
+
+
+def test_deferred_progress_moves_the_exchange_only_once_the_training_thread_blocks():
+    profile, net = _two_layers(), Network(bytes_per_s=2e8, latency_s=1e-4)
+    fifo = dict(schedule="fifo", poll_s=0)
+    thread = iteration_times(profile, net, 2, RuleOptions(update_s_per_byte=0.0, schedule=ScheduleOptions(**fifo)))
+    deferred = iteration_times(profile, net, 2, RuleOptions(update_s_per_byte=0.0, schedule=ScheduleOptions(
+        progress="deferred", **fifo)))
+    agreement = 1e-4 + 8 / 2e8                       # 2 ranks: one round of recursive doubling
+    small = 1e-4 + 1024 / 2e8
+    # With a thread the 4 MB (21 ms) move during the 100 ms backward below them; only the last
+    # bucket is exposed. Deferred, both wait for the end of backward and go one after the other.
+    assert thread.iteration_s == pytest.approx(0.112 + small + agreement, rel=1e-9)
+    assert deferred.iteration_s == pytest.approx(0.112 + 4 * MB / 2e8 + small + agreement, rel=1e-9)
+
+
+def test_a_polled_collective_takes_a_poll_per_round_and_one_more():
+    assert Progress.polls(1) == 2 and Progress.polls(3) == 4 and Progress.polls(0) == 0
+    for workers, rounds in ((2, 1), (3, 2), (8, 3)):
+        progress = progress_of(ScheduleOptions(poll_s=0.002), workers)
+        assert progress.polled_s == pytest.approx((rounds + 1) * 0.002)
+        assert progress.urgent_polled_s == pytest.approx((rounds + 1) * 0.0002)   # 0.2 ms while waiting
+    assert progress_of(ScheduleOptions(progress="deferred"), 8).mode == "deferred"
+
+
+def test_the_poll_delays_a_bucket_the_training_thread_waits_for_by_its_urgent_tests():
+    profile, net = _two_layers(), Network(bytes_per_s=2e8, latency_s=1e-6)
+    polled = iteration_times(profile, net, 2, RuleOptions(update_s_per_byte=0.0, schedule=ScheduleOptions(
+        schedule="fifo", poll_s=0.002)))
+    # The last bucket arrives 6 us after backward, but the thread's tests (every 0.2 ms while the
+    # training thread waits) see it two tests after it started; the agreement follows.
+    assert polled.iteration_s == pytest.approx(0.112 + 2 * 0.0002 + 1e-6 + 8 / 2e8, rel=1e-9)
+
+
+@pytest.mark.parametrize("rule", ["allreduce", "gossip"])
+def test_sync_is_paid_once_per_iteration_by_every_rule_and_not_by_one_worker(rule):
+    profile = profile_of([(0.01, 0.02, [0])], [1024])     # nothing to hide: compute-bound
+    net = Network(1e9, 1e-5)
+    base = RuleOptions(rule=rule, update_s_per_byte=0.0, gossip_probability=0.0)
+    without = iteration_times(profile, net, 4, base)
+    with_sync = iteration_times(profile, net, 4, dataclasses.replace(base, sync_s=0.005))
+    assert with_sync.iteration_s == pytest.approx(without.iteration_s + 0.005)
+    (one,) = predict(profile, net, [1], dataclasses.replace(base, sync_s=0.005))
+    assert one.iteration_s == pytest.approx(0.03)
