@@ -17,17 +17,18 @@ rank count N (``--ranks``):
      gradient (shared memory's bandwidth, which has no nominal figure), and the CPU time one
      non-blocking allreduce of every gradient costs a rank when tested every 2 ms as the
      communication thread does (the exchange's CPU work per byte);
-   - the synchronisation cost (``synchronisation_cost``): every rank busy-computes for the
-     profile's compute time (NumPy, one BLAS thread, no netdef), in rounds alternating between
-     doing so on its own and ending each period with a blocking tiny allreduce; what the
-     synchronised period takes beyond the independent one, less the tiny allreduce's own latency,
-     is what waiting for the slowest rank costs at each iteration's agreement (``--sync_ms``):
-     ranks that share cores take turns, and the last to finish sets the pace;
    - a tiny non-blocking allreduce tested every poll interval (what the model's ``thread``
      progress assumes it takes: one poll per round plus one; printed beside it, not used);
    - the iteration time of N independent solvers (no exchange: the measured compute) and of
      data-parallel training with netdef's defaults (the priority schedule), medians of
      start-to-start times over ``--rounds`` alternating rounds of each;
+   - then the synchronisation cost (``synchronisation_cost``): every rank busy-computes for as
+     long as the independent solvers' iteration took (NumPy, one BLAS thread, no netdef), in
+     rounds alternating between periods computed on its own and periods that end in a blocking
+     tiny allreduce; what a synchronised period takes beyond an independent one, less the tiny
+     allreduce's own latency, is what waiting for the slowest rank costs at each iteration's
+     agreement (``--sync_ms``): ranks that share cores take turns, the last to finish sets the
+     pace. It uses neither the net nor the training run it predicts, only how long compute takes;
 3. the prediction: ``rules.iteration_times`` (what ``netdef simulate`` prints) from the profile, a
    ``shared`` network (every rank's bytes cross the one loopback; EMULATED-NETWORK.md) with the
    nominal rate of the emulated link (shared memory: the measured one), the measured latency,
@@ -76,13 +77,14 @@ TRANSPORTS = ("shm", "1gbit", "10gbit")
 
 
 # ============================================================================================== the worker
-def busy(units: int, matrix):
-    """CPU work like a net's: small single-thread BLAS products and an element-wise pass."""
+def busy(units: int, matrix, scratch) -> None:
+    """CPU work like a net's: small single-thread BLAS products and an element-wise pass, each unit
+    the same (the input is never fed back: values that shrink to denormals would slow it down)."""
     import numpy as np
 
     for _ in range(units):
-        matrix = np.tanh(matrix @ matrix * 1e-2)
-    return matrix
+        np.matmul(matrix, matrix, out=scratch)
+        np.tanh(scratch, out=scratch)
 
 
 def synchronisation_cost(comm, seconds: float, tiny, tiny_allreduce_s: float, rounds: int = 3) -> dict:
@@ -93,22 +95,29 @@ def synchronisation_cost(comm, seconds: float, tiny, tiny_allreduce_s: float, ro
     import numpy as np
 
     matrix = np.random.default_rng(comm.rank).random((96, 96), dtype=np.float32)
-    comm.barrier()
-    start = time.perf_counter()
-    busy(50, matrix)
-    units = comm.broadcast_int(max(1, round(seconds / ((time.perf_counter() - start) / 50))))
+    scratch = np.empty_like(matrix)
     periods = int(min(20, max(4, 1.5 / max(seconds, 1e-3))))
+
+    def run(units: int, synchronised: bool, count: int) -> list[float]:
+        comm.barrier()
+        stamps = [time.perf_counter()]
+        for _ in range(count + 1):
+            busy(units, matrix, scratch)
+            if synchronised:
+                comm.allreduce(tiny)
+            stamps.append(time.perf_counter())
+        return list(np.diff(stamps)[1:])
+
+    # The work for one period, timed with every rank computing (they share the cores): a first
+    # estimate from short periods, then twice from periods of about the length wanted.
+    units = 20
+    for _ in range(3):
+        per_unit = statistics.median(run(units, False, 3)) / units
+        units = comm.broadcast_int(max(1, round(seconds / per_unit)))
     times = {"alone": [], "synchronised": []}
     for r in range(2 * rounds):
         name = "alone" if r % 2 == 0 else "synchronised"
-        comm.barrier()
-        stamps = [time.perf_counter()]
-        for _ in range(periods + 1):
-            busy(units, matrix)
-            if name == "synchronised":
-                comm.allreduce(tiny)
-            stamps.append(time.perf_counter())
-        times[name] += list(np.diff(stamps)[1:])
+        times[name] += run(units, name == "synchronised", periods)
     alone = np.array([statistics.median(times["alone"])])
     comm.allreduce(alone)
     alone_s = float(alone[0]) / comm.size
@@ -157,7 +166,6 @@ def worker(spec_path: str) -> None:
             cpu.append(time.process_time() - start)
         out["exchange_cpu_s_per_byte"] = statistics.median(cpu) / gradient_bytes
         out["gradient_bytes"] = gradient_bytes
-        out.update(synchronisation_cost(comm, spec["sync_compute_s"], tiny, out["tiny_allreduce_s"]))
         out["polled_tiny_allreduce_s"] = measure_polled(comm, tiny.nbytes, repeats=9)
         # The N independent solvers (the compute) and data-parallel training, in alternating rounds so
         # that other work on the machine hits both alike.
@@ -173,6 +181,10 @@ def worker(spec_path: str) -> None:
         for solver in solvers.values():
             solver.close()
         out["compute_s"] = statistics.median(times["compute"])
+        # Last, for as long as this launch's compute took (rank 0's, so that every rank does the same work).
+        compute = np.array([out["compute_s"]])
+        comm.broadcast(compute, root=0)
+        out.update(synchronisation_cost(comm, float(compute[0]), tiny, out["tiny_allreduce_s"]))
         out["iteration_s"] = statistics.median(times["iteration"])
         out["iteration_quartiles_s"] = statistics.quantiles(times["iteration"], n=4)
         out["loadavg"] = os.getloadavg()[0]
@@ -282,10 +294,7 @@ def main(argv=None) -> int:
                     launch_args = types.SimpleNamespace(ranks=ranks, emulated=None if transport == "shm" else transport,
                                                         openmpi_prefix=args.openmpi_prefix, timeout=args.timeout)
                     profile = json.loads(pathlib.Path(profile_path).read_text())
-                    profile_compute_s = sum(layer["forward_ms"] + layer["backward_ms"]
-                                            for layer in profile["layers"]) / 1e3
-                    spec = {"solver": solver_text(net_text), "warmup": warmup, "iters": iters, "rounds": args.rounds,
-                            "sync_compute_s": profile_compute_s}
+                    spec = {"solver": solver_text(net_text), "warmup": warmup, "iters": iters, "rounds": args.rounds}
                     measured = launch(launch_args, spec, script=__file__)
                     if measured is None:
                         return 1

@@ -37,8 +37,9 @@ Who moves the exchange (``Progress``, after progress.py's drivers):
   round, tested every 2 ms: 4 ms (measured 4.2 ms over shared memory, 6.4 over TCP, for an
   8-byte allreduce that takes 7-8 us blocking). Decisions of the schedule wait for the same tests.
 - ``deferred``: no MPI call during compute (the DEFERRED driver the solver picks between ranks that
-  share memory): what was started moves only once the training thread blocks in MPI, at the
-  iteration's end or in a wait before a layer.
+  share memory): what was started moves only while the training thread blocks in MPI, at the
+  iteration's end or in a wait before a layer; while it computes, the collectives in flight and
+  the link stand still.
 
 The iteration boundary (``boundary_s``): the solver agrees on stop and snapshot requests with a
 blocking allreduce of two integers after every iteration (``Solver.take_requests``); every rank
@@ -134,6 +135,11 @@ class Link:
             self._busy.append((begin, self.free_at, cpu_s))
         return self.free_at + cost.latency_s
 
+    def pause(self, at: float, seconds: float) -> None:
+        """Nothing moves for ``seconds`` from ``at`` (deferred progress while the training thread computes)."""
+        if self.free_at > at:
+            self.free_at += seconds
+
     def compute(self, at: float, seconds: float) -> float:
         """When ``seconds`` of compute started at ``at`` end, slowed by the exchange's CPU work
         that runs meanwhile (as far as it is known: what has started)."""
@@ -202,6 +208,13 @@ class _Exchange:
 
     def all_complete(self, waiting_from: float | None = None) -> float:
         return max((self.complete(b, waiting_from) for b in range(len(self.sizes))), default=self.now)
+
+    def pause(self, at: float, seconds: float) -> None:
+        """Deferred progress: the chunks still in flight at ``at`` arrive ``seconds`` later."""
+        for chunk in self.started:
+            if chunk.arrived > at:
+                chunk.arrived += seconds
+                chunk.done += seconds
 
     # ------------------------------------------------------------------------------ the schedule
     def advance(self, until: float) -> None:
@@ -286,6 +299,13 @@ def simulate_synchronous(profile: Profile, cost_of, options: ScheduleOptions, ch
     unstarted: list[int] = []     # deferred: buckets handed over that move once the training thread blocks
 
     def compute(at: float, seconds: float) -> float:
+        if deferred:
+            # No MPI call while the training thread computes: what is in flight stands still, and
+            # the exchange's CPU work is done while it waits.
+            for active in {id(e): e for e in (previous, exchange) if e is not None}.values():
+                active.pause(at, seconds)   # between iterations both name the same exchange
+            link.pause(at, seconds)
+            return at + seconds
         # What the schedule starts meanwhile is decided by what is already known (readiness and
         # completions), so it can be started before the compute whose CPU it competes for.
         for active in (previous, exchange):

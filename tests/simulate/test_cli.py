@@ -77,6 +77,8 @@ def test_simulate_takes_the_fixed_per_iteration_costs(profile, capsys):
     deferred = predicted("--progress=deferred")
     synced = predicted("--progress=deferred", "--sync_ms=5")
     assert synced["progress"] == "deferred" and synced["sync_s"] == pytest.approx(0.005)
-    assert synced["predictions"][0]["iteration_s"] == pytest.approx(deferred["predictions"][0]["iteration_s"] + 0.005)
+    # The wait for the slowest adds 5 ms, less what of the exchange moves meanwhile (it is blocked time).
+    added = synced["predictions"][0]["iteration_s"] - deferred["predictions"][0]["iteration_s"]
+    assert 0.004 < added <= 0.005 + 1e-12
     assert main(["simulate", str(profile), "--sync_ms=-1"]) == 1
     assert "--sync_ms must be >= 0" in capsys.readouterr().err

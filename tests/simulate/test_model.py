@@ -154,6 +154,19 @@ def test_deferred_progress_moves_the_exchange_only_once_the_training_thread_bloc
     assert deferred.iteration_s == pytest.approx(0.112 + 4 * MB / 2e8 + small + agreement, rel=1e-9)
 
 
+def test_deferred_progress_stands_still_while_the_next_forward_computes():
+    # A 50 ms layer without parameters, then a 10 ms layer whose 4 MB bucket (21 ms) is the only one.
+    profile = profile_of([(0.050, 0.001, []), (0.010, 0.001, [0])], [4 * MB])
+    net = Network(bytes_per_s=2e8, latency_s=1e-4)
+    agreement = 1e-4 + 8 / 2e8
+    thread, deferred = (iteration_times(profile, net, 2, RuleOptions(update_s_per_byte=0.0, schedule=ScheduleOptions(
+        progress=progress, poll_s=0, chunk_bytes=8 * MB, credit_bytes=8 * MB))) for progress in ("thread", "deferred"))
+    # With a thread the bucket moves during the next forward's 50 ms; deferred, it moves during the
+    # agreement and then waits, whole, until the training thread waits for it before the 10 ms layer.
+    assert thread.iteration_s == pytest.approx(0.062 + agreement, rel=1e-9)
+    assert deferred.iteration_s == pytest.approx(0.062 + 1e-4 + 4 * MB / 2e8, rel=1e-9)
+
+
 def test_a_polled_collective_takes_a_poll_per_round_and_one_more():
     assert Progress.polls(1) == 2 and Progress.polls(3) == 4 and Progress.polls(0) == 0
     for workers, rounds in ((2, 1), (3, 2), (8, 3)):
