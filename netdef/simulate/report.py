@@ -12,8 +12,9 @@ def describe(profile: Profile, network: Network, options: RuleOptions) -> str:
         link += (f" ({network.ranks_per_node} ranks per node, intra-node {network.intra_bytes_per_s * 8 / 1e9:g} "
                  f"Gbit/s, {network.intra_latency_s * 1e6:g} us)")
     schedule = options.schedule
-    progress = (f"progress {schedule.progress}" + (f" (poll {schedule.poll_s * 1e3:g} ms)" if schedule.progress == "thread"
-                                                  else ""))
+    progress = f"progress {schedule.progress}"
+    if schedule.progress == "thread":
+        progress += f" (poll {schedule.poll_s * 1e3:g} ms)"
     return (f"# {profile.model or 'profile'}: batch {profile.batch} per worker, {profile.gradient_bytes / 1e6:.1f} MB "
             f"of gradients, compute {1e3 * (profile.forward_s + profile.backward_s):.1f} ms; exchange "
             f"{options.rule}, schedule {schedule.schedule}, {progress}, sync {options.sync_s * 1e3:g} ms per "

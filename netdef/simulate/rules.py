@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..comm.scheduler import LinkMeasurement, ScheduleThread, chunk_size, credit_size
+from ..comm.scheduler import LinkMeasurement, chunk_size, credit_size
 from .iteration import IterationTimes, Progress, ScheduleOptions, simulate_synchronous
 from .network import Network
 from .profile import Profile
