@@ -17,13 +17,24 @@ rank count N (``--ranks``):
      gradient (shared memory's bandwidth, which has no nominal figure), and the CPU time one
      non-blocking allreduce of every gradient costs a rank when tested every 2 ms as the
      communication thread does (the exchange's CPU work per byte);
+   - a tiny non-blocking allreduce tested every poll interval (what the model's ``thread``
+     progress assumes it takes: one poll per round plus one; printed beside it, not used);
    - the iteration time of N independent solvers (no exchange: the measured compute) and of
      data-parallel training with netdef's defaults (the priority schedule), medians of
      start-to-start times over ``--rounds`` alternating rounds of each;
+   - then the synchronisation cost (``synchronisation_cost``): every rank busy-computes for as
+     long as the independent solvers' iteration took (NumPy, one BLAS thread, no netdef), in
+     rounds alternating between periods computed on its own and periods that end in a blocking
+     tiny allreduce; what a synchronised period takes beyond an independent one, less the tiny
+     allreduce's own latency, is what waiting for the slowest rank costs at each iteration's
+     agreement (``--sync_ms``): ranks that share cores take turns, the last to finish sets the
+     pace. It uses neither the net nor the training run it predicts, only how long compute takes;
 3. the prediction: ``rules.iteration_times`` (what ``netdef simulate`` prints) from the profile, a
    ``shared`` network (every rank's bytes cross the one loopback; EMULATED-NETWORK.md) with the
-   nominal rate of the emulated link (shared memory: the measured one), the measured latency, and,
-   where ranks >= cores, the exchange's CPU work times N / cores.
+   nominal rate of the emulated link (shared memory: the measured one), the measured latency,
+   where ranks >= cores the exchange's CPU work times N / cores, the progress the solver chooses
+   (``deferred`` over shared memory, a ``thread`` polling every 2 ms over TCP) and the measured
+   synchronisation cost.
 
 It prints predicted against measured compute and iteration time, and the error; and the error
 again with the profile rescaled to the compute measured in the same launch (on a shared machine
@@ -33,6 +44,7 @@ model adds to compute: the exchange, its overlap and its CPU work). ``--json`` k
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -65,6 +77,55 @@ TRANSPORTS = ("shm", "1gbit", "10gbit")
 
 
 # ============================================================================================== the worker
+def busy(units: int, matrix, scratch) -> None:
+    """CPU work like a net's: small single-thread BLAS products and an element-wise pass, each unit
+    the same (the input is never fed back: values that shrink to denormals would slow it down)."""
+    import numpy as np
+
+    for _ in range(units):
+        np.matmul(matrix, matrix, out=scratch)
+        np.tanh(scratch, out=scratch)
+
+
+def synchronisation_cost(comm, seconds: float, tiny, tiny_allreduce_s: float, rounds: int = 3) -> dict:
+    """What a blocking tiny allreduce after each ``seconds`` of compute adds beyond the compute and
+    its own latency (the module docstring): medians over ``rounds`` alternating rounds of periods
+    computed alone and periods that end in the allreduce; the independent periods are averaged
+    over the ranks (each runs at its own pace)."""
+    import numpy as np
+
+    matrix = np.random.default_rng(comm.rank).random((96, 96), dtype=np.float32)
+    scratch = np.empty_like(matrix)
+    periods = int(min(20, max(4, 1.5 / max(seconds, 1e-3))))
+
+    def run(units: int, synchronised: bool, count: int) -> list[float]:
+        comm.barrier()
+        stamps = [time.perf_counter()]
+        for _ in range(count + 1):
+            busy(units, matrix, scratch)
+            if synchronised:
+                comm.allreduce(tiny)
+            stamps.append(time.perf_counter())
+        return list(np.diff(stamps)[1:])
+
+    # The work for one period, timed with every rank computing (they share the cores): a first
+    # estimate from short periods, then twice from periods of about the length wanted.
+    units = 20
+    for _ in range(3):
+        per_unit = statistics.median(run(units, False, 3)) / units
+        units = comm.broadcast_int(max(1, round(seconds / per_unit)))
+    times = {"alone": [], "synchronised": []}
+    for r in range(2 * rounds):
+        name = "alone" if r % 2 == 0 else "synchronised"
+        times[name] += run(units, name == "synchronised", periods)
+    alone = np.array([statistics.median(times["alone"])])
+    comm.allreduce(alone)
+    alone_s = float(alone[0]) / comm.size
+    synchronised_s = statistics.median(times["synchronised"])
+    return {"sync_s": max(0.0, synchronised_s - alone_s - tiny_allreduce_s), "sync_alone_s": alone_s,
+            "sync_synchronised_s": synchronised_s}
+
+
 def worker(spec_path: str) -> None:
     import logging
 
@@ -72,6 +133,7 @@ def worker(spec_path: str) -> None:
 
     from netdef.comm import create_communicator, create_solver, options_from
     from netdef.comm.distributed import run_guarded
+    from netdef.comm.scheduler import measure_polled
     from netdef.solver import get_solver
     from netdef.solver.solver import read_solver_param
 
@@ -104,6 +166,7 @@ def worker(spec_path: str) -> None:
             cpu.append(time.process_time() - start)
         out["exchange_cpu_s_per_byte"] = statistics.median(cpu) / gradient_bytes
         out["gradient_bytes"] = gradient_bytes
+        out["polled_tiny_allreduce_s"] = measure_polled(comm, tiny.nbytes, repeats=9)
         # The N independent solvers (the compute) and data-parallel training, in alternating rounds so
         # that other work on the machine hits both alike.
         solvers = {"compute": independent, "iteration": create_solver(param, comm=comm, options=options_from(param))}
@@ -118,6 +181,10 @@ def worker(spec_path: str) -> None:
         for solver in solvers.values():
             solver.close()
         out["compute_s"] = statistics.median(times["compute"])
+        # Last, for as long as this launch's compute took (rank 0's, so that every rank does the same work).
+        compute = np.array([out["compute_s"]])
+        comm.broadcast(compute, root=0)
+        out.update(synchronisation_cost(comm, float(compute[0]), tiny, out["tiny_allreduce_s"]))
         out["iteration_s"] = statistics.median(times["iteration"])
         out["iteration_quartiles_s"] = statistics.quantiles(times["iteration"], n=4)
         out["loadavg"] = os.getloadavg()[0]
@@ -155,8 +222,8 @@ def predict(profile_path: str, ranks: int, transport: str, measured: dict, cores
     the profile rescaled to the compute measured in the launch (``calibrated``: other work on the
     machine between the profile and the launch changes compute, which is the model's input, not
     what it models)."""
-    from netdef.simulate import Network, RuleOptions, load_profile, parse_rate
-    from netdef.simulate.rules import CPU_UPDATE_S_PER_BYTE, iteration_times
+    from netdef.simulate import Network, RuleOptions, ScheduleOptions, load_profile, parse_rate
+    from netdef.simulate.rules import CPU_UPDATE_S_PER_BYTE, iteration_times, progress_of
 
     profile = load_profile(profile_path)
     contention = ranks / cores if ranks >= cores else 0.0
@@ -167,8 +234,11 @@ def predict(profile_path: str, ranks: int, transport: str, measured: dict, cores
     else:
         bandwidth = parse_rate(transport)
     network = Network(bandwidth, latency, "shared")
+    # The solver's progress (progress.choose_mode): deferred between ranks that share memory, else a thread.
+    schedule = ScheduleOptions(progress="deferred" if transport == "shm" else "thread")
     options = RuleOptions(update_s_per_byte=CPU_UPDATE_S_PER_BYTE * max(1.0, ranks / cores),
-                          exchange_cpu_s_per_byte=measured["exchange_cpu_s_per_byte"] * contention)
+                          exchange_cpu_s_per_byte=measured["exchange_cpu_s_per_byte"] * contention,
+                          schedule=schedule, sync_s=measured["sync_s"])
     alone = iteration_times(profile, network, 1, options)
     times = iteration_times(profile, network, ranks, options)
     update_s = alone.iteration_s - profile.forward_s - profile.backward_s
@@ -178,7 +248,9 @@ def predict(profile_path: str, ranks: int, transport: str, measured: dict, cores
     return {"compute_s": alone.iteration_s, "iteration_s": times.iteration_s,
             "calibrated_iteration_s": calibrated.iteration_s, "bandwidth": bandwidth,
             "latency_s": latency, "exchange_cpu_ns": options.exchange_cpu_s_per_byte * 1e9,
-            "exchange_s": network.allreduce(measured["gradient_bytes"], ranks).total_s}
+            "exchange_s": network.allreduce(measured["gradient_bytes"], ranks).total_s,
+            "progress": schedule.progress, "sync_s": options.sync_s,
+            "polled_tiny_allreduce_s": progress_of(dataclasses.replace(schedule, progress="thread"), ranks).polled_s}
 
 
 # ============================================================================================== main
@@ -208,7 +280,7 @@ def main(argv=None) -> int:
     rows = []
     print(f"# {os.cpu_count()} cores, 1 BLAS thread per rank, load average at start {os.getloadavg()[0]:.2f}")
     print(f"{'net':>13} {'ranks':>5} {'transport':>9} | {'compute pred':>12} {'meas':>8} | {'iteration pred':>14} "
-          f"{'meas':>8} {'error':>7} | {'calibrated':>8} {'error':>7} | exchange alone")
+          f"{'meas':>8} {'error':>7} | {'calibrated':>8} {'error':>7} | exchange alone | sync | polled")
     with tempfile.TemporaryDirectory(prefix="netdef-scaling-") as folder:
         for net in nets:
             text_of, batch, profile_iters, warmup, iters = NETS[net]
@@ -221,6 +293,7 @@ def main(argv=None) -> int:
                     profile_path = measure_profile(model_path, ranks, profile_iters, folder)
                     launch_args = types.SimpleNamespace(ranks=ranks, emulated=None if transport == "shm" else transport,
                                                         openmpi_prefix=args.openmpi_prefix, timeout=args.timeout)
+                    profile = json.loads(pathlib.Path(profile_path).read_text())
                     spec = {"solver": solver_text(net_text), "warmup": warmup, "iters": iters, "rounds": args.rounds}
                     measured = launch(launch_args, spec, script=__file__)
                     if measured is None:
@@ -230,14 +303,15 @@ def main(argv=None) -> int:
                     calibrated_error = predicted["calibrated_iteration_s"] / measured["iteration_s"] - 1
                     rows.append({"net": net, "batch": batch, "ranks": ranks, "transport": transport,
                                  "measured": measured, "predicted": predicted, "error": error,
-                                 "calibrated_error": calibrated_error,
-                                 "profile": json.loads(pathlib.Path(profile_path).read_text())})
+                                 "calibrated_error": calibrated_error, "profile": profile})
                     print(f"{net:>13} {ranks:>5} {transport:>9} | {predicted['compute_s'] * 1e3:>10.0f}ms "
                           f"{measured['compute_s'] * 1e3:>6.0f}ms | {predicted['iteration_s'] * 1e3:>12.0f}ms "
                           f"{measured['iteration_s'] * 1e3:>6.0f}ms {error:>+7.1%} | "
                           f"{predicted['calibrated_iteration_s'] * 1e3:>6.0f}ms {calibrated_error:>+7.1%} | "
-                          f"{predicted['exchange_s'] * 1e3:.0f} ms pred, {measured['exchange_s'] * 1e3:.0f} ms meas",
-                          flush=True)
+                          f"{predicted['exchange_s'] * 1e3:.0f} ms pred, {measured['exchange_s'] * 1e3:.0f} ms meas | "
+                          f"sync {measured['sync_s'] * 1e3:.1f} ms | polled tiny allreduce "
+                          f"{predicted['polled_tiny_allreduce_s'] * 1e3:.1f} ms pred, "
+                          f"{measured['polled_tiny_allreduce_s'] * 1e3:.1f} ms meas", flush=True)
     worst = max(abs(r["error"]) for r in rows)
     worst_calibrated = max(abs(r["calibrated_error"]) for r in rows)
     print(f"# worst error {worst:.1%} (compute from the launch: {worst_calibrated:.1%}); load average at end {os.getloadavg()[0]:.2f}; wall time "

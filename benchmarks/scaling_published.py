@@ -114,10 +114,15 @@ def measure_profiles(folder: pathlib.Path) -> None:
             print(f"# profiled {net}", flush=True)
 
 
-def simulate(case: dict, profiles: pathlib.Path, exchange: str = "allreduce") -> dict:
+# Every case exchanges through NCCL or the GPUs' own copies, which no communication thread polls
+# (netdef's 2 ms poll is a CPU rank's), and with every rank on a GPU of its own: no sync term.
+GPU_FLAGS = ["--poll_ms=0"]
+
+
+def simulate(case: dict, profiles: pathlib.Path, exchange: str = "allreduce", extra=()) -> dict:
     command = [sys.executable, "-m", "netdef.cli", "simulate", str(profiles / f"{case['net']}.json"),
                f"--workers=1,{case['workers']}", f"--compute_ms={case['compute_ms']:.3f}", f"--exchange={exchange}",
-               "--json", *case["flags"]]
+               "--json", *GPU_FLAGS, *case["flags"], *extra]
     done = subprocess.run(command, capture_output=True, text=True, check=True,
                           env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])))
     return json.loads(done.stdout)["predictions"][-1]

@@ -278,11 +278,12 @@ def cmd_simulate(args) -> int:
         simulate.parse_rate(args.intra_bandwidth, "--intra_bandwidth") if args.intra_bandwidth else 0.0,
         simulate.parse_duration(args.intra_latency, "--intra_latency"), args.allreduce_algorithm)
     schedule = simulate.ScheduleOptions(args.schedule, args.overlap, args.bucket_bytes, args.chunk_bytes,
-                                        args.credit_bytes)
+                                        args.credit_bytes, args.progress, args.poll_ms * 1e-3)
     if not args.update_rate > 0:
         raise CommandLineError(f"simulate: --update_rate must be positive, got {args.update_rate}")
     options = simulate.RuleOptions(args.exchange, args.colors, args.tau, args.gossip_probability, args.group_size,
-                                   schedule, 1.0 / (args.update_rate * 1e9), args.exchange_cpu_ns * 1e-9)
+                                   schedule, 1.0 / (args.update_rate * 1e9), args.exchange_cpu_ns * 1e-9,
+                                   args.sync_ms * 1e-3)
     try:
         workers = [int(w) for w in args.workers.split(",") if w.strip()]
     except ValueError:
@@ -416,6 +417,7 @@ def cmd_export_onnx(args) -> int:
 
 
 def _add_simulate(verbs, common) -> None:
+    from netdef.comm.scheduler import ScheduleThread
     from netdef.simulate.rules import CPU_UPDATE_S_PER_BYTE, RULES
 
     sim = verbs.add_parser(
@@ -431,6 +433,9 @@ def _add_simulate(verbs, common) -> None:
           help="GB of parameters the update rule processes per second (default: this CPU's fused SGD)")
     _flag(sim, "exchange_cpu_ns", type=float, default=0.0, metavar="NS",
           help="CPU ns per gradient byte the exchange takes from compute (cores all busy; default 0)")
+    _flag(sim, "sync_ms", type=float, default=0.0, metavar="MS",
+          help="per iteration, the wait for the slowest rank at the agreement beyond its latency (ranks "
+               "sharing cores, stragglers; measured by benchmarks/scaling_model.py; default 0)")
     net = sim.add_argument_group("network")
     _flag(net, "bandwidth", default="10gbit", help="per link (1gbit, 100gbit, 12.5GB/s; default 10gbit)")
     _flag(net, "latency", default="5us", help="per message (5us, 1.5ms; default 5us)")
@@ -450,6 +455,13 @@ def _add_simulate(verbs, common) -> None:
     _flag(rule, "bucket_bytes", type=int, default=4 << 20, metavar="BYTES", help="bucket size bound (default 4194304)")
     _flag(rule, "chunk_bytes", type=int, default=0, metavar="BYTES", help="priority: chunk (default: as measured)")
     _flag(rule, "credit_bytes", type=int, default=0, metavar="BYTES", help="priority: in flight (default: as measured)")
+    _flag(rule, "progress", type=str.lower, default="thread", choices=["thread", "deferred"],
+          help="synchronous rules: thread (the communication thread tests the exchange every --poll_ms) or "
+               "deferred (it moves only while the training thread waits: the solver's choice over shared "
+               "memory); default thread")
+    _flag(rule, "poll_ms", type=float, default=ScheduleThread.poll_interval * 1e3, metavar="MS",
+          help=f"the communication thread's poll interval (default {ScheduleThread.poll_interval * 1e3:g}, the "
+               f"solver's; 0 where nothing polls: NCCL, MPI's own progress thread)")
     _flag(rule, "colors", type=int, default=0, help="multicolor: trees (default: min(workers, 4))")
     _flag(rule, "tau", type=int, default=10, help="easgd, hybrid: iterations between elastic steps (default 10)")
     _flag(rule, "gossip_probability", type=float, default=0.1, help="gossip: per iteration (default 0.1)")

@@ -27,8 +27,26 @@ the rank's gradient bytes) takes cores from compute where none is spare: a layer
 the link is busy takes longer by that work's share of the overlap (while the training thread waits,
 the work is free). On a GPU or with a spare core it is 0.
 
-Not modelled: the communication thread's poll interval (2 ms; chunks in flight hide it),
-stragglers and jitter between ranks.
+Who moves the exchange (``Progress``, after progress.py's drivers):
+
+- ``thread``: the communication thread (``scheduler.ScheduleThread``) tests the collectives in flight
+  every poll interval, and every urgent interval while the training thread waits. An MPI library
+  advances a non-blocking collective only inside such a test: the first test sends the first
+  round's messages and each later one the next round's, so a collective of ``rounds`` rounds
+  completes no sooner than ``(rounds + 1)`` tests after it starts (``Progress.polls``): 2 ranks, one
+  round, tested every 2 ms: 4 ms (measured on a loaded machine: 4.2 ms over shared memory, 6.4 over
+  TCP, for an 8-byte allreduce that takes 7-8 us blocking). Decisions of the schedule wait for the same tests.
+- ``deferred``: no MPI call during compute (the DEFERRED driver the solver picks between ranks that
+  share memory): what was started moves only while the training thread blocks in MPI, at the
+  iteration's end or in a wait before a layer; while it computes, the collectives in flight and
+  the link stand still.
+
+The iteration boundary (``boundary_s``): the solver agrees on stop and snapshot requests with a
+blocking allreduce of two integers after every iteration (``Solver.take_requests``); every rank
+waits there for the slowest, which on a machine whose cores are all busy, or with stragglers, costs
+more than the collective's latency (``rules.RuleOptions.sync_s``, measured).
+
+Not modelled: jitter between the ranks other than through ``boundary_s`` (every rank computes alike).
 """
 from __future__ import annotations
 
@@ -37,6 +55,7 @@ import dataclasses
 import numpy as np
 
 from ..comm.exchange import DEFAULT_BUCKET_BYTES, plan_buckets
+from ..comm.scheduler import ScheduleThread
 from .profile import Profile
 
 
@@ -49,6 +68,37 @@ class ScheduleOptions:
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     chunk_bytes: int = 0          # 0: scheduler.chunk_size of the network, as the solver measures it
     credit_bytes: int = 0         # 0: scheduler.credit_size
+    progress: str = "thread"      # or "deferred" (module docstring)
+    poll_s: float = ScheduleThread.poll_interval   # the communication thread's; 0: nothing polls (NCCL)
+
+    @property
+    def urgent_poll_s(self) -> float:
+        """The thread's interval while the training thread waits, in the solver's proportion."""
+        return self.poll_s * ScheduleThread.urgent_poll_interval / ScheduleThread.poll_interval
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """What drives the exchange (module docstring): ``mode`` "thread" or "deferred"; with a thread,
+    the least time a collective in flight takes: ``polled_s`` while the training thread computes
+    (its tests every poll interval), ``urgent_polled_s`` once it waits (tests every urgent interval).
+    The default (0, 0) is a thread that never delays anything: MPI's own progress, NCCL."""
+
+    mode: str = "thread"
+    polled_s: float = 0.0
+    urgent_polled_s: float = 0.0
+
+    @classmethod
+    def polling(cls, poll_s: float, urgent_poll_s: float, rounds: int) -> "Progress":
+        """A communication thread testing every ``poll_s`` (``urgent_poll_s`` while the training thread
+        waits), for collectives of ``rounds`` rounds: ``polls(rounds)`` tests each."""
+        return cls("thread", cls.polls(rounds) * poll_s, cls.polls(rounds) * urgent_poll_s)
+
+    @staticmethod
+    def polls(rounds: int) -> int:
+        """Tests a non-blocking collective of ``rounds`` rounds needs: one to send each round's
+        messages, one to see the last round's arrive."""
+        return rounds + 1 if rounds > 0 else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +135,11 @@ class Link:
             self._busy.append((begin, self.free_at, cpu_s))
         return self.free_at + cost.latency_s
 
+    def pause(self, at: float, seconds: float) -> None:
+        """Nothing moves for ``seconds`` from ``at`` (deferred progress while the training thread computes)."""
+        if self.free_at > at:
+            self.free_at += seconds
+
     def compute(self, at: float, seconds: float) -> float:
         """When ``seconds`` of compute started at ``at`` end, slowed by the exchange's CPU work
         that runs meanwhile (as far as it is known: what has started)."""
@@ -99,12 +154,20 @@ class Link:
 
 
 class _Chunk:
-    __slots__ = ("bucket", "nbytes", "started", "done", "mark")
+    __slots__ = ("bucket", "nbytes", "started", "arrived", "done", "mark")
 
     def __init__(self, bucket: int, nbytes: int):
         self.bucket, self.nbytes = bucket, nbytes
-        self.started = self.done = None
+        self.started = self.arrived = self.done = None   # arrived: over the link; done: seen by a test
         self.mark = 0
+
+    def seen(self, progress: Progress, waiting_from: float | None) -> float:
+        """When the rank knows this chunk complete: at the communication thread's tests, which come
+        every urgent interval once the training thread waits (from ``waiting_from``)."""
+        if waiting_from is None:
+            return self.done
+        urgent = max(self.arrived, max(waiting_from, self.started) + progress.urgent_polled_s)
+        return min(self.done, urgent)
 
 
 class _Exchange:
@@ -112,8 +175,9 @@ class _Exchange:
     the rule of ``schedule``; ``complete(b)`` is when bucket b has arrived."""
 
     def __init__(self, buckets, priorities, cost_of, link: Link, options: ScheduleOptions, chunk: int, credit: int,
-                 cpu_s_per_byte: float = 0.0):
+                 cpu_s_per_byte: float = 0.0, progress: Progress = Progress()):
         self.cost_of, self.link, self.cpu_s_per_byte = cost_of, link, cpu_s_per_byte
+        self.progress = progress
         self.priority = options.schedule == "priority"
         self.sizes = [b.nbytes for b in buckets]
         self.priorities = priorities
@@ -134,15 +198,23 @@ class _Exchange:
         self.ready_at[bucket] = at
         self.advance(at)
 
-    def complete(self, bucket: int) -> float:
-        """When ``bucket`` has arrived (simulating the link until then)."""
+    def complete(self, bucket: int, waiting_from: float | None = None) -> float:
+        """When ``bucket`` has arrived (simulating the link until then), for a training thread that
+        waits for it from ``waiting_from`` (None: that only looks)."""
         while any(c.done is None for c in self.of_bucket[bucket]):
             if not self._step(float("inf")):
                 raise RuntimeError(f"bucket {bucket} can never complete: a bucket before it was never made ready")
-        return max(c.done for c in self.of_bucket[bucket])
+        return max(c.seen(self.progress, waiting_from) for c in self.of_bucket[bucket])
 
-    def all_complete(self) -> float:
-        return max((self.complete(b) for b in range(len(self.sizes))), default=self.now)
+    def all_complete(self, waiting_from: float | None = None) -> float:
+        return max((self.complete(b, waiting_from) for b in range(len(self.sizes))), default=self.now)
+
+    def pause(self, at: float, seconds: float) -> None:
+        """Deferred progress: the chunks still in flight at ``at`` arrive ``seconds`` later."""
+        for chunk in self.started:
+            if chunk.arrived > at:
+                chunk.arrived += seconds
+                chunk.done += seconds
 
     # ------------------------------------------------------------------------------ the schedule
     def advance(self, until: float) -> None:
@@ -161,7 +233,8 @@ class _Exchange:
         self.unsent.remove(chosen)
         chosen.started = self.now
         chosen.mark = sum(1 for r in self.ready_at if r is not None and r <= self.now)
-        chosen.done = self.link.start(self.now, self.cost_of(chosen.nbytes), chosen.nbytes * self.cpu_s_per_byte)
+        chosen.arrived = self.link.start(self.now, self.cost_of(chosen.nbytes), chosen.nbytes * self.cpu_s_per_byte)
+        chosen.done = max(chosen.arrived, self.now + self.progress.polled_s)
         self.started.append(chosen)
         return True
 
@@ -193,11 +266,15 @@ class _Exchange:
 
 def simulate_synchronous(profile: Profile, cost_of, options: ScheduleOptions, chunk: int, credit: int,
                          update_s_per_byte: float, exchange_cpu_s_per_byte: float = 0.0,
-                         pack_s_per_byte: float = 0.0, iterations: int = 4) -> IterationTimes:
+                         pack_s_per_byte: float = 0.0, iterations: int = 4, progress: Progress = Progress(),
+                         boundary_s: float = 0.0) -> IterationTimes:
     """Steady-state iteration time of a synchronous rule whose collective on ``n`` bytes costs
     ``cost_of(n)`` (a ``network.Cost``), and the compute alone (one worker: no exchange).
     ``pack_s_per_byte``: what the training thread spends putting a bucket on the wire and taking it
-    off (a cast to float16 and back), when the bucket is full."""
+    off (a cast to float16 and back), when the bucket is full. ``progress``: who moves the
+    exchange; ``boundary_s``: what the agreement at each iteration's end costs (module docstring)."""
+    if progress.mode not in ("thread", "deferred"):
+        raise ValueError(f"progress must be thread or deferred, got {progress.mode!r}")
     params = [_ParamShape(p.nbytes) for p in profile.params]
     layers = profile.layers
     order = [pid for layer in reversed(layers) for pid in layer.final]
@@ -218,14 +295,35 @@ def simulate_synchronous(profile: Profile, cost_of, options: ScheduleOptions, ch
     now = 0.0
     previous: _Exchange | None = None
     exchange: _Exchange | None = None
+    deferred = progress.mode == "deferred"
+    unstarted: list[int] = []     # deferred: buckets handed over that move once the training thread blocks
 
     def compute(at: float, seconds: float) -> float:
+        if deferred:
+            # No MPI call while the training thread computes: what is in flight stands still, and
+            # the exchange's CPU work is done while it waits.
+            for active in {id(e): e for e in (previous, exchange) if e is not None}.values():
+                active.pause(at, seconds)   # between iterations both name the same exchange
+            link.pause(at, seconds)
+            return at + seconds
         # What the schedule starts meanwhile is decided by what is already known (readiness and
         # completions), so it can be started before the compute whose CPU it competes for.
         for active in (previous, exchange):
             if active is not None:
                 active.advance(at + seconds)
         return link.compute(at, seconds)
+
+    def hand_over(bucket: int, at: float) -> None:
+        if deferred:
+            unstarted.append(bucket)
+        else:
+            exchange.ready(bucket, at)
+
+    def block(at: float) -> None:
+        """The training thread enters a blocking MPI call at ``at``: deferred buckets start moving."""
+        for bucket in unstarted:
+            exchange.ready(bucket, at)
+        unstarted.clear()
 
     waiting: set[int] = set()     # parameters whose update waits for the previous exchange
     starts = []
@@ -234,10 +332,11 @@ def simulate_synchronous(profile: Profile, cost_of, options: ScheduleOptions, ch
         for li, layer in enumerate(layers):
             for pid in layer.uses:
                 if pid in waiting:
-                    now = max(now, previous.complete(bucket_of[pid])) + update_s[pid]
+                    now = max(now, previous.complete(bucket_of[pid], now)) + update_s[pid]
                     waiting.discard(pid)
             now = compute(now, layer.forward_s)
-        exchange = _Exchange(buckets, priorities, cost_of, link, options, chunk, credit, exchange_cpu_s_per_byte)
+        exchange = _Exchange(buckets, priorities, cost_of, link, options, chunk, credit, exchange_cpu_s_per_byte,
+                             progress)
         filled = [0] * len(buckets)
         drained = False
         for layer in reversed(layers):
@@ -245,7 +344,7 @@ def simulate_synchronous(profile: Profile, cost_of, options: ScheduleOptions, ch
             if not layer.final:
                 continue
             if not drained and previous is not None:
-                now = max(now, previous.all_complete())
+                now = max(now, previous.all_complete(now))
                 for pid in sorted(waiting):
                     now += update_s[pid]
                 waiting.clear()
@@ -258,19 +357,23 @@ def simulate_synchronous(profile: Profile, cost_of, options: ScheduleOptions, ch
                 if filled[b] == len(buckets[b].param_ids):
                     now += buckets[b].nbytes * pack_s_per_byte
                     if options.overlap:
-                        exchange.ready(b, now)
+                        hand_over(b, now)
         if not options.overlap:
             for b in range(len(buckets)):
-                exchange.ready(b, now)
+                hand_over(b, now)
         if options.schedule == "fifo":
-            now = max(now, exchange.all_complete())
+            block(now)
+            now = max(now, exchange.all_complete(now))
             now += sum(update_s)
         else:
             for pid, b in sorted(bucket_of.items()):
-                if exchange.complete(b) <= now:
+                if not unstarted and exchange.complete(b) <= now:
                     now += update_s[pid]
                 else:
                     waiting.add(pid)
+        # The agreement on stop/snapshot requests: a blocking collective in which deferred buckets move.
+        block(now)
+        now += boundary_s
         previous = exchange
     starts.append(now)
     # The next iteration's start waits for the first layer's parameters: account for it by the

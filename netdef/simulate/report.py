@@ -11,9 +11,14 @@ def describe(profile: Profile, network: Network, options: RuleOptions) -> str:
     if network.topology == "nodes":
         link += (f" ({network.ranks_per_node} ranks per node, intra-node {network.intra_bytes_per_s * 8 / 1e9:g} "
                  f"Gbit/s, {network.intra_latency_s * 1e6:g} us)")
+    schedule = options.schedule
+    progress = f"progress {schedule.progress}"
+    if schedule.progress == "thread":
+        progress += f" (poll {schedule.poll_s * 1e3:g} ms)"
     return (f"# {profile.model or 'profile'}: batch {profile.batch} per worker, {profile.gradient_bytes / 1e6:.1f} MB "
             f"of gradients, compute {1e3 * (profile.forward_s + profile.backward_s):.1f} ms; exchange "
-            f"{options.rule}, schedule {options.schedule.schedule}; network {link}")
+            f"{options.rule}, schedule {schedule.schedule}, {progress}, sync {options.sync_s * 1e3:g} ms per "
+            f"iteration; network {link}")
 
 
 def table(predictions: list[Prediction]) -> str:
@@ -27,7 +32,8 @@ def table(predictions: list[Prediction]) -> str:
 
 def as_json(profile: Profile, network: Network, options: RuleOptions, predictions: list[Prediction]) -> dict:
     return {"model": profile.model, "batch": profile.batch, "gradient_bytes": profile.gradient_bytes,
-            "exchange": options.rule, "schedule": options.schedule.schedule,
+            "exchange": options.rule, "schedule": options.schedule.schedule, "progress": options.schedule.progress,
+            "poll_s": options.schedule.poll_s, "sync_s": options.sync_s,
             "network": {"bytes_per_s": network.bytes_per_s, "latency_s": network.latency_s,
                         "topology": network.topology, "ranks_per_node": network.ranks_per_node,
                         "intra_bytes_per_s": network.intra_bytes_per_s, "intra_latency_s": network.intra_latency_s},

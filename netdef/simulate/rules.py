@@ -24,6 +24,10 @@ Asynchronous rules are closed forms (no rank waits for another's compute):
 Defaults follow netdef's rules: tau 10 (Zhang et al.'s ImageNet runs), gossip probability 0.1,
 ``min(workers, 4)`` colours.
 
+Every rule pays the iteration boundary (``boundary_s``): the solver's agreement on stop and snapshot
+requests, a blocking allreduce of two integers after every iteration, and ``sync_s``, what waiting
+there for the slowest rank costs beyond the collective (measured: benchmarks/scaling_model.py).
+
 Speed-up and efficiency count samples per second; for the asynchronous rules they say nothing
 about how many more iterations the looser coupling needs to reach the same accuracy.
 """
@@ -32,8 +36,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..comm.scheduler import LinkMeasurement, ScheduleThread, chunk_size, credit_size
-from .iteration import IterationTimes, ScheduleOptions, simulate_synchronous
+from ..comm.scheduler import LinkMeasurement, chunk_size, credit_size
+from .iteration import IterationTimes, Progress, ScheduleOptions, simulate_synchronous
 from .network import Network
 from .profile import Profile
 
@@ -58,6 +62,7 @@ class RuleOptions:
     schedule: ScheduleOptions = ScheduleOptions()
     update_s_per_byte: float = CPU_UPDATE_S_PER_BYTE
     exchange_cpu_s_per_byte: float = 0.0
+    sync_s: float = 0.0           # per iteration: the wait for the slowest rank beyond the agreement's latency
 
     def __post_init__(self):
         if self.rule not in RULES:
@@ -72,6 +77,12 @@ class RuleOptions:
             raise RuleError(f"--colors must be >= 0, got {self.colors}")
         if self.schedule.schedule not in ("priority", "fifo"):
             raise RuleError(f"--schedule must be priority or fifo, got {self.schedule.schedule!r}")
+        if self.schedule.progress not in ("thread", "deferred"):
+            raise RuleError(f"--progress must be thread or deferred, got {self.schedule.progress!r}")
+        if not self.schedule.poll_s >= 0:
+            raise RuleError(f"--poll_ms must be >= 0, got {self.schedule.poll_s * 1e3:g}")
+        if not self.sync_s >= 0:
+            raise RuleError(f"--sync_ms must be >= 0, got {self.sync_s * 1e3:g}")
 
 
 def default_colors(workers: int) -> int:
@@ -88,22 +99,44 @@ def measured_sizes(cost_of, schedule: ScheduleOptions) -> tuple[int, int]:
     per_byte = max((t_large - t_small) / (large - small), 1e-12)
     latency = max(t_small - small * per_byte, 1e-6)
     chunk = schedule.chunk_bytes or chunk_size(latency, 1.0 / per_byte)
-    poll = ScheduleThread.poll_interval
-    polled = math.ceil(cost_of(chunk).total_s / poll) * poll
+    poll = schedule.poll_s
+    polled = math.ceil(cost_of(chunk).total_s / poll) * poll if poll > 0 else cost_of(chunk).total_s
     credit = schedule.credit_bytes or credit_size(chunk, LinkMeasurement(latency, 1.0 / per_byte, polled))
     return int(chunk), int(max(credit, chunk))
 
 
-def _synchronous(profile: Profile, options: RuleOptions, cost_of, pack_s_per_byte: float = 0.0):
+def progress_of(schedule: ScheduleOptions, workers: int) -> Progress:
+    """How the exchange moves for ``workers`` ranks: deferred, or a thread that tests every
+    ``poll_s``; a collective's rounds are recursive doubling's, ceil(log2 p), as MPI libraries run
+    the small ones whose rounds a test can hold up."""
+    if schedule.progress == "deferred":
+        return Progress("deferred")
+    rounds = math.ceil(math.log2(workers)) if workers > 1 else 0
+    return Progress.polling(schedule.poll_s, schedule.urgent_poll_s, rounds)
+
+
+def boundary(network: Network, workers: int, options: RuleOptions) -> float:
+    """The iteration boundary: the agreement's blocking allreduce of two int32 (MPI's, whatever
+    algorithm the exchange's collective is given: the library picks the cheapest for 8 bytes) and
+    the wait for the slowest."""
+    if workers <= 1:
+        return 0.0
+    return dataclasses.replace(network, algorithm="auto").allreduce(8, workers).total_s + options.sync_s
+
+
+def _synchronous(case: "_Case", cost_of, pack_s_per_byte: float = 0.0):
+    options = case.options
     chunk, credit = measured_sizes(cost_of, options.schedule)
-    return simulate_synchronous(profile, cost_of, options.schedule, chunk, credit, options.update_s_per_byte,
-                                options.exchange_cpu_s_per_byte, pack_s_per_byte)
+    return simulate_synchronous(case.profile, cost_of, options.schedule, chunk, credit, options.update_s_per_byte,
+                                options.exchange_cpu_s_per_byte, pack_s_per_byte,
+                                progress=progress_of(options.schedule, case.workers), boundary_s=case.boundary)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Case:
     """What every rule's model is given: ``compute`` is one worker's iteration, ``weights`` the
-    parameter bytes, ``one_pass`` the time of one pass over them (an update's)."""
+    parameter bytes, ``one_pass`` the time of one pass over them (an update's), ``boundary`` the
+    iteration boundary (``boundary``)."""
 
     profile: Profile
     network: Network
@@ -112,28 +145,27 @@ class _Case:
     compute: float
     weights: int
     one_pass: float
+    boundary: float
 
 
 def _allreduce(case: _Case) -> IterationTimes:
-    return _synchronous(case.profile, case.options, lambda n: case.network.allreduce(n, case.workers))
+    return _synchronous(case, lambda n: case.network.allreduce(n, case.workers))
 
 
 def _multicolor(case: _Case) -> IterationTimes:
     colors = case.options.colors or default_colors(case.workers)
-    return _synchronous(case.profile, case.options,
-                        lambda n: case.network.multicolor_allreduce(n, case.workers, colors))
+    return _synchronous(case, lambda n: case.network.multicolor_allreduce(n, case.workers, colors))
 
 
 def _fp16(case: _Case) -> IterationTimes:
     colors = case.options.colors or default_colors(case.workers)
-    return _synchronous(case.profile, case.options,
-                        lambda n: case.network.multicolor_allreduce(n / 2, case.workers, colors),
+    return _synchronous(case, lambda n: case.network.multicolor_allreduce(n / 2, case.workers, colors),
                         pack_s_per_byte=case.options.update_s_per_byte)
 
 
 def _easgd(case: _Case) -> IterationTimes:
     step = case.network.one_sided_exchange(case.weights, case.workers).total_s + 2 * case.one_pass
-    return IterationTimes(case.compute + step / case.options.tau, case.compute)
+    return IterationTimes(case.compute + step / case.options.tau + case.boundary, case.compute)
 
 
 def _gossip(case: _Case) -> IterationTimes:
@@ -144,7 +176,7 @@ def _gossip(case: _Case) -> IterationTimes:
         across_nodes = network.topology == "nodes" and case.workers > network.ranks_per_node
         sharing = network.ranks_per_node if across_nodes else 1
         link_s = sharing * q * network.point_to_point(case.weights).total_s
-    return IterationTimes(max(case.compute + q * case.one_pass, link_s), case.compute)
+    return IterationTimes(max(case.compute + q * case.one_pass + case.boundary, link_s), case.compute)
 
 
 def _hybrid(case: _Case) -> IterationTimes:
@@ -155,6 +187,8 @@ def _hybrid(case: _Case) -> IterationTimes:
               if group > 1 else IterationTimes(case.compute, case.compute))
     if groups == 1:
         return inside
+    # The agreement spans every rank, not the group.
+    inside = IterationTimes(inside.iteration_s - boundary(network, group, options) + case.boundary, case.compute)
     elastic = network.one_sided_exchange(case.weights, case.workers, stepping=groups).total_s + 2 * case.one_pass
     crosses = not (network.topology == "nodes" and group <= network.ranks_per_node)
     broadcast = math.ceil(math.log2(group)) * network.point_to_point(case.weights, crosses).total_s if group > 1 else 0.0
@@ -174,7 +208,7 @@ def iteration_times(profile: Profile, network: Network, workers: int, options: R
         return alone
     weights = profile.gradient_bytes
     return _MODELS[options.rule](_Case(profile, network, workers, options, alone.compute_s, weights,
-                                       weights * options.update_s_per_byte))
+                                       weights * options.update_s_per_byte, boundary(network, workers, options)))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -64,3 +64,21 @@ def test_a_bad_profile_is_one_line_naming_the_field(tmp_path, capsys, content, m
 def test_a_bad_network_option_names_it(profile, capsys):
     assert main(["simulate", str(profile), "--bandwidth=fast"]) == 1
     assert "--bandwidth: cannot read 'fast'" in capsys.readouterr().err
+
+
+def test_simulate_takes_the_fixed_per_iteration_costs(profile, capsys):
+    def predicted(*flags):
+        assert main(["simulate", str(profile), "--workers=2", "--json", *flags]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    default = predicted()
+    assert default["progress"] == "thread" and default["poll_s"] == pytest.approx(0.002) and default["sync_s"] == 0
+    assert predicted("--poll_ms=1")["poll_s"] == pytest.approx(0.001)
+    deferred = predicted("--progress=deferred")
+    synced = predicted("--progress=deferred", "--sync_ms=5")
+    assert synced["progress"] == "deferred" and synced["sync_s"] == pytest.approx(0.005)
+    # The wait for the slowest adds 5 ms, less what of the exchange moves meanwhile (it is blocked time).
+    added = synced["predictions"][0]["iteration_s"] - deferred["predictions"][0]["iteration_s"]
+    assert 0.004 < added <= 0.005 + 1e-12
+    assert main(["simulate", str(profile), "--sync_ms=-1"]) == 1
+    assert "--sync_ms must be >= 0" in capsys.readouterr().err
