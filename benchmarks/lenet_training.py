@@ -2,6 +2,12 @@
 a plain PyTorch loop over the same records. Prints images per second and the ratios.
 
     python benchmarks/lenet_training.py [--iterations 300] [--rounds 3] [--ranks 2]
+    python benchmarks/lenet_training.py --baseline /path/to/other/netdef --phases
+
+``--baseline PATH`` also runs both netdef configurations with the netdef package of another checkout
+(e.g. main before a change), in the same rounds. ``--phases`` then traces one more run of each
+netdef configuration (``netdef train --timeline``) and prints where an iteration's milliseconds go
+(``iteration_phases.py``: each layer, the update, the waits, what lies between and outside them).
 
 What runs (each configuration ``--rounds`` times, the rounds interleaved so that load from other
 work on the machine hits them alike; figures are medians):
@@ -43,10 +49,11 @@ LAUNCHER_VARIABLES = ("PMI_", "OMPI_", "PMIX_", "MPI_LOCAL", "HYDRA_", "MPIR_CVA
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 
 
-def clean_environment() -> dict:
-    """This environment without launcher variables and without user thread settings."""
+def clean_environment(netdef_root: pathlib.Path = REPO) -> dict:
+    """This environment without launcher variables and without user thread settings, importing
+    netdef from ``netdef_root``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARIABLES) and k not in THREAD_VARIABLES}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join([str(netdef_root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 
 
@@ -79,12 +86,18 @@ def write_solver(work: pathlib.Path, batch: int, iterations: int) -> pathlib.Pat
     return solver
 
 
-def netdef_iterations_per_second(command: list[str], work: pathlib.Path, env: dict) -> float:
+def run_netdef(command: list[str], work: pathlib.Path, env: dict) -> str:
+    """The log of a netdef run; exits naming the command when it fails."""
     done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=1200)
     log = done.stdout + done.stderr
     if done.returncode != 0:
         sys.stderr.write(log[-3000:])
         raise SystemExit(f"failed: {' '.join(command)}")
+    return log
+
+
+def netdef_iterations_per_second(command: list[str], work: pathlib.Path, env: dict) -> float:
+    log = run_netdef(command, work, env)
     rates = [float(m) for m in re.findall(r"Iteration \d+ \(([\d.eE+-]+) iter/s", log)]
     if len(rates) < 3:
         raise SystemExit(f"too few timed windows in the log of {' '.join(command)} (raise --iterations)")
@@ -144,6 +157,17 @@ def torch_iterations_per_second(work: pathlib.Path, iterations: int) -> float:
     return statistics.median(rates[1:])
 
 
+def print_phases(configs: dict, work: pathlib.Path) -> None:
+    """One traced run of each configuration, and rank 0's milliseconds per iteration by phase."""
+    from iteration_phases import format_phases, iteration_phases
+
+    for index, (name, (command, run_env)) in enumerate(configs.items()):
+        trace = work / f"trace{index}.json"
+        run_netdef(command + [f"--timeline={trace}"], work, run_env)
+        print(f"\n{name}, rank 0, medians per iteration (netdef train --timeline):")
+        print(format_phases(iteration_phases(str(trace), rank=0, skip=DISPLAY)))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mnist", default=str(REPO.parent / "shared" / "data" / "mnist"))
@@ -153,6 +177,10 @@ def main(argv=None) -> int:
     parser.add_argument("--oversubscribed", action="store_true",
                         help="also run the ranks with the BLAS library's default thread count")
     parser.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
+    parser.add_argument("--baseline", metavar="PATH",
+                        help="also run the netdef configurations with the netdef package found in PATH")
+    parser.add_argument("--phases", action="store_true",
+                        help="then trace one run of each netdef configuration and print where the time goes")
     parser.add_argument("--worker-torch", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker_torch:
@@ -176,6 +204,10 @@ def main(argv=None) -> int:
     env = clean_environment()
     configs = {"netdef 1 process": (netdef_cmd + [one.name], env),
                f"netdef {args.ranks} ranks": ([mpiexec, "-n", str(args.ranks)] + netdef_cmd + [per_rank.name], env)}
+    if args.baseline:
+        baseline_env = clean_environment(pathlib.Path(args.baseline).resolve())
+        for name in list(configs):
+            configs[f"{name} (baseline)"] = (configs[name][0], baseline_env)
     if args.oversubscribed:
         cores = str(len(os.sched_getaffinity(0)))
         configs[f"netdef {args.ranks} ranks, BLAS default"] = (
@@ -207,6 +239,8 @@ def main(argv=None) -> int:
     if "PyTorch loop" in results:
         print(f"\nnetdef 1 process / PyTorch loop, images per second: "
               f"{base / statistics.median(results['PyTorch loop']):.2f}x")
+    if args.phases:
+        print_phases(configs, work)
     shutil.rmtree(work, ignore_errors=True)
     return 0
 
