@@ -1,21 +1,15 @@
 """benchmarks/iteration_phases.py: milliseconds per iteration by phase from a ``--timeline`` trace."""
-import importlib
 import json
-import pathlib
-import sys
 
 import pytest
 
-BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.benchmarks import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def phases_module():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("iteration_phases")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    with benchmark_module("iteration_phases") as module:
+        yield module
 
 
 def span(name, start_ms, duration_ms, tid=1, category="compute"):
