@@ -4,6 +4,11 @@ a plain PyTorch loop over the same records. Prints images per second and the rat
     python benchmarks/lenet_training.py [--iterations 300] [--rounds 3] [--ranks 2]
     python benchmarks/lenet_training.py --baseline /path/to/other/netdef --phases
 
+``--cpu-cost`` measures CPU time instead of throughput, which the load of other work on the machine
+disturbs far less: every configuration (PyTorch's loop included) with one compute thread per process
+(``OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1``), CPU milliseconds of all its threads (user + system, the
+launcher's too) per iteration, from the difference between a run of ``--iterations`` and one of 3x.
+
 ``--baseline PATH`` also runs both netdef configurations with the netdef package of another checkout
 (e.g. main before a change), in the same rounds. ``--phases`` then traces one more run of each
 netdef configuration (``netdef train --timeline``) and prints where an iteration's milliseconds go
@@ -35,6 +40,7 @@ import argparse
 import os
 import pathlib
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -157,6 +163,35 @@ def torch_iterations_per_second(work: pathlib.Path, iterations: int) -> float:
     return statistics.median(rates[1:])
 
 
+def cpu_ms_per_iteration(command_for, work: pathlib.Path, env: dict, iterations: int) -> float:
+    """CPU milliseconds per iteration of every process ``command_for(n)`` starts (n iterations), from
+    the difference between runs of ``iterations`` and ``3 * iterations``: start-up cancels out."""
+    def cpu_seconds(n: int) -> float:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        run_netdef(command_for(n), work, env)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+    return (cpu_seconds(3 * iterations) - cpu_seconds(iterations)) / (2 * iterations) * 1e3
+
+
+def print_cpu_cost(configs: dict, work: pathlib.Path, iterations: int, rounds: int, with_torch: bool) -> None:
+    one_thread = {"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    commands = {name: (lambda n, c=command: c + [f"--iterations={n}"], dict(run_env, **one_thread))
+                for name, (command, run_env) in configs.items()}
+    if with_torch:
+        commands["PyTorch loop"] = (lambda n: [sys.executable, __file__, "--worker-torch", str(work), "--iterations",
+                                               str(n)], dict(clean_environment(), **one_thread))
+    costs: dict[str, list[float]] = {name: [] for name in commands}
+    for round_index in range(rounds):
+        for name, (command_for, run_env) in commands.items():
+            costs[name].append(cpu_ms_per_iteration(command_for, work, run_env, iterations))
+            print(f"  round {round_index + 1}: {name:<34} {costs[name][-1]:7.2f} CPU ms per iteration")
+    print(f"\n{'configuration (one compute thread per process)':<50}{'CPU ms per iteration':>22}")
+    for name, values in costs.items():
+        print(f"{name:<50}{statistics.median(values):22.2f}")
+
+
 def print_phases(configs: dict, work: pathlib.Path) -> None:
     """One traced run of each configuration, and rank 0's milliseconds per iteration by phase."""
     from iteration_phases import format_phases, iteration_phases
@@ -181,6 +216,8 @@ def main(argv=None) -> int:
                         help="also run the netdef configurations with the netdef package found in PATH")
     parser.add_argument("--phases", action="store_true",
                         help="then trace one run of each netdef configuration and print where the time goes")
+    parser.add_argument("--cpu-cost", action="store_true",
+                        help="measure CPU milliseconds per iteration with one compute thread instead of throughput")
     parser.add_argument("--worker-torch", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker_torch:
@@ -212,6 +249,12 @@ def main(argv=None) -> int:
         cores = str(len(os.sched_getaffinity(0)))
         configs[f"netdef {args.ranks} ranks, BLAS default"] = (
             configs[f"netdef {args.ranks} ranks"][0], dict(env, OPENBLAS_NUM_THREADS=cores, OMP_NUM_THREADS=cores))
+    if args.cpu_cost:
+        print(f"LeNet, {IMAGES_PER_ITERATION} images per iteration, CPU time of {args.iterations} against "
+              f"{3 * args.iterations} iterations, {args.rounds} rounds")
+        print_cpu_cost(configs, work, args.iterations, args.rounds, not args.no_torch)
+        shutil.rmtree(work, ignore_errors=True)
+        return 0
     results: dict[str, list[float]] = {name: [] for name in configs}
     if not args.no_torch:
         results["PyTorch loop"] = []
