@@ -2,6 +2,17 @@
 a plain PyTorch loop over the same records. Prints images per second and the ratios.
 
     python benchmarks/lenet_training.py [--iterations 300] [--rounds 3] [--ranks 2]
+    python benchmarks/lenet_training.py --baseline /path/to/other/netdef --phases
+
+``--cpu-cost`` measures CPU time instead of throughput, which the load of other work on the machine
+disturbs far less: every configuration (PyTorch's loop included) with one compute thread per process
+(``OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1``), CPU milliseconds of all its threads (user + system, the
+launcher's too) per iteration, from the difference between a run of ``--iterations`` and one of 3x.
+
+``--baseline PATH`` also runs both netdef configurations with the netdef package of another checkout
+(e.g. main before a change), in the same rounds. ``--phases`` then traces one more run of each
+netdef configuration (``netdef train --timeline``) and prints where an iteration's milliseconds go
+(``iteration_phases.py``: each layer, the update, the waits, what lies between and outside them).
 
 What runs (each configuration ``--rounds`` times, the rounds interleaved so that load from other
 work on the machine hits them alike; figures are medians):
@@ -29,6 +40,7 @@ import argparse
 import os
 import pathlib
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -43,10 +55,11 @@ LAUNCHER_VARIABLES = ("PMI_", "OMPI_", "PMIX_", "MPI_LOCAL", "HYDRA_", "MPIR_CVA
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 
 
-def clean_environment() -> dict:
-    """This environment without launcher variables and without user thread settings."""
+def clean_environment(netdef_root: pathlib.Path = REPO) -> dict:
+    """This environment without launcher variables and without user thread settings, importing
+    netdef from ``netdef_root``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARIABLES) and k not in THREAD_VARIABLES}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join([str(netdef_root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 
 
@@ -79,12 +92,18 @@ def write_solver(work: pathlib.Path, batch: int, iterations: int) -> pathlib.Pat
     return solver
 
 
-def netdef_iterations_per_second(command: list[str], work: pathlib.Path, env: dict) -> float:
+def run_netdef(command: list[str], work: pathlib.Path, env: dict) -> str:
+    """The log of a netdef run; exits naming the command when it fails."""
     done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=1200)
     log = done.stdout + done.stderr
     if done.returncode != 0:
         sys.stderr.write(log[-3000:])
         raise SystemExit(f"failed: {' '.join(command)}")
+    return log
+
+
+def netdef_iterations_per_second(command: list[str], work: pathlib.Path, env: dict) -> float:
+    log = run_netdef(command, work, env)
     rates = [float(m) for m in re.findall(r"Iteration \d+ \(([\d.eE+-]+) iter/s", log)]
     if len(rates) < 3:
         raise SystemExit(f"too few timed windows in the log of {' '.join(command)} (raise --iterations)")
@@ -144,6 +163,46 @@ def torch_iterations_per_second(work: pathlib.Path, iterations: int) -> float:
     return statistics.median(rates[1:])
 
 
+def cpu_ms_per_iteration(command_for, work: pathlib.Path, env: dict, iterations: int) -> float:
+    """CPU milliseconds per iteration of every process ``command_for(n)`` starts (n iterations), from
+    the difference between runs of ``iterations`` and ``3 * iterations``: start-up cancels out."""
+    def cpu_seconds(n: int) -> float:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        run_netdef(command_for(n), work, env)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+    return (cpu_seconds(3 * iterations) - cpu_seconds(iterations)) / (2 * iterations) * 1e3
+
+
+def print_cpu_cost(configs: dict, work: pathlib.Path, iterations: int, rounds: int, with_torch: bool) -> None:
+    one_thread = {"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    commands = {name: (lambda n, c=command: c + [f"--iterations={n}"], dict(run_env, **one_thread))
+                for name, (command, run_env) in configs.items()}
+    if with_torch:
+        commands["PyTorch loop"] = (lambda n: [sys.executable, __file__, "--worker-torch", str(work), "--iterations",
+                                               str(n)], dict(clean_environment(), **one_thread))
+    costs: dict[str, list[float]] = {name: [] for name in commands}
+    for round_index in range(rounds):
+        for name, (command_for, run_env) in commands.items():
+            costs[name].append(cpu_ms_per_iteration(command_for, work, run_env, iterations))
+            print(f"  round {round_index + 1}: {name:<34} {costs[name][-1]:7.2f} CPU ms per iteration")
+    print(f"\n{'configuration (one compute thread per process)':<50}{'CPU ms per iteration':>22}")
+    for name, values in costs.items():
+        print(f"{name:<50}{statistics.median(values):22.2f}")
+
+
+def print_phases(configs: dict, work: pathlib.Path) -> None:
+    """One traced run of each configuration, and rank 0's milliseconds per iteration by phase."""
+    from iteration_phases import format_phases, iteration_phases
+
+    for index, (name, (command, run_env)) in enumerate(configs.items()):
+        trace = work / f"trace{index}.json"
+        run_netdef(command + [f"--timeline={trace}"], work, run_env)
+        print(f"\n{name}, rank 0, medians per iteration (netdef train --timeline):")
+        print(format_phases(iteration_phases(str(trace), rank=0, skip=DISPLAY)))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mnist", default=str(REPO.parent / "shared" / "data" / "mnist"))
@@ -153,6 +212,12 @@ def main(argv=None) -> int:
     parser.add_argument("--oversubscribed", action="store_true",
                         help="also run the ranks with the BLAS library's default thread count")
     parser.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
+    parser.add_argument("--baseline", metavar="PATH",
+                        help="also run the netdef configurations with the netdef package found in PATH")
+    parser.add_argument("--phases", action="store_true",
+                        help="then trace one run of each netdef configuration and print where the time goes")
+    parser.add_argument("--cpu-cost", action="store_true",
+                        help="measure CPU milliseconds per iteration with one compute thread instead of throughput")
     parser.add_argument("--worker-torch", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker_torch:
@@ -176,10 +241,20 @@ def main(argv=None) -> int:
     env = clean_environment()
     configs = {"netdef 1 process": (netdef_cmd + [one.name], env),
                f"netdef {args.ranks} ranks": ([mpiexec, "-n", str(args.ranks)] + netdef_cmd + [per_rank.name], env)}
+    if args.baseline:
+        baseline_env = clean_environment(pathlib.Path(args.baseline).resolve())
+        for name in list(configs):
+            configs[f"{name} (baseline)"] = (configs[name][0], baseline_env)
     if args.oversubscribed:
         cores = str(len(os.sched_getaffinity(0)))
         configs[f"netdef {args.ranks} ranks, BLAS default"] = (
             configs[f"netdef {args.ranks} ranks"][0], dict(env, OPENBLAS_NUM_THREADS=cores, OMP_NUM_THREADS=cores))
+    if args.cpu_cost:
+        print(f"LeNet, {IMAGES_PER_ITERATION} images per iteration, CPU time of {args.iterations} against "
+              f"{3 * args.iterations} iterations, {args.rounds} rounds")
+        print_cpu_cost(configs, work, args.iterations, args.rounds, not args.no_torch)
+        shutil.rmtree(work, ignore_errors=True)
+        return 0
     results: dict[str, list[float]] = {name: [] for name in configs}
     if not args.no_torch:
         results["PyTorch loop"] = []
@@ -207,6 +282,8 @@ def main(argv=None) -> int:
     if "PyTorch loop" in results:
         print(f"\nnetdef 1 process / PyTorch loop, images per second: "
               f"{base / statistics.median(results['PyTorch loop']):.2f}x")
+    if args.phases:
+        print_phases(configs, work)
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -113,7 +113,7 @@ class DataTransformer:
         oh, ow = (crop, crop) if crop else (h, w)
 
         if not crop and not mirror.any():
-            x = batch.astype(self.dtype, copy=False)
+            x = batch  # the arithmetic below converts it to the output type as it goes
             mean = self.mean[None] if self.mean is not None else None
         else:
             if not crop:
@@ -128,16 +128,20 @@ class DataTransformer:
             chan = np.arange(c)[None, :, None, None]
             x = batch[np.arange(n)[:, None, None, None], chan, ri, ci].astype(self.dtype, copy=False)
             mean = self.mean[chan, ri, ci] if self.mean is not None else None
-        if mean is not None:
-            out = x - mean
-        elif len(self.mean_values):
+        # One new array, each step in the output type (``dtype=``: the items are converted first, as
+        # astype would, then subtracted and scaled; the same values as step by step).
+        if mean is None and len(self.mean_values):
             mv = self.mean_values if len(self.mean_values) == c else np.repeat(self.mean_values, c)
-            out = x - mv[None, :, None, None]
+            mean = mv[None, :, None, None]
+        if mean is not None:
+            out = np.subtract(x, mean, dtype=self.dtype)
+            if self.scale != 1:
+                out *= self.scale
+        elif self.scale != 1:
+            out = np.multiply(x, self.scale, dtype=self.dtype)
         else:
-            out = x.copy() if x is batch else x
-        if self.scale != 1:
-            out = out * self.scale
-        return np.ascontiguousarray(out, dtype=self.dtype)
+            out = np.array(x, dtype=self.dtype)
+        return np.ascontiguousarray(out)
 
     def transform_items(self, items, rng: np.random.Generator | None = None, names=None) -> np.ndarray:
         """Transform a list of C x H x W items into one N x C x h x w batch, Caffe's way: the first

@@ -34,7 +34,7 @@ import weakref
 import numpy as np
 
 from .. import backend
-from ..data.datum import datum_to_array, parse_datum
+from ..data.datum import DatumError, datum_to_array, parse_datum, raw_datum_batch
 from ..data.db import open_db
 from ..data.errors import HDF5_EXTENSIONS, IMAGE_EXTENSIONS, DataError, listed_name
 from ..data.image import read_image, read_image_list
@@ -493,23 +493,34 @@ class DataLayer(DataSourceLayer):
                     index = 0
             return keys, values, {"index": index, "key": cur.key}
 
+    def _record_name(self, key: bytes) -> str:
+        return f"{self.source_name} key {key!r}"
+
+    def _parse(self, key: bytes, value: bytes):
+        try:
+            return parse_datum(value)
+        except DatumError:
+            return parse_datum(value, self._record_name(key))  # fails again, now naming the record
+
     def _decode(self, key: bytes, value: bytes):
-        name = f"{self.source_name} key {key!r}"
+        name = self._record_name(key)
         datum = parse_datum(value, name)
         return datum_to_array(datum, color=self.decode_color, name=name), datum.label
 
     def read_batch(self, pos):
         keys, values, new_pos = self._records(pos, self.batch_size)
-        items, labels = [], []
-        for key, value in zip(keys, values):
-            arr, label = self._decode(key, value)
-            items.append(arr)
-            labels.append(label)
-        names = [f"{self.source_name} key {k!r}" for k in keys]
-        data = self.transformer.transform_items(items, self._rng, names)
+        datums = [self._parse(key, value) for key, value in zip(keys, values)]
+        raw = raw_datum_batch(datums)
+        if raw is not None:
+            data = self.transformer(raw, self._rng)
+        else:
+            # Encoded or float items, or items of several shapes: one at a time, errors naming the record.
+            items = [datum_to_array(datum, color=self.decode_color, name=self._record_name(key))
+                     for key, datum in zip(keys, datums)]
+            data = self.transformer.transform_items(items, self._rng, [self._record_name(k) for k in keys])
         arrays = [data]
         if self.num_tops > 1:
-            arrays.append(np.asarray(labels, dtype=self.dtype))
+            arrays.append(np.fromiter((datum.label for datum in datums), dtype=self.dtype, count=len(datums)))
         return arrays, new_pos
 
     def top_shapes(self, pos):

@@ -28,29 +28,62 @@ def _regularized(diff, data, i, divisor, scale, decay, decays):
     return g
 
 
+# Below this many elements a blob is updated on the calling thread: starting the parallel loop (waking
+# the pool's sleeping threads) took 12-13 us on this 2-core machine, the whole serial step of a
+# 500-element bias 0.9 us and of 25,000 elements 18 us (29 us in parallel); LeNet has 7 such blobs.
+PARALLEL_MIN_ELEMENTS = 1 << 15
+
+
+@njit(inline="always")
+def _sgd_element(data, diff, history, i, divisor, scale, decay, decays, local_rate, momentum):
+    g = _regularized(diff, data, i, divisor, scale, decay, decays)
+    v = local_rate * g + momentum * history[i]
+    history[i] = v
+    diff[i] = v
+    data[i] = data[i] - v
+
+
 @njit(nogil=True, parallel=True, cache=True)
 def sgd_step(data, diff, history, divisor, scale, decay, decays, local_rate, momentum):
     """SGD with momentum: v = local_rate * g + momentum * v; diff = v; data -= v, where g is the
     gradient (``diff / divisor``) times ``scale`` plus, when ``decays``, ``decay * data`` (Caffe's L2
     regularization)."""
     for i in prange(data.shape[0]):
-        g = _regularized(diff, data, i, divisor, scale, decay, decays)
-        v = local_rate * g + momentum * history[i]
-        history[i] = v
-        diff[i] = v
-        data[i] = data[i] - v
+        _sgd_element(data, diff, history, i, divisor, scale, decay, decays, local_rate, momentum)
+
+
+@njit(nogil=True, cache=True)
+def sgd_step_serial(data, diff, history, divisor, scale, decay, decays, local_rate, momentum):
+    """``sgd_step`` on the calling thread (small blobs: see PARALLEL_MIN_ELEMENTS)."""
+    for i in range(data.shape[0]):
+        _sgd_element(data, diff, history, i, divisor, scale, decay, decays, local_rate, momentum)
+
+
+@njit(inline="always")
+def _nesterov_element(data, diff, history, i, divisor, scale, decay, decays, local_rate, momentum,
+                      one_plus_momentum):
+    g = _regularized(diff, data, i, divisor, scale, decay, decays)
+    previous = history[i]
+    v = local_rate * g + momentum * previous
+    history[i] = v
+    step = one_plus_momentum * v + (-momentum) * previous
+    diff[i] = step
+    data[i] = data[i] - step
 
 
 @njit(nogil=True, parallel=True, cache=True)
 def nesterov_step(data, diff, history, divisor, scale, decay, decays, local_rate, momentum, one_plus_momentum):
     """Nesterov: v' = local_rate * g + momentum * v; diff = (1 + momentum) * v' - momentum * v;
     data -= diff (Caffe's NesterovSolver, with g as in ``sgd_step``)."""
-    minus_momentum = -momentum
     for i in prange(data.shape[0]):
-        g = _regularized(diff, data, i, divisor, scale, decay, decays)
-        previous = history[i]
-        v = local_rate * g + momentum * previous
-        history[i] = v
-        step = one_plus_momentum * v + minus_momentum * previous
-        diff[i] = step
-        data[i] = data[i] - step
+        _nesterov_element(data, diff, history, i, divisor, scale, decay, decays, local_rate, momentum,
+                          one_plus_momentum)
+
+
+@njit(nogil=True, cache=True)
+def nesterov_step_serial(data, diff, history, divisor, scale, decay, decays, local_rate, momentum,
+                         one_plus_momentum):
+    """``nesterov_step`` on the calling thread (small blobs: see PARALLEL_MIN_ELEMENTS)."""
+    for i in range(data.shape[0]):
+        _nesterov_element(data, diff, history, i, divisor, scale, decay, decays, local_rate, momentum,
+                          one_plus_momentum)

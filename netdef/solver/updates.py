@@ -133,8 +133,10 @@ class SGDUpdate(UpdateRule):
             return False
         from . import jit_updates
 
-        jit_updates.sgd_step(*arrays, f32(divisor), f32(scale), f32(decay or 0), decay is not None, f32(local_rate),
-                             f32(self.param.momentum))
+        step = jit_updates.sgd_step if arrays[0].size >= jit_updates.PARALLEL_MIN_ELEMENTS \
+            else jit_updates.sgd_step_serial
+        step(*arrays, f32(divisor), f32(scale), f32(decay or 0), decay is not None, f32(local_rate),
+             f32(self.param.momentum))
         return True
 
 
@@ -156,8 +158,10 @@ class NesterovUpdate(UpdateRule):
         from . import jit_updates
 
         momentum = f32(self.param.momentum)
-        jit_updates.nesterov_step(*arrays, f32(divisor), f32(scale), f32(decay or 0), decay is not None, f32(local_rate),
-                                  momentum, f32(1) + momentum)
+        step = jit_updates.nesterov_step if arrays[0].size >= jit_updates.PARALLEL_MIN_ELEMENTS \
+            else jit_updates.nesterov_step_serial
+        step(*arrays, f32(divisor), f32(scale), f32(decay or 0), decay is not None, f32(local_rate), momentum,
+             f32(1) + momentum)
         return True
 
 

@@ -1,21 +1,14 @@
 """benchmarks/exchange_convergence.py: the test curve it reads from a distributed run's combined output
 (rank 0's glog lines among the MPI launcher's), and the table it writes from the curves."""
-import importlib
-import pathlib
-import sys
-
 import pytest
 
-BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.benchmarks import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def convergence():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("exchange_convergence")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    with benchmark_module("exchange_convergence") as module:
+        yield module
 
 
 # What `prterun ... netdef train --exchange=easgd` prints: rank 0's log with launcher and UCX noise

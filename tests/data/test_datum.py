@@ -40,6 +40,24 @@ def test_raw_datum_bytes_match_convert_mnist_data():
     assert D.array_to_datum(exp["first10"][0], label=int(exp["labels"][0])).SerializeToString() == stored
 
 
+def test_raw_datum_batch_joins_raw_items_and_declines_the_rest():
+    rng = np.random.default_rng(3)
+    items = [rng.integers(0, 256, (2, 3, 4), dtype=np.uint8) for _ in range(5)]
+    datums = [D.array_to_datum(x, label=i) for i, x in enumerate(items)]
+    batch = D.raw_datum_batch(datums)
+    assert batch.dtype == np.uint8 and batch.shape == (5, 2, 3, 4)
+    np.testing.assert_array_equal(batch, np.stack([D.datum_to_array(d) for d in datums]))
+    # Anything datum_to_array must look at item by item (and name, when it is wrong): None.
+    other_shape = D.array_to_datum(np.zeros((2, 4, 3), np.uint8))
+    short = pb.Datum(channels=2, height=3, width=4, data=b"abc")
+    float_item = D.array_to_datum(np.zeros((2, 3, 4), np.float32))
+    encoded = D.encoded_datum(png_bytes(np.zeros((3, 4), np.uint8)))
+    for odd in (other_shape, short, float_item, encoded):
+        assert D.raw_datum_batch(datums[:2] + [odd]) is None
+    assert D.raw_datum_batch([]) is None
+    assert D.raw_datum_batch([pb.Datum(channels=0, height=3, width=4)]) is None
+
+
 def test_float_datum_round_trip_and_size_checks():
     x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
     datum = D.array_to_datum(x, label=7)

@@ -42,6 +42,20 @@ def test_read_caffe_lmdb_read_only_in_key_order():
     assert {p: os.stat(path / p).st_mtime_ns for p in os.listdir(path)} == before
 
 
+def test_lmdb_cursor_reads_a_record_when_asked_and_keeps_it_after_closing(tmp_path):
+    records = {b"%08d" % i: b"value %d" % i for i in range(40)}
+    db = open_db(write_lmdb(tmp_path / "db", records))
+    with db.cursor() as cur:
+        cur.seek_first()
+        for _ in range(25):  # moves alone, as a data layer skipping the other ranks' records
+            cur.next()
+        assert cur.key == b"00000025" and cur.value == b"value 25"
+        assert cur.seek(b"00000039") and cur.value == b"value 39"
+    assert cur.key == b"00000039" and cur.value == b"value 39"  # the transaction has ended
+    assert list(db.items()) == sorted(records.items())
+    db.close()
+
+
 def test_write_read_and_map_growth(tmp_path, monkeypatch):
     # A tiny first map forces the commit to grow it several times.
     monkeypatch.setattr(LMDB, "INITIAL_MAP_SIZE", 1 << 16)
