@@ -201,7 +201,32 @@ class ColumnLayout:
     def scatter(self, mat, values):
         """Write ``values`` (N, R, *O) into the output-position columns of ``mat`` (R, ncols); the
         other columns keep what they hold (zeros, for a buffer created with fill=0)."""
-        self.gather(mat)[...] = values.reshape(self.gather(mat).shape)
+        if self._compiled(mat, values):
+            from .jit import layout
+
+            layout.columns_from_nchw(values, self._planes(mat))
+        else:
+            self.gather(mat)[...] = values.reshape(self.gather(mat).shape)
+
+    def gather_into(self, mat, out, bias=None):
+        """out (N, R, *O) = the output-position columns of ``mat`` (R, ncols) (+ bias[r])."""
+        if self._compiled(mat, out, bias):
+            from .jit import layout
+
+            layout.nchw_from_columns(self._planes(mat), np.zeros(mat.shape[0], mat.dtype) if bias is None else bias,
+                                     out)
+        elif bias is None:
+            out[...] = self.gather(mat)
+        else:
+            xp = backend.get_array_module(mat)
+            xp.add(self.gather(mat), bias.reshape((1, -1) + (1,) * len(self.out)), out=out)
+
+    def _compiled(self, mat, *arrays) -> bool:
+        # The kernels (jit/layout.py) take 2-D maps; the NumPy lines are their twins.
+        return len(self.out) == 2 and jit.usable(mat, *arrays)
+
+    def _planes(self, mat):
+        return mat.reshape((mat.shape[0], self.x_shape[0]) + self.out[:-1] + (self.width,))
 
     def buffer(self, ws: "Workspace | None", key, rows, dtype, xp):
         """A (rows, ncols) matrix whose non-output columns are zero."""
@@ -481,6 +506,25 @@ def row_expand(xb, plan: RowPlan, ws: Workspace, key):
     q = ws.get(key, (plan.q_rows * plan.block, plan.width), xb.dtype, np)
     q.reshape(shape)[...] = view
     return q
+
+
+def row_col2im(dcols, plan: RowPlan, out) -> None:
+    """out (n, C, H, W) = the adjoint of the folded expansion: dcols (H_out * n * W_out, kh*kw*C), rows
+    ordered (ho, n, wo) and columns (i, j, c), each entry added to the input cell its kernel offset reads
+    (im2col's col2im, for the rows-first layout). Compiled (jit/layout.py) for NumPy arrays."""
+    (kh, kw), (ph, pw), (dh, dw) = plan.geom.kernel, plan.geom.pad, plan.geom.dilation
+    (ho, wo), (h, w) = plan.out, plan.spatial
+    blocks = dcols.reshape(ho, plan.n, wo, kh, kw, plan.channels)
+    if jit.usable(blocks, out):
+        from .jit import layout
+
+        layout.col2im_rows(blocks, ph, pw, dh, dw, out)
+        return
+    acc = np.zeros(plan.padded[:1] + (plan.n,) + plan.padded[1:] + (plan.channels,), dcols.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            acc[i * dh:i * dh + ho, :, j * dw:j * dw + wo] += blocks[:, :, :, i, j]
+    out[...] = acc[ph:ph + h, :, pw:pw + w].transpose(1, 3, 0, 2)
 
 
 def _row_slice(plan: RowPlan, i: int, start: int, stop: int):

@@ -311,6 +311,11 @@ def test_convolution_fast_paths_agree(monkeypatch, kind, fields):
     for got in (plain, chunked, chunked_full):
         for a, b in zip(reference, got):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    # The compiled copies between the column matrix and NCHW (ColumnLayout.gather_into / scatter) give
+    # what their NumPy twins give, bit for bit.
+    monkeypatch.setattr(jit, "ENABLED", False)
+    for a, b in zip(chunked_full, run()):
+        np.testing.assert_array_equal(a, b)
 
 
 # The CPU row-product path (im2col.RowPlan): stride-1 2-D convolutions of one group.
@@ -367,8 +372,12 @@ def test_convolution_row_path_matches_column_path(monkeypatch, fields):
         return out + [p.diff.copy() for p in lay.blobs]
 
     reference = run(False)
-    for got in (run(True), run(True, budget=3000), run(True, fold_below=10**6),
-                run(True, budget=3000, fold_below=0)):
+    runs = [run(True), run(True, budget=3000), run(True, fold_below=10**6), run(True, budget=3000, fold_below=0)]
+    # Both input gradients of the row path, whichever the shapes choose (see ROW_COL2IM_ABOVE).
+    for col2im_above in (0.0, 1e9):
+        monkeypatch.setattr(vision, "ROW_COL2IM_ABOVE", col2im_above)
+        runs += [run(True), run(True, budget=3000)]
+    for got in runs:
         for a, b in zip(reference, got):
             np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
 
@@ -387,10 +396,12 @@ def test_row_path_layout_kernels_are_exact_copies(monkeypatch, fields, dtype):
     dy = normal(*top[0].shape).astype(dtype)
     monkeypatch.setattr(im2col_mod, "ROW_MIN_WIDTH", 0)
 
-    def run(compiled):
+    def run(compiled, col2im_above):
         monkeypatch.setattr(jit, "ENABLED", compiled)
+        monkeypatch.setattr(vision, "ROW_COL2IM_ABOVE", col2im_above)
         lay, bot, tp = build(text, [x], 1, params=params, dtype=dtype)
         assert lay.algorithm == "rows"
+        assert lay.rows_input_gradient == ("col2im" if col2im_above == 0 else "convolution")
         out = []
         for _ in range(2):  # the weight gradient accumulates
             lay.forward(bot, tp)
@@ -399,9 +410,10 @@ def test_row_path_layout_kernels_are_exact_copies(monkeypatch, fields, dtype):
             out += [tp[0].data.copy(), bot[0].diff.copy()]
         return out + [p.diff.copy() for p in lay.blobs]
 
-    for a, b in zip(run(False), run(True)):
-        assert a.dtype == b.dtype == dtype
-        np.testing.assert_array_equal(b, a)
+    for col2im_above in (0.0, 1e9):  # both input gradients (the scatter-add of col2im has a kernel too)
+        for a, b in zip(run(False, col2im_above), run(True, col2im_above)):
+            assert a.dtype == b.dtype == dtype
+            np.testing.assert_array_equal(b, a)
 
 
 @pytest.mark.parametrize("name", layer_case_names(("conv_",)))
