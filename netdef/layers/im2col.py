@@ -482,16 +482,19 @@ def rows_from_nchw(x, plan: RowPlan, ws: Workspace, key):
     return xb
 
 
-def row_pad(x_rows, plan: RowPlan, ws: Workspace, key):
-    """xb (Hp, n, Wp, C): ``x_rows`` (H, n, W, C) (any strides, e.g. a transposed NCHW array) inside a
-    zero border. The border of the workspace array is zeroed when it is created, never written after."""
-    (ph, pw), (h, w) = plan.geom.pad, plan.spatial
-    hp, wp = plan.padded
-    if not (ph or pw) and x_rows.flags.c_contiguous:
-        return x_rows
-    xb = ws.get(key, (hp, plan.n, wp, plan.channels), x_rows.dtype, np, fill=0)
-    xb[ph:ph + h, :, pw:pw + w, :] = x_rows
-    return xb
+def rows_expanded(x, plan: RowPlan, ws, key):
+    """q as the matrix (q_rows * n * W_out, width) for the NCHW array ``x`` (n, C, H, W): what
+    row_expand(rows_from_nchw(x)) gives, in one compiled pass for NumPy arrays (jit/layout.py)."""
+    if not jit.usable(x):
+        return row_expand(rows_from_nchw(x, plan, ws, (key, "xb")), plan, ws, key)
+    from .jit import layout
+
+    q = ws.get(key, (plan.q_rows * plan.block, plan.width), x.dtype, np)
+
+    (_, kw), (ph, pw), (dh, dw) = plan.geom.kernel, plan.geom.pad, plan.geom.dilation
+    layout.expand_rows_from_nchw(x, ph, pw, dh, dw,
+                                 q.reshape(plan.q_rows, plan.n, plan.out[1], plan.fold, kw, plan.channels))
+    return q
 
 
 def row_expand(xb, plan: RowPlan, ws: Workspace, key):
@@ -566,8 +569,18 @@ def row_product(q, wq, plan: RowPlan, out, ws: Workspace):
             part = ws.get("rows_part", out.shape, out.dtype, np)
         rows = slice(lo * block, hi * block)
         np.matmul(q[_row_slice(plan, i, rows.start, rows.stop)], wq[i], out=part[rows])
-        np.add(out[rows], part[rows], out=out[rows])
+        _accumulate(out[rows], part[rows])
     return out
+
+
+def _accumulate(dst, src) -> None:
+    """dst += src; compiled (jit/layout.py) for NumPy arrays, which run it on every core."""
+    if jit.usable(dst, src):
+        from .jit import layout
+
+        layout.accumulate(dst.reshape(-1), src.reshape(-1))
+    else:
+        dst += src
 
 
 def row_weight_product(q, dy_rows, plan: RowPlan, dwq):

@@ -25,8 +25,8 @@ from . import im2col as _cols
 from . import jit, kernels
 from .base import TRAIN, Layer, register_layer
 from .im2col import (Geometry, Workspace, add_row_weight_grad, col2im, column_layout, copy_from_rows, copy_to_rows,
-                     im2col, offset_slices, padded, row_col2im, row_expand, row_pad, row_plan, row_product,
-                     row_weight_product, row_weights, rows_from_nchw, use_kernels, window_view)
+                     im2col, offset_slices, padded, row_col2im, row_plan, row_product, row_weight_product,
+                     row_weights, rows_expanded, use_kernels, window_view)
 
 _Pool = pb.PoolingParameter
 _LRN = pb.LRNParameter
@@ -34,13 +34,19 @@ _LRN = pb.LRNParameter
 # CPU a matrix that stays in cache is faster to build and to multiply than one for the whole batch.
 COLUMN_BUDGET_CPU = 8 << 20
 COLUMN_BUDGET_GPU = 256 << 20
-# The CPU row-product path (im2col.RowPlan) takes chunks whose expanded rows take about this many bytes.
-ROW_BUDGET = 32 << 20
-# The row path's input gradient is col2im's (dcols = dY W, then a scatter-add) rather than the full
-# convolution of the padded top gradient when that convolution would cost more than this many times
-# col2im's multiply-adds: prod(input) / prod(output) (LeNet's conv2: 2.25; a "same" convolution: 1,
-# where the scatter's extra pass over dcols makes col2im the slower of the two).
+# The CPU row-product path (im2col.RowPlan) takes chunks whose expanded rows (or input-gradient columns)
+# take about this many bytes. 32 MiB chunks left CIFAR-10 quick's conv2 (batch 100) one chunk whose
+# expanded rows (20 MB) every one of the kh products read again from memory: 8 MiB took its forward
+# from 25 to 18 ms (one thread), and made no difference on ResNet-50's and VGG's 3x3 layers.
+ROW_BUDGET = 8 << 20
+# The row path's input gradient is col2im's (dcols = dY W, then a compiled scatter-add) rather than the
+# full convolution of the top gradient padded by extent - 1 - pad when that convolution would cost more
+# than this many times col2im's multiply-adds, prod(input) / prod(output) (LeNet's conv2: 2.25), ...
 ROW_COL2IM_ABOVE = 1.25
+# ... or when the input has fewer channels than this: the convolution's products then have only C
+# columns, which OpenBLAS runs at 2/3 of the rate of col2im's kh*kw*C (CIFAR-10 quick's conv2 and conv3,
+# 32 channels, batch 100: backward 44 -> 38 ms and 18 -> 14 ms on one thread; same multiply-adds).
+ROW_COL2IM_CHANNELS = 64
 
 
 def _ints(*values):
@@ -375,9 +381,11 @@ class ConvolutionLayer(_ConvolutionBase):
 
     def _choose_rows_input_gradient(self) -> str:
         """The row path's input gradient: "convolution" (the top gradient padded by extent - 1 - pad,
-        convolved with the flipped filters: no scatter) or "col2im" (see ROW_COL2IM_ABOVE). Made once the
-        shapes are known, from them alone, so a resumed run takes the same path and the same bits."""
-        if math.prod(self.in_spatial) > ROW_COL2IM_ABOVE * math.prod(self.out_spatial):
+        convolved with the flipped filters: no scatter) or "col2im" (see ROW_COL2IM_ABOVE and
+        ROW_COL2IM_CHANNELS). Made once the shapes are known, from them alone, so a resumed run takes the
+        same path and gets the same bits."""
+        if (math.prod(self.in_spatial) > ROW_COL2IM_ABOVE * math.prod(self.out_spatial)
+                or self.channels < ROW_COL2IM_CHANNELS):
             return "col2im"
         return "convolution"
 
@@ -422,8 +430,7 @@ class ConvolutionLayer(_ConvolutionBase):
             y_all = t.data.reshape((self.num, o) + self.out_spatial)
             for start, stop, plan, _ in chunks:
                 n = stop - start
-                xb = rows_from_nchw(x[start:stop], plan, self.ws, ("rows", "xb", i, n))
-                q = row_expand(xb, plan, self.ws, ("rows", "q", i, n))
+                q = rows_expanded(x[start:stop], plan, self.ws, ("rows", "q", i, n))
                 y = self.scratch.get("rows_y", (ho * n * wo, o), x.dtype, np)
                 row_product(q, wq, plan, y, self.scratch)
                 copy_from_rows(y.reshape(ho, n, wo, o), y_all[start:stop], bias)
@@ -465,8 +472,7 @@ class ConvolutionLayer(_ConvolutionBase):
                     if k == 0 and last is not None:
                         q = last
                     else:
-                        xb = rows_from_nchw(x[start:stop], plan, self.ws, ("rows", "xb", i, n))
-                        q = row_expand(xb, plan, self.ws, ("rows", "q", i, n))
+                        q = rows_expanded(x[start:stop], plan, self.ws, ("rows", "q", i, n))
                     # The first chunk's product is the sum the others add to.
                     target = self.scratch.get("rows_dw_sum" if dwq is None else "rows_dw_part",
                                          (plan.products, plan.width, o), dtype, np)
@@ -480,8 +486,7 @@ class ConvolutionLayer(_ConvolutionBase):
                     np.matmul(dy_rows, wcols.T, out=dcols)
                     row_col2im(dcols, plan, dx_all[start:stop])
                 elif dx_all is not None:
-                    dyb = row_pad(dy_rows.reshape(ho, n, wo, o), plan_back, self.ws, ("rows", "dyb", n))
-                    qt = row_expand(dyb, plan_back, self.scratch, "rows_qt")
+                    qt = rows_expanded(dy_all[start:stop], plan_back, self.scratch, "rows_qt")
                     dx = self.scratch.get("rows_dx", (h * n * w, c), dtype, np)
                     row_product(qt, wt, plan_back, dx, self.scratch)
                     copy_from_rows(dx.reshape(h, n, w, c), dx_all[start:stop])

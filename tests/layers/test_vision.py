@@ -332,12 +332,16 @@ ROW_CONFIGS = [
 ROW_IDS = [",".join(f"{k}={v}" for k, v in f.items()) for f in ROW_CONFIGS]
 
 
+@pytest.mark.parametrize("input_gradient", ["col2im", "convolution"])
 @pytest.mark.parametrize("fold_below", [0, 10**6], ids=["kh-products", "folded"])
 @pytest.mark.parametrize("fields", ROW_CONFIGS, ids=ROW_IDS)
-def test_convolution_row_path_gradients(row_path, fields, fold_below):
+def test_convolution_row_path_gradients(row_path, fields, fold_below, input_gradient):
     row_path.setattr(im2col_mod, "ROW_FOLD_BELOW", fold_below)
+    row_path.setattr(vision, "ROW_COL2IM_CHANNELS", 0)
+    row_path.setattr(vision, "ROW_COL2IM_ABOVE", 0.0 if input_gradient == "col2im" else 1e9)
     layer = check_gradients(parse_layer(conv_text(**fields)), [normal(2, 3, 5, 6)])
     assert layer._rows_eligible(np)
+    assert layer.rows_input_gradient == (None if layer.algorithm == "pointwise" else input_gradient)
 
 
 @pytest.mark.parametrize("fields", ROW_CONFIGS, ids=ROW_IDS)
@@ -376,6 +380,7 @@ def test_convolution_row_path_matches_column_path(monkeypatch, fields):
     # Both input gradients of the row path, whichever the shapes choose (see ROW_COL2IM_ABOVE).
     for col2im_above in (0.0, 1e9):
         monkeypatch.setattr(vision, "ROW_COL2IM_ABOVE", col2im_above)
+        monkeypatch.setattr(vision, "ROW_COL2IM_CHANNELS", 0)
         runs += [run(True), run(True, budget=3000)]
     for got in runs:
         for a, b in zip(reference, got):
@@ -399,6 +404,7 @@ def test_row_path_layout_kernels_are_exact_copies(monkeypatch, fields, dtype):
     def run(compiled, col2im_above):
         monkeypatch.setattr(jit, "ENABLED", compiled)
         monkeypatch.setattr(vision, "ROW_COL2IM_ABOVE", col2im_above)
+        monkeypatch.setattr(vision, "ROW_COL2IM_CHANNELS", 0)
         lay, bot, tp = build(text, [x], 1, params=params, dtype=dtype)
         assert lay.algorithm == "rows"
         assert lay.rows_input_gradient == ("col2im" if col2im_above == 0 else "convolution")
@@ -438,6 +444,21 @@ def test_convolution_row_path_choice():
     assert not eligible(32, num_output=8, kernel_size=3, pad=3)      # pad > extent - 1
     layer, _, _ = build(parse_layer(conv_text(num_output=4, kernel_size=3)), [np.zeros((1, 32, 5, 5))], 1)
     assert not layer._rows_eligible(object())                       # another array module
+
+
+def test_convolution_row_path_input_gradient_choice():
+    """col2im where the full convolution of the top gradient costs more multiply-adds (a map that
+    shrinks) or its products would have few columns (few input channels); the convolution otherwise."""
+    def choice(channels, size, **fields):
+        layer, _, _ = build(parse_layer(conv_text(**fields)), [np.zeros((1, channels, size, size))], 1)
+        assert layer.algorithm == "rows"
+        return layer.rows_input_gradient
+
+    assert choice(20, 12, num_output=50, kernel_size=5) == "col2im"           # LeNet conv2: 144 / 64 cells
+    assert choice(32, 16, num_output=32, kernel_size=5, pad=2) == "col2im"    # CIFAR-10 conv2: 32 channels
+    assert choice(64, 56, num_output=64, kernel_size=3, pad=1) == "convolution"
+    assert choice(128, 28, num_output=128, kernel_size=3) == "convolution"    # 28 x 28 -> 26 x 26: 1.16
+    assert choice(128, 9, num_output=128, kernel_size=3) == "col2im"          # 9 x 9 -> 7 x 7: 1.65
 
 
 def test_convolution_float32_follows_bottom():
