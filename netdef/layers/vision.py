@@ -35,10 +35,11 @@ _LRN = pb.LRNParameter
 COLUMN_BUDGET_CPU = 8 << 20
 COLUMN_BUDGET_GPU = 256 << 20
 # The CPU row-product path (im2col.RowPlan) takes chunks whose expanded rows (or input-gradient columns)
-# take about this many bytes. 32 MiB chunks left CIFAR-10 quick's conv2 (batch 100) one chunk whose
-# expanded rows (20 MB) every one of the kh products read again from memory: 8 MiB took its forward
-# from 25 to 18 ms (one thread), and made no difference on ResNet-50's and VGG's 3x3 layers.
-ROW_BUDGET = 8 << 20
+# take about this many bytes. 32 MiB left CIFAR-10 quick's conv2 (batch 100) one chunk whose expanded
+# rows (20 MB) each of the kh products read again from memory, and col2im's columns (82 MB) out of
+# cache: 16 MiB (5 chunks) took its forward from 21 to 17 ms and its backward from 41 to 36 (one
+# thread); 8 MiB measured the same with twice the chunks, and neither moved ResNet-50's 3x3 layers.
+ROW_BUDGET = 16 << 20
 # The row path's input gradient is col2im's (dcols = dY W, then a compiled scatter-add) rather than the
 # full convolution of the top gradient padded by extent - 1 - pad when that convolution would cost more
 # than this many times col2im's multiply-adds, prod(input) / prod(output) (LeNet's conv2: 2.25), ...
