@@ -1,13 +1,17 @@
 """Each convolution of a zoo net alone: netdef's forward and backward against PyTorch's conv2d.
 
-    python benchmarks/conv_layers.py [--nets lenet,cifar10_quick] [--iters 15] [--threads N]
+    python benchmarks/conv_layers.py [--nets lenet,cifar10_quick] [--iters 15] [--threads N] [--cpu-time]
 
 For every Convolution layer of the net (built as cpu_forward_backward.py builds it, batch included) it
-prints the algorithms netdef chose (forward, weight gradient, input gradient), its forward and backward
+prints the algorithm netdef chose (and, on the row path, its input gradient), its forward and backward
 ms, and the same for ``torch.nn.functional.conv2d`` on the same shapes and weights (backward: the weight
 and bias gradients, and the input gradient where the net needs one), timed alternately, medians. The
-sgemm column is the layer's multiply-adds (forward, and backward with the products netdef's backward
-must do) at the run's measured sgemm rate: the floor of each figure.
+floor column is the layer's multiply-adds (forward; backward: one product for the weight gradient and
+one for the input gradient where the net needs it) at the run's measured sgemm rate.
+
+On a machine that other jobs load, wall times of two-thread runs say little; ``--threads 1 --cpu-time``
+(with NUMBA_NUM_THREADS=1) times each step by the process's CPU time and keeps the least of the rounds,
+which that load barely moves: the figures to compare algorithms by.
 """
 from __future__ import annotations
 
@@ -99,7 +103,7 @@ def main():
     clock = time.process_time if args.cpu_time else time.perf_counter
     gflops = sgemm_gflops(clock)
     print(f"# sgemm {gflops:.0f} GFLOP/s; load average {os.getloadavg()[0]:.2f}; {time.strftime('%Y-%m-%d %H:%M')}")
-    print(f"{'layer':<22}{'algorithms (fwd/dw/dx)':<30} | {'fwd ms':>7}{'torch':>7}{'floor':>7} | "
+    print(f"{'layer':<22}{'algorithm/input gradient':<30} | {'fwd ms':>7}{'torch':>7}{'floor':>7} | "
           f"{'bwd ms':>7}{'torch':>7}{'floor':>7}")
     for key in [k.strip() for k in args.nets.split(",") if k.strip()]:
         train, _ = netdef_nets(key, None)

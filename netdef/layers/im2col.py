@@ -362,9 +362,13 @@ def _col2im_cuda(cols, x_shape, geom, out_sizes, out):
 # with so short a K runs slowly: then the kernel rows are "folded" into q as well (fold = kh: the
 # classic column matrix, in this rows-first layout, and one product). Each product runs over its live
 # output rows only (_live_rows: the rows for which its kernel row reads the input, not the padding).
-# Backward: the weight gradient is q_i^T @ dy per product; the input gradient is this same machinery
-# run on the top gradient padded by extent - 1 - pad, with the flipped, transposed filters (the adjoint
-# of a stride-1 convolution is such a convolution), so there is no col2im either.
+# q is written straight from the NCHW input by one compiled pass (rows_expanded).
+# Backward: the weight gradient is q_i^T @ dy per product; the input gradient is either this same
+# machinery run on the top gradient padded by extent - 1 - pad, with the flipped, transposed filters
+# (the adjoint of a stride-1 convolution is such a convolution: no scatter), or col2im's: one product
+# dcols = dy W with kh*kw*C columns, then a compiled scatter-add (row_col2im). The layer chooses once
+# per shape (vision.py, ROW_COL2IM_*): col2im where the map shrinks (the convolution would cost
+# prod(input) / prod(output) times the multiply-adds) or the input has few channels.
 ROW_PRODUCTS = True          # tests switch the path off to compare it with the column path
 ROW_MIN_WIDTH = 64           # Convolution takes this path when kw * C is at least this (see vision.py)
 ROW_FOLD_BELOW = 64          # fold the kernel rows into q when kw * C is below this

@@ -3,7 +3,8 @@
 Convolutions are matrix products over chunks of the batch on the column matrix of im2col.py (as many
 samples per product as keep it cache-sized). On the CPU, stride-1 2-D convolutions of one group with
 enough input channels take the row-product path instead (im2col.RowPlan: kh products over row-shifted
-views of a rows-first copy of the input, expanded over the kernel columns only), forward and backward.
+views of a rows-first copy of the input, expanded over the kernel columns only), forward and backward;
+its input gradient is a full convolution or col2im's, chosen once per shape by their cost.
 Pooling and LRN on C-contiguous float NumPy arrays run the compiled kernels of jit/pooling.py and
 jit/lrn.py (when ``jit.ENABLED``); on a GPU the same functions run the CUDA kernels in kernels/*.cu.
 The NumPy code here (one unit-stride array operation per kernel offset over stride-phase planes, never

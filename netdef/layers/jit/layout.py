@@ -5,7 +5,10 @@ NumPy copies a transposed array one element at a time on one core, with the inne
 side strided: for VGG-16's conv1_2 (batch 2, 64 channels of 224 x 224) the output's (H, N, W, O) to
 NCHW copy took 60 ms and the input's copy into the padded rows 18 ms, against 113 ms for PyTorch's
 whole convolution (one thread each); here they take 5-8 ms and 3-4 ms. Twins: the NumPy expressions
-in ``im2col.rows_from_nchw`` / ``im2col.nchw_from_rows``.
+in ``im2col.rows_from_nchw`` / ``im2col.nchw_from_rows``. Also here, with their twins in im2col.py:
+the row path's expansion straight from NCHW (``rows_expanded``), its col2im (``row_col2im``), the
+sum of its partial products, and the column path's copies between its matrix and NCHW
+(``ColumnLayout.gather_into`` / ``scatter``).
 
 Shapes: x (N x C x H x W) and the interior [ph : ph + H, :, pw : pw + W, :] of xb (Hp x N x Wp x C);
 y (H x N x W x C) and out (N x C x H x W). All C-contiguous.
