@@ -19,6 +19,7 @@ only; no column matrix and no col2im.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -201,7 +202,32 @@ class ColumnLayout:
     def scatter(self, mat, values):
         """Write ``values`` (N, R, *O) into the output-position columns of ``mat`` (R, ncols); the
         other columns keep what they hold (zeros, for a buffer created with fill=0)."""
-        self.gather(mat)[...] = values.reshape(self.gather(mat).shape)
+        if self._compiled(mat, values):
+            from .jit import layout
+
+            layout.columns_from_nchw(values, self._planes(mat))
+        else:
+            self.gather(mat)[...] = values.reshape(self.gather(mat).shape)
+
+    def gather_into(self, mat, out, bias=None):
+        """out (N, R, *O) = the output-position columns of ``mat`` (R, ncols) (+ bias[r])."""
+        if self._compiled(mat, out, bias):
+            from .jit import layout
+
+            layout.nchw_from_columns(self._planes(mat), np.zeros(mat.shape[0], mat.dtype) if bias is None else bias,
+                                     out)
+        elif bias is None:
+            out[...] = self.gather(mat)
+        else:
+            xp = backend.get_array_module(mat)
+            xp.add(self.gather(mat), bias.reshape((1, -1) + (1,) * len(self.out)), out=out)
+
+    def _compiled(self, mat, *arrays) -> bool:
+        # The kernels (jit/layout.py) take 2-D maps; the NumPy lines are their twins.
+        return len(self.out) == 2 and jit.usable(mat, *arrays)
+
+    def _planes(self, mat):
+        return mat.reshape((mat.shape[0], self.x_shape[0]) + self.out[:-1] + (self.width,))
 
     def buffer(self, ws: "Workspace | None", key, rows, dtype, xp):
         """A (rows, ncols) matrix whose non-output columns are zero."""
@@ -336,9 +362,13 @@ def _col2im_cuda(cols, x_shape, geom, out_sizes, out):
 # with so short a K runs slowly: then the kernel rows are "folded" into q as well (fold = kh: the
 # classic column matrix, in this rows-first layout, and one product). Each product runs over its live
 # output rows only (_live_rows: the rows for which its kernel row reads the input, not the padding).
-# Backward: the weight gradient is q_i^T @ dy per product; the input gradient is this same machinery
-# run on the top gradient padded by extent - 1 - pad, with the flipped, transposed filters (the adjoint
-# of a stride-1 convolution is such a convolution), so there is no col2im either.
+# q is written straight from the NCHW input by one compiled pass (rows_expanded).
+# Backward: the weight gradient is q_i^T @ dy per product; the input gradient is either this same
+# machinery run on the top gradient padded by extent - 1 - pad, with the flipped, transposed filters
+# (the adjoint of a stride-1 convolution is such a convolution: no scatter), or col2im's: one product
+# dcols = dy W with kh*kw*C columns, then a compiled scatter-add (row_col2im). The layer chooses once
+# per shape (vision.py, ROW_COL2IM_*): col2im where the map shrinks (the convolution would cost
+# prod(input) / prod(output) times the multiply-adds) or the input has few channels.
 ROW_PRODUCTS = True          # tests switch the path off to compare it with the column path
 ROW_MIN_WIDTH = 64           # Convolution takes this path when kw * C is at least this (see vision.py)
 ROW_FOLD_BELOW = 64          # fold the kernel rows into q when kw * C is below this
@@ -358,8 +388,10 @@ class RowPlan:
     def padded(self) -> tuple:
         return tuple(s + 2 * p for s, p in zip(self.spatial, self.geom.pad))
 
-    @property
+    @functools.cached_property
     def out(self) -> tuple:
+        # Cached: the products and copies of a chunk ask for it dozens of times (4 ms of Python per
+        # backward of CIFAR-10 quick's conv2 in 10 chunks when it was recomputed).
         return self.geom.conv_out(self.spatial)
 
     @property
@@ -457,16 +489,19 @@ def rows_from_nchw(x, plan: RowPlan, ws: Workspace, key):
     return xb
 
 
-def row_pad(x_rows, plan: RowPlan, ws: Workspace, key):
-    """xb (Hp, n, Wp, C): ``x_rows`` (H, n, W, C) (any strides, e.g. a transposed NCHW array) inside a
-    zero border. The border of the workspace array is zeroed when it is created, never written after."""
-    (ph, pw), (h, w) = plan.geom.pad, plan.spatial
-    hp, wp = plan.padded
-    if not (ph or pw) and x_rows.flags.c_contiguous:
-        return x_rows
-    xb = ws.get(key, (hp, plan.n, wp, plan.channels), x_rows.dtype, np, fill=0)
-    xb[ph:ph + h, :, pw:pw + w, :] = x_rows
-    return xb
+def rows_expanded(x, plan: RowPlan, ws, key):
+    """q as the matrix (q_rows * n * W_out, width) for the NCHW array ``x`` (n, C, H, W): what
+    row_expand(rows_from_nchw(x)) gives, in one compiled pass for NumPy arrays (jit/layout.py)."""
+    if not jit.usable(x):
+        return row_expand(rows_from_nchw(x, plan, ws, (key, "xb")), plan, ws, key)
+    from .jit import layout
+
+    q = ws.get(key, (plan.q_rows * plan.block, plan.width), x.dtype, np)
+
+    (_, kw), (ph, pw), (dh, dw) = plan.geom.kernel, plan.geom.pad, plan.geom.dilation
+    layout.expand_rows_from_nchw(x, ph, pw, dh, dw,
+                                 q.reshape(plan.q_rows, plan.n, plan.out[1], plan.fold, kw, plan.channels))
+    return q
 
 
 def row_expand(xb, plan: RowPlan, ws: Workspace, key):
@@ -481,6 +516,25 @@ def row_expand(xb, plan: RowPlan, ws: Workspace, key):
     q = ws.get(key, (plan.q_rows * plan.block, plan.width), xb.dtype, np)
     q.reshape(shape)[...] = view
     return q
+
+
+def row_col2im(dcols, plan: RowPlan, out) -> None:
+    """out (n, C, H, W) = the adjoint of the folded expansion: dcols (H_out * n * W_out, kh*kw*C), rows
+    ordered (ho, n, wo) and columns (i, j, c), each entry added to the input cell its kernel offset reads
+    (im2col's col2im, for the rows-first layout). Compiled (jit/layout.py) for NumPy arrays."""
+    (kh, kw), (ph, pw), (dh, dw) = plan.geom.kernel, plan.geom.pad, plan.geom.dilation
+    (ho, wo), (h, w) = plan.out, plan.spatial
+    blocks = dcols.reshape(ho, plan.n, wo, kh, kw, plan.channels)
+    if jit.usable(blocks, out):
+        from .jit import layout
+
+        layout.col2im_rows(blocks, ph, pw, dh, dw, out)
+        return
+    acc = np.zeros(plan.padded[:1] + (plan.n,) + plan.padded[1:] + (plan.channels,), dcols.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            acc[i * dh:i * dh + ho, :, j * dw:j * dw + wo] += blocks[:, :, :, i, j]
+    out[...] = acc[ph:ph + h, :, pw:pw + w].transpose(1, 3, 0, 2)
 
 
 def _row_slice(plan: RowPlan, i: int, start: int, stop: int):
@@ -522,8 +576,18 @@ def row_product(q, wq, plan: RowPlan, out, ws: Workspace):
             part = ws.get("rows_part", out.shape, out.dtype, np)
         rows = slice(lo * block, hi * block)
         np.matmul(q[_row_slice(plan, i, rows.start, rows.stop)], wq[i], out=part[rows])
-        np.add(out[rows], part[rows], out=out[rows])
+        _accumulate(out[rows], part[rows])
     return out
+
+
+def _accumulate(dst, src) -> None:
+    """dst += src; compiled (jit/layout.py) for NumPy arrays, which run it on every core."""
+    if jit.usable(dst, src):
+        from .jit import layout
+
+        layout.accumulate(dst.reshape(-1), src.reshape(-1))
+    else:
+        dst += src
 
 
 def row_weight_product(q, dy_rows, plan: RowPlan, dwq):

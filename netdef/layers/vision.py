@@ -3,7 +3,8 @@
 Convolutions are matrix products over chunks of the batch on the column matrix of im2col.py (as many
 samples per product as keep it cache-sized). On the CPU, stride-1 2-D convolutions of one group with
 enough input channels take the row-product path instead (im2col.RowPlan: kh products over row-shifted
-views of a rows-first copy of the input, expanded over the kernel columns only), forward and backward.
+views of a rows-first copy of the input, expanded over the kernel columns only), forward and backward;
+its input gradient is a full convolution or col2im's, chosen once per shape by their cost.
 Pooling and LRN on C-contiguous float NumPy arrays run the compiled kernels of jit/pooling.py and
 jit/lrn.py (when ``jit.ENABLED``); on a GPU the same functions run the CUDA kernels in kernels/*.cu.
 The NumPy code here (one unit-stride array operation per kernel offset over stride-phase planes, never
@@ -25,8 +26,8 @@ from . import im2col as _cols
 from . import jit, kernels
 from .base import TRAIN, Layer, register_layer
 from .im2col import (Geometry, Workspace, add_row_weight_grad, col2im, column_layout, copy_from_rows, copy_to_rows,
-                     im2col, offset_slices, padded, row_expand, row_pad, row_plan, row_product, row_weight_product,
-                     row_weights, rows_from_nchw, use_kernels, window_view)
+                     im2col, offset_slices, padded, row_col2im, row_plan, row_product, row_weight_product,
+                     row_weights, rows_expanded, use_kernels, window_view)
 
 _Pool = pb.PoolingParameter
 _LRN = pb.LRNParameter
@@ -34,8 +35,20 @@ _LRN = pb.LRNParameter
 # CPU a matrix that stays in cache is faster to build and to multiply than one for the whole batch.
 COLUMN_BUDGET_CPU = 8 << 20
 COLUMN_BUDGET_GPU = 256 << 20
-# The CPU row-product path (im2col.RowPlan) takes chunks whose expanded rows take about this many bytes.
-ROW_BUDGET = 32 << 20
+# The CPU row-product path (im2col.RowPlan) takes chunks whose expanded rows (or input-gradient columns)
+# take about this many bytes. 32 MiB left CIFAR-10 quick's conv2 (batch 100) one chunk whose expanded
+# rows (20 MB) each of the kh products read again from memory, and col2im's columns (82 MB) out of
+# cache: 16 MiB (5 chunks) took its forward from 21 to 17 ms and its backward from 41 to 36 (one
+# thread); 8 MiB measured the same with twice the chunks, and neither moved ResNet-50's 3x3 layers.
+ROW_BUDGET = 16 << 20
+# The row path's input gradient is col2im's (dcols = dY W, then a compiled scatter-add) rather than the
+# full convolution of the top gradient padded by extent - 1 - pad when that convolution would cost more
+# than this many times col2im's multiply-adds, prod(input) / prod(output) (LeNet's conv2: 2.25), ...
+ROW_COL2IM_ABOVE = 1.25
+# ... or when the input has fewer channels than this: the convolution's products then have only C
+# columns, which OpenBLAS runs at 2/3 of the rate of col2im's kh*kw*C (CIFAR-10 quick's conv2 and conv3,
+# 32 channels, batch 100: backward 44 -> 38 ms and 18 -> 14 ms on one thread; same multiply-adds).
+ROW_COL2IM_CHANNELS = 64
 
 
 def _ints(*values):
@@ -203,6 +216,13 @@ class ConvolutionLayer(_ConvolutionBase):
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
         self.algorithm = self._choose_algorithm(backend.xp())
+        self.rows_input_gradient = self._choose_rows_input_gradient() if self.algorithm == "rows" else None
+
+    def algorithm_summary(self) -> str:
+        """The algorithms chosen for these shapes, for benchmarks and logs: "rows", "rows/col2im", ..."""
+        if self.rows_input_gradient is None:
+            return self.algorithm
+        return f"{self.algorithm}/{self.rows_input_gradient}"
 
     def _choose_algorithm(self, xp) -> str:
         """How forward and backward compute, chosen once the shapes are known:
@@ -241,12 +261,8 @@ class ConvolutionLayer(_ConvolutionBase):
                 cols = im2col(x[start:stop], lay, self.ws, key=("cols", i, lay.x_shape[0]))
                 y = self.scratch.get("conv_y", (o, lay.ncols), x.dtype, xp)
                 self._gemm(xp, w, cols.reshape(g, -1, lay.ncols), y.reshape(g, -1, lay.ncols))
-                if self.bias_term:
-                    # One pass: the output columns plus the bias, written into the top.
-                    bias = self.blobs[1].data.reshape((1, o) + (1,) * self.num_spatial)
-                    xp.add(lay.gather(y), bias, out=y_all[start:stop])
-                else:
-                    y_all[start:stop] = lay.gather(y)
+                # One pass: the output columns plus the bias, written into the top.
+                lay.gather_into(y, y_all[start:stop], self.blobs[1].data if self.bias_term else None)
             # The last chunk's columns are still in the workspace: backward starts with that chunk.
             self._cols_fresh[i] = True
 
@@ -369,17 +385,31 @@ class ConvolutionLayer(_ConvolutionBase):
                 and g.stride == (1, 1) and all(p <= e - 1 for p, e in zip(g.pad, g.extent))
                 and g.kernel[1] * self.channels >= _cols.ROW_MIN_WIDTH)
 
+    def _choose_rows_input_gradient(self) -> str:
+        """The row path's input gradient: "convolution" (the top gradient padded by extent - 1 - pad,
+        convolved with the flipped filters: no scatter) or "col2im" (see ROW_COL2IM_ABOVE and
+        ROW_COL2IM_CHANNELS). Made once the shapes are known, from them alone, so a resumed run takes the
+        same path and gets the same bits."""
+        if (math.prod(self.in_spatial) > ROW_COL2IM_ABOVE * math.prod(self.out_spatial)
+                or self.channels < ROW_COL2IM_CHANNELS):
+            return "col2im"
+        return "convolution"
+
     def _row_chunks(self, dtype):
         """(start, stop, plan, backward plan) for the sample ranges processed together: as many
         samples as keep the expanded rows near ROW_BUDGET bytes, in near-equal chunks."""
-        key = (self.num, self.in_spatial, np.dtype(dtype), _cols.ROW_FOLD_BELOW, ROW_BUDGET)
+        key = (self.num, self.in_spatial, np.dtype(dtype), _cols.ROW_FOLD_BELOW, ROW_BUDGET, self.rows_input_gradient)
         if getattr(self, "_row_key", None) != key:
             geom = self.geom
             back = Geometry(geom.kernel, geom.stride, tuple(e - 1 - p for p, e in zip(geom.pad, geom.extent)),
                             geom.dilation)
             one = row_plan(1, self.channels, self.in_spatial, geom)
             one_back = row_plan(1, self.num_output, self.out_spatial, back)
-            per_sample = max(one.q_cells_per_sample, one_back.q_cells_per_sample) * np.dtype(dtype).itemsize
+            if self.rows_input_gradient == "col2im":
+                back_cells = math.prod(self.out_spatial) * geom.kernel_count * self.channels  # dcols
+            else:
+                back_cells = one_back.q_cells_per_sample
+            per_sample = max(one.q_cells_per_sample, back_cells) * np.dtype(dtype).itemsize
             size = max(1, min(self.num, ROW_BUDGET // max(1, per_sample)))
             count = -(-self.num // size)
             size = -(-self.num // count)
@@ -406,8 +436,7 @@ class ConvolutionLayer(_ConvolutionBase):
             y_all = t.data.reshape((self.num, o) + self.out_spatial)
             for start, stop, plan, _ in chunks:
                 n = stop - start
-                xb = rows_from_nchw(x[start:stop], plan, self.ws, ("rows", "xb", i, n))
-                q = row_expand(xb, plan, self.ws, ("rows", "q", i, n))
+                q = rows_expanded(x[start:stop], plan, self.ws, ("rows", "q", i, n))
                 y = self.scratch.get("rows_y", (ho * n * wo, o), x.dtype, np)
                 row_product(q, wq, plan, y, self.scratch)
                 copy_from_rows(y.reshape(ho, n, wo, o), y_all[start:stop], bias)
@@ -421,8 +450,11 @@ class ConvolutionLayer(_ConvolutionBase):
         want_b = self.bias_term and self.param_propagate_down[1]
         dtype = top[0].diff.dtype
         chunks = self._row_chunks(dtype)
-        wt = None
-        if any(propagate_down):
+        wt = wcols = None
+        if any(propagate_down) and self.rows_input_gradient == "col2im":
+            # dcols = dY W: W as (kh*kw*C x O), read transposed by the product.
+            wcols = row_weights(self.blobs[0].data, self.geom.kernel[0]).reshape(-1, o)
+        elif any(propagate_down):
             # The backward convolution's filters: W'[c, o, i, j] = W[o, c, kh-1-i, kw-1-j].
             flipped = self.blobs[0].data[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
             wt = row_weights(flipped, chunks[0][3].fold)
@@ -446,8 +478,7 @@ class ConvolutionLayer(_ConvolutionBase):
                     if k == 0 and last is not None:
                         q = last
                     else:
-                        xb = rows_from_nchw(x[start:stop], plan, self.ws, ("rows", "xb", i, n))
-                        q = row_expand(xb, plan, self.ws, ("rows", "q", i, n))
+                        q = rows_expanded(x[start:stop], plan, self.ws, ("rows", "q", i, n))
                     # The first chunk's product is the sum the others add to.
                     target = self.scratch.get("rows_dw_sum" if dwq is None else "rows_dw_part",
                                          (plan.products, plan.width, o), dtype, np)
@@ -456,9 +487,12 @@ class ConvolutionLayer(_ConvolutionBase):
                         dwq = part
                     else:
                         dwq += part
-                if dx_all is not None:
-                    dyb = row_pad(dy_rows.reshape(ho, n, wo, o), plan_back, self.ws, ("rows", "dyb", n))
-                    qt = row_expand(dyb, plan_back, self.scratch, "rows_qt")
+                if dx_all is not None and wcols is not None:
+                    dcols = self.scratch.get("rows_dcols", (ho * n * wo, wcols.shape[0]), dtype, np)
+                    np.matmul(dy_rows, wcols.T, out=dcols)
+                    row_col2im(dcols, plan, dx_all[start:stop])
+                elif dx_all is not None:
+                    qt = rows_expanded(dy_all[start:stop], plan_back, self.scratch, "rows_qt")
                     dx = self.scratch.get("rows_dx", (h * n * w, c), dtype, np)
                     row_product(qt, wt, plan_back, dx, self.scratch)
                     copy_from_rows(dx.reshape(h, n, w, c), dx_all[start:stop])

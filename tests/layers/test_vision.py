@@ -311,6 +311,11 @@ def test_convolution_fast_paths_agree(monkeypatch, kind, fields):
     for got in (plain, chunked, chunked_full):
         for a, b in zip(reference, got):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    # The compiled copies between the column matrix and NCHW (ColumnLayout.gather_into / scatter) give
+    # what their NumPy twins give, bit for bit.
+    monkeypatch.setattr(jit, "ENABLED", False)
+    for a, b in zip(chunked_full, run()):
+        np.testing.assert_array_equal(a, b)
 
 
 # The CPU row-product path (im2col.RowPlan): stride-1 2-D convolutions of one group.
@@ -327,12 +332,16 @@ ROW_CONFIGS = [
 ROW_IDS = [",".join(f"{k}={v}" for k, v in f.items()) for f in ROW_CONFIGS]
 
 
+@pytest.mark.parametrize("input_gradient", ["col2im", "convolution"])
 @pytest.mark.parametrize("fold_below", [0, 10**6], ids=["kh-products", "folded"])
 @pytest.mark.parametrize("fields", ROW_CONFIGS, ids=ROW_IDS)
-def test_convolution_row_path_gradients(row_path, fields, fold_below):
+def test_convolution_row_path_gradients(row_path, fields, fold_below, input_gradient):
     row_path.setattr(im2col_mod, "ROW_FOLD_BELOW", fold_below)
+    row_path.setattr(vision, "ROW_COL2IM_CHANNELS", 0)
+    row_path.setattr(vision, "ROW_COL2IM_ABOVE", 0.0 if input_gradient == "col2im" else 1e9)
     layer = check_gradients(parse_layer(conv_text(**fields)), [normal(2, 3, 5, 6)])
     assert layer._rows_eligible(np)
+    assert layer.rows_input_gradient == (None if layer.algorithm == "pointwise" else input_gradient)
 
 
 @pytest.mark.parametrize("fields", ROW_CONFIGS, ids=ROW_IDS)
@@ -367,8 +376,13 @@ def test_convolution_row_path_matches_column_path(monkeypatch, fields):
         return out + [p.diff.copy() for p in lay.blobs]
 
     reference = run(False)
-    for got in (run(True), run(True, budget=3000), run(True, fold_below=10**6),
-                run(True, budget=3000, fold_below=0)):
+    runs = [run(True), run(True, budget=3000), run(True, fold_below=10**6), run(True, budget=3000, fold_below=0)]
+    # Both input gradients of the row path, whichever the shapes choose (see ROW_COL2IM_ABOVE).
+    for col2im_above in (0.0, 1e9):
+        monkeypatch.setattr(vision, "ROW_COL2IM_ABOVE", col2im_above)
+        monkeypatch.setattr(vision, "ROW_COL2IM_CHANNELS", 0)
+        runs += [run(True), run(True, budget=3000)]
+    for got in runs:
         for a, b in zip(reference, got):
             np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
 
@@ -387,10 +401,13 @@ def test_row_path_layout_kernels_are_exact_copies(monkeypatch, fields, dtype):
     dy = normal(*top[0].shape).astype(dtype)
     monkeypatch.setattr(im2col_mod, "ROW_MIN_WIDTH", 0)
 
-    def run(compiled):
+    def run(compiled, col2im_above):
         monkeypatch.setattr(jit, "ENABLED", compiled)
+        monkeypatch.setattr(vision, "ROW_COL2IM_ABOVE", col2im_above)
+        monkeypatch.setattr(vision, "ROW_COL2IM_CHANNELS", 0)
         lay, bot, tp = build(text, [x], 1, params=params, dtype=dtype)
         assert lay.algorithm == "rows"
+        assert lay.rows_input_gradient == ("col2im" if col2im_above == 0 else "convolution")
         out = []
         for _ in range(2):  # the weight gradient accumulates
             lay.forward(bot, tp)
@@ -399,9 +416,10 @@ def test_row_path_layout_kernels_are_exact_copies(monkeypatch, fields, dtype):
             out += [tp[0].data.copy(), bot[0].diff.copy()]
         return out + [p.diff.copy() for p in lay.blobs]
 
-    for a, b in zip(run(False), run(True)):
-        assert a.dtype == b.dtype == dtype
-        np.testing.assert_array_equal(b, a)
+    for col2im_above in (0.0, 1e9):  # both input gradients (the scatter-add of col2im has a kernel too)
+        for a, b in zip(run(False, col2im_above), run(True, col2im_above)):
+            assert a.dtype == b.dtype == dtype
+            np.testing.assert_array_equal(b, a)
 
 
 @pytest.mark.parametrize("name", layer_case_names(("conv_",)))
@@ -426,6 +444,21 @@ def test_convolution_row_path_choice():
     assert not eligible(32, num_output=8, kernel_size=3, pad=3)      # pad > extent - 1
     layer, _, _ = build(parse_layer(conv_text(num_output=4, kernel_size=3)), [np.zeros((1, 32, 5, 5))], 1)
     assert not layer._rows_eligible(object())                       # another array module
+
+
+def test_convolution_row_path_input_gradient_choice():
+    """col2im where the full convolution of the top gradient costs more multiply-adds (a map that
+    shrinks) or its products would have few columns (few input channels); the convolution otherwise."""
+    def choice(channels, size, **fields):
+        layer, _, _ = build(parse_layer(conv_text(**fields)), [np.zeros((1, channels, size, size))], 1)
+        assert layer.algorithm == "rows"
+        return layer.rows_input_gradient
+
+    assert choice(20, 12, num_output=50, kernel_size=5) == "col2im"           # LeNet conv2: 144 / 64 cells
+    assert choice(32, 16, num_output=32, kernel_size=5, pad=2) == "col2im"    # CIFAR-10 conv2: 32 channels
+    assert choice(64, 56, num_output=64, kernel_size=3, pad=1) == "convolution"
+    assert choice(128, 28, num_output=128, kernel_size=3) == "convolution"    # 28 x 28 -> 26 x 26: 1.16
+    assert choice(128, 9, num_output=128, kernel_size=3) == "col2im"          # 9 x 9 -> 7 x 7: 1.65
 
 
 def test_convolution_float32_follows_bottom():

@@ -5,7 +5,10 @@ NumPy copies a transposed array one element at a time on one core, with the inne
 side strided: for VGG-16's conv1_2 (batch 2, 64 channels of 224 x 224) the output's (H, N, W, O) to
 NCHW copy took 60 ms and the input's copy into the padded rows 18 ms, against 113 ms for PyTorch's
 whole convolution (one thread each); here they take 5-8 ms and 3-4 ms. Twins: the NumPy expressions
-in ``im2col.rows_from_nchw`` / ``im2col.nchw_from_rows``.
+in ``im2col.rows_from_nchw`` / ``im2col.nchw_from_rows``. Also here, with their twins in im2col.py:
+the row path's expansion straight from NCHW (``rows_expanded``), its col2im (``row_col2im``), the
+sum of its partial products, and the column path's copies between its matrix and NCHW
+(``ColumnLayout.gather_into`` / ``scatter``).
 
 Shapes: x (N x C x H x W) and the interior [ph : ph + H, :, pw : pw + W, :] of xb (Hp x N x Wp x C);
 y (H x N x W x C) and out (N x C x H x W). All C-contiguous.
@@ -16,7 +19,10 @@ from ...threads import let_idle_kernel_threads_sleep
 
 let_idle_kernel_threads_sleep()  # before numba starts its thread pool
 
+import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402 (after the wait policy)
+
+from .loops import add, copy, fill  # noqa: E402
 
 COLUMN_BLOCK = 16
 
@@ -100,3 +106,105 @@ def add_weights_from_rows(rows, grad):
                     src = rows[i, j, b]
                     for a in range(a0, a1):
                         grad[a, b, i, j] += src[a]
+
+
+@njit(nogil=True, parallel=True, cache=True)
+def expand_rows_from_nchw(x, ph, pw, dh, dw, q):
+    """q[h, n, wo, f, j, c] = x[n, c, h + f*dh - ph, wo + j*dw - pw], zero outside x: the row path's
+    expanded input (im2col.RowPlan) straight from an NCHW array, q being (Hq x N x W_out x fold x kw x C).
+    In one parallel pass: NumPy needed two (NCHW into the padded rows, then the expansion, a strided copy
+    on one core), 3.4 ms of CIFAR-10 quick's conv2 forward (batch 100) on one thread."""
+    n_, c_, h_, w_ = x.shape
+    hq, _, wo_, fold, kw, _ = q.shape
+    for task in prange(hq * n_):
+        h = task // n_
+        n = task % n_
+        # One input row, channel-last inside its zero border: each (wo, j) of q copies C contiguous cells.
+        row = np.zeros((w_ + 2 * pw, c_), x.dtype)
+        for f in range(fold):
+            hh = h + f * dh - ph
+            if hh < 0 or hh >= h_:
+                for wo in range(wo_):
+                    for j in range(kw):
+                        fill(q[h, n, wo, f, j], 0)
+                continue
+            for c in range(c_):
+                src = x[n, c, hh]
+                for w in range(w_):
+                    row[pw + w, c] = src[w]
+            for wo in range(wo_):
+                for j in range(kw):
+                    copy(q[h, n, wo, f, j], row[wo + j * dw])
+
+
+ADD_BLOCK = 1 << 14
+
+
+@njit(nogil=True, parallel=True, cache=True)
+def accumulate(dst, src):
+    """dst += src (1-D, equal sizes), in parallel blocks: the row products' partial sums, which NumPy
+    adds on one core (4 x 3.3 MB per forward of CIFAR-10 quick's conv2) while BLAS uses every core."""
+    for block in prange((dst.shape[0] + ADD_BLOCK - 1) // ADD_BLOCK):
+        start = block * ADD_BLOCK
+        stop = min(start + ADD_BLOCK, dst.shape[0])
+        add(dst[start:stop], src[start:stop])
+
+
+# ---- the column path's matrices (im2col.ColumnLayout, 2-D): (R x N x H x width) <-> NCHW planes. NumPy's
+# copy of the transposed view (with the bias added) took 4 ms per forward of CIFAR-10 quick's conv1
+# (batch 100, 32 x 32 x 32 outputs; one thread); each plane here is H runs of W contiguous cells.
+@njit(inline="always")
+def _copy_plus(dst, src, value):
+    for k in range(dst.shape[0]):
+        dst[k] = src[k] + value
+
+
+@njit(nogil=True, parallel=True, cache=True)
+def nchw_from_columns(mat, bias, out):
+    """out[n, r, h, w] = mat[r, n, h, w] + bias[r] for w < out's W (``mat``'s other columns are not
+    outputs). Without a bias term the caller passes zeros: the add costs nothing beside the copy."""
+    n_, r_, h_, w_ = out.shape
+    for task in prange(n_ * r_):
+        for h in range(h_):
+            _copy_plus(out[task // r_, task % r_, h], mat[task % r_, task // r_, h, :w_], bias[task % r_])
+
+
+@njit(nogil=True, parallel=True, cache=True)
+def columns_from_nchw(values, mat):
+    """mat[r, n, h, w] = values[n, r, h, w] for w < values' W (``mat``'s other columns are left as they are)."""
+    n_, r_, h_, w_ = values.shape
+    for task in prange(n_ * r_):
+        for h in range(h_):
+            copy(mat[task % r_, task // r_, h, :w_], values[task // r_, task % r_, h])
+
+
+# ---- col2im from the rows-first layout: the input gradient of a convolution that shrinks its map
+# (LeNet's conv2: 12 x 12 -> 8 x 8), where the full convolution of the padded top gradient would cost
+# prod(input) / prod(output) = 2.25 times the multiply-adds of dcols = dY W and this sum.
+@njit(nogil=True, parallel=True, cache=True)
+def col2im_rows(dcols, ph, pw, dh, dw, out):
+    """out[n, c, h, w] = sum over (i, j), in row-major order, of dcols[ho, n, wo, i, j, c] with
+    h = ho + i*dh - ph and w = wo + j*dw - pw; dcols is (Ho x N x Wo x kh x kw x C), out (N x C x H x W)."""
+    ho_, n_, wo_, kh, kw, c_ = dcols.shape
+    h_, w_ = out.shape[2], out.shape[3]
+    for task in prange(h_ * n_):
+        h = task // n_
+        n = task % n_
+        acc = np.zeros((w_, c_), dcols.dtype)
+        for i in range(kh):
+            ho = h + ph - i * dh
+            if ho < 0 or ho >= ho_:
+                continue
+            for j in range(kw):
+                for wo in range(wo_):
+                    w = wo + j * dw - pw
+                    if w < 0 or w >= w_:
+                        continue
+                    dst = acc[w]
+                    src = dcols[ho, n, wo, i, j]
+                    for c in range(c_):
+                        dst[c] += src[c]
+        for c in range(c_):
+            dst_row = out[n, c, h]
+            for w in range(w_):
+                dst_row[w] = acc[w, c]
