@@ -8,6 +8,10 @@ assign loss weights and decide which layers and bottoms need backward.
 During ``backward`` the net calls its backward hooks each time some parameters' gradients become final
 (a parameter shared by several layers is final after the last of them in backward order, i.e. its
 first user in definition order): the distributed solver starts exchanging those gradients right then.
+
+Where no backward follows, ``forward_range`` runs a layer and the per-channel maps working in place on
+its top after it (BatchNorm with global statistics, Scale, ReLU) as one pass (layers/fusion.py), with
+the same bits; ``fuse_layers`` and ``forward_only`` below say when.
 """
 from __future__ import annotations
 
