@@ -145,6 +145,11 @@ def netdef_nets(key, batch):
 
 
 SETTLE_RUNS = 2
+# What the timings read: wall time (perf_counter, the default), or with --clock cpu the process's CPU time
+# (process_time, every thread's), which other jobs on the machine change far less: with --threads 1 it
+# is the work a step does, where a loaded machine makes wall times of 2 threads meaningless (load 8-17
+# on the 2 cores, 2026-11-25 evening: sgemm 11-24 GFLOP/s instead of 300).
+clock = time.perf_counter
 
 
 def alternate(steps: dict, iters: int, warmup: int = 2) -> dict:
@@ -158,10 +163,10 @@ def alternate(steps: dict, iters: int, warmup: int = 2) -> dict:
         for name, fn in steps.items():
             for _ in range(SETTLE_RUNS):
                 fn()
-            start = time.perf_counter()
+            start = clock()
             fn()
             if round_ >= warmup:
-                times[name].append(time.perf_counter() - start)
+                times[name].append(clock() - start)
     return {name: 1000 * statistics.median(ts) for name, ts in times.items()}
 
 
@@ -203,14 +208,14 @@ def per_layer_type(net, iters: int) -> dict:
         fwd = collections.Counter()
         bwd = collections.Counter()
         for li, layer in enumerate(net.layers):
-            start = time.perf_counter()
+            start = clock()
             net.forward_range(li, li)
-            fwd[layer.type] += time.perf_counter() - start
+            fwd[layer.type] += clock() - start
         net._fill_loss_diffs(0, n - 1)
         for li in range(n - 1, -1, -1):
-            start = time.perf_counter()
+            start = clock()
             net.backward_range(li, li)
-            bwd[net.layers[li].type] += time.perf_counter() - start
+            bwd[net.layers[li].type] += clock() - start
         for kind in fwd:
             totals[kind][0].append(fwd[kind])
             totals[kind][1].append(bwd[kind])
@@ -225,9 +230,9 @@ def per_step_type(net, iters: int) -> dict:
     for _ in range(iters + 1):
         spent = collections.Counter()
         for first, last in steps:
-            start = time.perf_counter()
+            start = clock()
             net.forward_range(first, last)
-            spent["+".join(layer.type for layer in net.layers[first:last + 1])] += time.perf_counter() - start
+            spent["+".join(layer.type for layer in net.layers[first:last + 1])] += clock() - start
         for kind in spent:
             totals[kind].append(spent[kind])
     return {kind: 1000 * statistics.median(ts[1:]) for kind, ts in totals.items()}
@@ -285,7 +290,10 @@ def set_threads(threads: int | None, with_torch: bool) -> None:
     if threads:
         from threadpoolctl import threadpool_limits
 
+        from netdef.threads import set_kernel_threads
+
         threadpool_limits(threads)
+        set_kernel_threads(threads)  # numba's pool reads no BLAS variable
     if with_torch:
         import torch
 
@@ -302,6 +310,10 @@ def main() -> None:
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
     parser.add_argument("--unfused", action="store_true",
                         help="also time netdef's TEST forward with its layers run one by one (Net.fuse_layers off)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall time (default) or the process's CPU time, all threads (for loaded machines)")
+    parser.add_argument("--test-only", action="store_true",
+                        help="time the TEST-phase forward only (no forward+backward steps)")
     parser.add_argument("--column-path", action="store_true",
                         help="run every convolution through im2col (the CPU row-product path off)")
     parser.add_argument("--rss-child", choices=("netdef", "torch"), help=argparse.SUPPRESS)
@@ -312,6 +324,8 @@ def main() -> None:
             parser.error(f"--nets: unknown net {key!r} (choose from {', '.join(NETS)})")
     if args.rss_child:
         return rss_child(args.rss_child, keys[0], args.batch, args.threads)
+    global clock
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.column_path:
         from netdef.layers import im2col
 
@@ -324,7 +338,7 @@ def main() -> None:
         print(f"# numpy BLAS: {pool.get('internal_api')} {pool.get('version')} threads={pool.get('num_threads')}")
     gflops = sgemm_gflops()
     print(f"# torch {torch.__version__} threads={torch.get_num_threads()}; sgemm {gflops:.0f} GFLOP/s; "
-          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; load average {os.getloadavg()[0]:.2f}; "
+          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; clock {args.clock}; load average {os.getloadavg()[0]:.2f}; "
           f"{time.strftime('%Y-%m-%d %H:%M')}")
     print(f"{'net':<15}{'batch':>6} | {'fwd+bwd ms':>10}{'torch':>9}{'ratio':>7} | {'fwd ms':>8}{'torch':>8}"
           f"{'ratio':>7} | {'floor ms':>8}{'x floor':>8} | {'RSS MiB':>8}{'torch':>7}")
@@ -341,10 +355,12 @@ def main() -> None:
             test.fuse_layers = fused
             test.forward_range()
 
-        steps = {"fb": fb_netdef, "fb_torch": fb_torch, "fwd": fwd_netdef, "fwd_torch": fwd_torch}
+        steps = {"fwd": fwd_netdef, "fwd_torch": fwd_torch}
+        if not args.test_only:
+            steps = {"fb": fb_netdef, "fb_torch": fb_torch, **steps}
         if args.unfused:
             steps["fwd_unfused"] = lambda: fwd_netdef(fused=False)
-        ms = alternate(steps, args.iters)
+        ms = {"fb": float("nan"), "fb_torch": float("nan"), **alternate(steps, args.iters)}
         _, both = multiply_adds(train)
         floor = 2 * both / (gflops * 1e9) * 1000
         rss = ((peak_rss("netdef", key, args.batch, args.threads), peak_rss("torch", key, args.batch, args.threads))
@@ -356,10 +372,11 @@ def main() -> None:
         if args.unfused:
             print(f"    TEST forward with the layers one by one {ms['fwd_unfused']:.1f} ms: fused / unfused "
                   f"{ms['fwd'] / ms['fwd_unfused']:.2f}, unfused / torch {ms['fwd_unfused'] / ms['fwd_torch']:.2f}")
-        if args.per_layer:
+        if args.per_layer and not args.test_only:
             for kind, (f, b) in sorted(per_layer_type(train, max(3, args.iters // 2)).items(),
                                        key=lambda kv: -sum(kv[1])):
                 print(f"    {kind:<18} forward {f:8.2f} ms   backward {b:8.2f} ms")
+        if args.per_layer:
             test.fuse_layers = True
             print_test_steps(test, max(3, args.iters // 2), "fused")
             if args.unfused:

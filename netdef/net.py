@@ -8,6 +8,10 @@ assign loss weights and decide which layers and bottoms need backward.
 During ``backward`` the net calls its backward hooks each time some parameters' gradients become final
 (a parameter shared by several layers is final after the last of them in backward order, i.e. its
 first user in definition order): the distributed solver starts exchanging those gradients right then.
+
+Where no backward follows, ``forward_range`` runs a layer and the per-channel maps working in place on
+its top after it (BatchNorm with global statistics, Scale, ReLU) as one pass (layers/fusion.py), with
+the same bits; ``fuse_layers`` and ``forward_only`` below say when.
 """
 from __future__ import annotations
 
@@ -518,11 +522,11 @@ class Net:
         li = start
         while li <= end:
             last = self._fused_chain_end(li, end)
-            self._call_forward_hooks(li, last, before=True)
+            self._call_hooks([h[0] for h in self._layer_hooks], li, last)
             if last == li or not self._forward_fused(li, last):
                 for lj in range(li, last + 1):
                     self._forward_layer(lj)
-            self._call_forward_hooks(li, last, before=False)
+            self._call_hooks([h[1] for h in self._layer_hooks], li, last)
             for lj in range(li, last + 1):
                 for blob, weight in zip(self._top_vecs[lj], self._loss_weights[lj]):
                     if weight:
@@ -549,9 +553,10 @@ class Net:
             return li
         return last
 
-    def _call_forward_hooks(self, first: int, last: int, before: bool) -> None:
-        for handle in self._layer_hooks:
-            hook = handle[0] if before else handle[1]
+    @staticmethod
+    def _call_hooks(hooks: list, first: int, last: int) -> None:
+        """Each hook (None: none) for each layer first..last (a fused chain's layers all before it runs)."""
+        for hook in hooks:
             if hook:
                 for li in range(first, last + 1):
                     hook(li)

@@ -21,14 +21,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from ..backend import get_array_module
 from . import batchnorm, elementwise, jit
 
-NORMALIZE, AFFINE, RECTIFY = range(3)  # the stages, in the order a map applies them
+SHIFT, NORMALIZE, AFFINE, RECTIFY = range(4)  # the stages, in the order a map applies them
 
 
 @dataclass(frozen=True)
 class ChannelMap:
-    """y = rectify((((x - mean) / std) * scale) + bias) per element, each stage present or not.
+    """y = rectify(((((x + shift) - mean) / std) * scale) + bias) per element, each stage present or
+    not (``shift``: a convolution's bias, added where the convolution adds it).
 
     ``dims`` (O, D, I): the input read as an O x D x I array, the per-channel arrays (D) broadcast
     over O and I; None when no stage has per-channel values (only rectify). ``negative_slope``:
@@ -37,6 +41,7 @@ class ChannelMap:
     """
 
     dims: tuple | None = None
+    shift: object = None
     mean: object = None
     std: object = None
     scale: object = None
@@ -45,8 +50,8 @@ class ChannelMap:
 
     @property
     def stages(self) -> list[int]:
-        present = [(NORMALIZE, self.mean is not None), (AFFINE, self.scale is not None),
-                   (RECTIFY, self.negative_slope is not None)]
+        present = [(SHIFT, self.shift is not None), (NORMALIZE, self.mean is not None),
+                   (AFFINE, self.scale is not None), (RECTIFY, self.negative_slope is not None)]
         return [stage for stage, here in present if here]
 
 
@@ -59,7 +64,8 @@ def compose(first: ChannelMap, then: ChannelMap) -> ChannelMap | None:
         return None
     dims = first.dims if first.dims is not None else then.dims
     return ChannelMap(dims, *(b if b is not None else a for a, b in
-                              ((first.mean, then.mean), (first.std, then.std), (first.scale, then.scale),
+                              ((first.shift, then.shift), (first.mean, then.mean), (first.std, then.std),
+                               (first.scale, then.scale),
                                (first.bias, then.bias), (first.negative_slope, then.negative_slope))))
 
 
@@ -83,12 +89,12 @@ def apply(m: ChannelMap, x, out):
         return out
     dims = m.dims if m.dims is not None else (1, 1, x.size)
     x3, out3 = x.reshape(dims), out.reshape(dims)
-    if jit.usable(x3, m.mean, m.std, m.scale, m.bias, out3):
+    if jit.usable(x3, m.shift, m.mean, m.std, m.scale, m.bias, out3):
         slope = None if m.negative_slope is None else x.dtype.type(m.negative_slope)
         if out is x:
-            _kernels().channel_map_in_place(out3, m.mean, m.std, m.scale, m.bias, slope)
+            _kernels().channel_map_in_place(out3, m.shift, m.mean, m.std, m.scale, m.bias, slope)
         else:
-            _kernels().channel_map(x3, m.mean, m.std, m.scale, m.bias, slope, out3)
+            _kernels().channel_map(x3, m.shift, m.mean, m.std, m.scale, m.bias, slope, out3)
         return out
     return apply_reference(m, x, out)
 
@@ -98,6 +104,9 @@ def apply_reference(m: ChannelMap, x, out):
     dims = m.dims if m.dims is not None else (1, 1, x.size)
     x3, out3 = x.reshape(dims), out.reshape(dims)
     source = x3
+    if m.shift is not None:
+        get_array_module(out3).add(source, m.shift.reshape(1, -1, 1), out=out3)
+        source = out3
     if m.mean is not None:
         batchnorm.forward_global_reference(source, m.mean, m.std, out3)
         source = out3
@@ -116,8 +125,6 @@ def weighted_sum_mapped(xs, coeffs, m: ChannelMap, out):
     """out = m(sum_k coeffs[k] * xs[k]) (Eltwise SUM, then the map), the sum as ``weighted_sum``
     adds it; in one pass when the map is rectify alone and the kernels take the arrays."""
     if m.dims is None and m.negative_slope is not None and jit.usable(*xs, out):
-        import numpy as np
-
         _kernels().weighted_sum_rectified(tuple(a.reshape(-1) for a in xs), np.asarray(coeffs, dtype=out.dtype),
                                           out.dtype.type(m.negative_slope), out.reshape(-1))
         return out

@@ -267,8 +267,18 @@ class ConvolutionLayer(_ConvolutionBase):
             self._cols_fresh[i] = True
 
     def forward_mapped(self, bottom, top, channel_map):
-        # Every algorithm writes the output into the top's array itself: mapped there in place.
-        return fusion.forward_then_map(self, bottom, top, channel_map)
+        # Every algorithm writes the output into the top's array itself: mapped there in place. The
+        # pointwise and depthwise products add the bias in a pass of their own: the map adds it.
+        products = {"pointwise": self._pointwise_products, "depthwise": self._depthwise_products}.get(self.algorithm)
+        with_bias = None
+        if products is not None and self.bias_term and len(top) == 1:
+            dims = (self.num, self.num_output, math.prod(self.out_spatial))
+            with_bias = fusion.compose(fusion.ChannelMap(dims, shift=self.blobs[1].data), channel_map)
+        if with_bias is None:
+            return fusion.forward_then_map(self, bottom, top, channel_map)
+        products(bottom, top)
+        fusion.apply(with_bias, top[0].data, top[0].data)
+        return True
 
     def backward(self, top, propagate_down, bottom):
         xp = backend.get_array_module(top[0].diff)
@@ -331,11 +341,15 @@ class ConvolutionLayer(_ConvolutionBase):
 
     # ---- depthwise (group == channels): depthwise.py
     def _forward_depthwise(self, bottom, top):
+        self._depthwise_products(bottom, top)
+        for t in top:
+            self._add_bias(t.data.reshape((self.num, self.num_output) + self.out_spatial))
+
+    def _depthwise_products(self, bottom, top):
         w = self.blobs[0].data
         for b, t in zip(bottom, top):
             y = t.data.reshape((self.num, self.num_output) + self.out_spatial)
             depthwise.forward(b.data.reshape((self.num, self.channels) + self.in_spatial), w, self.geom, y)
-            self._add_bias(y)
 
     def _backward_depthwise(self, top, propagate_down, bottom):
         w = self.blobs[0].data
@@ -350,12 +364,15 @@ class ConvolutionLayer(_ConvolutionBase):
 
     # ---- pointwise (1x1, stride 1, no padding, one group): per-sample products on (C x S) matrices
     def _forward_pointwise(self, bottom, top):
+        self._pointwise_products(bottom, top)
+        for t in top:
+            self._add_bias(t.data.reshape((self.num, self.num_output) + self.out_spatial))
+
+    def _pointwise_products(self, bottom, top):
         xp = backend.get_array_module(bottom[0].data)
         w = self.blobs[0].data.reshape(self.num_output, self.channels)
         for b, t in zip(bottom, top):
-            y = t.data.reshape(self.num, self.num_output, -1)
-            xp.matmul(w, b.data.reshape(self.num, self.channels, -1), out=y)
-            self._add_bias(t.data.reshape((self.num, self.num_output) + self.out_spatial))
+            xp.matmul(w, b.data.reshape(self.num, self.channels, -1), out=t.data.reshape(self.num, self.num_output, -1))
 
     def _backward_pointwise(self, top, propagate_down, bottom):
         xp = backend.get_array_module(top[0].diff)

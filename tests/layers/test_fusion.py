@@ -36,11 +36,12 @@ def maps_for(dims, dtype):
     c = dims[1]
     mean, std = channel_values(c, dtype), channel_values(c, dtype, positive=True)
     scale, bias = channel_values(c, dtype), channel_values(c, dtype)
+    # Each combination of stages is a kernel compiled of its own (seconds each): the nets below run
+    # a few more (bias+batchnorm, bias+relu, relu in place).
     return {
-        "batchnorm+scale+relu": ChannelMap(dims, mean, std, scale, bias, 0.0),
-        "batchnorm+scale": ChannelMap(dims, mean, std, scale, bias),
+        "bias+batchnorm+scale+relu": ChannelMap(dims, bias, mean, std, scale, bias, 0.0),
+        "batchnorm+scale": ChannelMap(dims, mean=mean, std=std, scale=scale, bias=bias),
         "scale(no bias)+leaky": ChannelMap(dims, scale=scale, negative_slope=0.1),
-        "batchnorm": ChannelMap(dims, mean, std),
         "relu": ChannelMap(negative_slope=0.0),
     }
 
@@ -52,7 +53,7 @@ def test_channel_map_kernel_gives_the_references_bits(dtype, in_place):
     with np.errstate(invalid="ignore"):
         maps = maps_for(dims, dtype)
         if dtype is np.float64:  # each stage combination is compiled per dtype: one is enough here
-            maps = {"batchnorm+scale+relu": maps["batchnorm+scale+relu"]}
+            maps = {"bias+batchnorm+scale+relu": maps["bias+batchnorm+scale+relu"]}
         for name, m in maps.items():
             x = special_input(dims, dtype)
             expected = fusion.apply_reference(m, x.copy(), np.empty_like(x))
@@ -63,9 +64,11 @@ def test_channel_map_kernel_gives_the_references_bits(dtype, in_place):
 
 def test_apply_without_kernels_is_the_reference(monkeypatch):
     monkeypatch.setattr(jit, "ENABLED", False)
-    m = maps_for((2, 3, 5), np.float32)["batchnorm+scale+relu"]
+    m = maps_for((2, 3, 5), np.float32)["bias+batchnorm+scale+relu"]
     x = RNG.standard_normal((2, 3, 5)).astype(np.float32)
-    expected = np.maximum((x - m.mean[:, None]) / m.std[:, None] * m.scale[:, None] + m.bias[:, None], 0)
+    m = ChannelMap(m.dims, shift=m.bias, mean=m.mean, std=m.std, scale=m.scale, bias=m.bias, negative_slope=0.0)
+    expected = np.maximum(((x + m.shift[:, None]) - m.mean[:, None]) / m.std[:, None] * m.scale[:, None]
+                          + m.bias[:, None], 0)
     assert same_bits(fusion.apply(m, x, np.empty_like(x)), expected.astype(np.float32))
 
 
@@ -79,13 +82,14 @@ def test_weighted_sum_rectified_gives_the_sum_then_relu():
 
 def test_maps_compose_only_in_stage_order_and_over_the_same_dims():
     m = maps_for((2, 3, 4), np.float32)
-    normalize, relu = ChannelMap((2, 3, 4), m["batchnorm"].mean, m["batchnorm"].std), ChannelMap(negative_slope=0.0)
+    normalize = ChannelMap((2, 3, 4), mean=m["batchnorm+scale"].mean, std=m["batchnorm+scale"].std)
+    relu = ChannelMap(negative_slope=0.0)
     affine = ChannelMap((2, 3, 4), scale=m["batchnorm+scale"].scale)
     chain = fusion.compose_all([normalize, ChannelMap(), affine, relu])
     assert chain.stages == [fusion.NORMALIZE, fusion.AFFINE, fusion.RECTIFY] and chain.dims == (2, 3, 4)
     assert fusion.compose(relu, normalize) is None  # a ReLU before BatchNorm is not one map
     assert fusion.compose(affine, affine) is None  # two scales would need two multiplications
-    assert fusion.compose(normalize, ChannelMap((6, 1, 4), scale=m["batchnorm"].mean[:1])) is None
+    assert fusion.compose(normalize, ChannelMap((6, 1, 4), scale=m["batchnorm+scale"].mean[:1])) is None
     assert fusion.compose_all([normalize, None]) is None
 
 
@@ -104,7 +108,12 @@ layer { name: "bn2" type: "BatchNorm" bottom: "conv2" top: "bn2" }
 layer { name: "scale2" type: "Scale" bottom: "bn2" top: "bn2" scale_param { bias_term: true } }
 layer { name: "sum" type: "Eltwise" bottom: "conv1" bottom: "bn2" top: "sum" }
 layer { name: "relu2" type: "ReLU" bottom: "sum" top: "sum" }
-layer { name: "fc" type: "InnerProduct" bottom: "sum" top: "fc" inner_product_param { num_output: 5 } }
+layer { name: "dw" type: "Convolution" bottom: "sum" top: "dw"
+        convolution_param { num_output: 4 group: 4 kernel_size: 3 pad: 1 } }
+layer { name: "bn3" type: "BatchNorm" bottom: "dw" top: "dw" }
+layer { name: "pw" type: "Convolution" bottom: "dw" top: "pw" convolution_param { num_output: 3 kernel_size: 1 } }
+layer { name: "relu4" type: "ReLU" bottom: "pw" top: "pw" }
+layer { name: "fc" type: "InnerProduct" bottom: "pw" top: "fc" inner_product_param { num_output: 5 } }
 layer { name: "relu3" type: "ReLU" bottom: "fc" top: "fc" relu_param { negative_slope: 0.2 } }
 layer { name: "drop" type: "Dropout" bottom: "fc" top: "fc" }
 """
@@ -144,6 +153,9 @@ def test_a_net_run_fused_gives_every_blob_the_bits_of_its_layers_one_by_one():
     assert ["conv1", "bn1", "scale1", "relu1"] in fused_steps
     assert ["bn2", "scale2"] in fused_steps and ["conv2"] in fused_steps
     assert ["sum", "relu2"] in fused_steps and ["fc", "relu3", "drop"] in fused_steps
+    # A depthwise and a pointwise convolution with a bias: the map adds it.
+    assert ["dw", "bn3"] in fused_steps and ["pw", "relu4"] in fused_steps
+    assert [net.layer_dict[name].algorithm for name in ("dw", "pw")] == ["depthwise", "pointwise"]
     unfused = run(net, fused=False)
     fused = run(net, fused=True)
     assert unfused.keys() == fused.keys()

@@ -2,7 +2,7 @@
 Eltwise sum rectified in the same pass.
 
 Each value goes through the stages with the expressions of the layers' own kernels, in the arrays'
-dtype, in the same order: (x - mean) / std (jit/batchnorm.py), v * s + b (jit/elementwise.py's
+dtype, in the same order: x + b (a convolution's bias), (x - mean) / std (jit/batchnorm.py), v * s + b (jit/elementwise.py's
 Scale), then ReLU's comparison, so a fused chain gives the bits the layers give one by one. A stage
 that is absent is a None argument: numba compiles a version without it (dead branches pruned).
 Work items as Scale's kernel: chunks of at most BLOCK values of one (o, d) row. Twins:
@@ -39,7 +39,9 @@ def _rectify(v, negative_slope):
 
 
 @njit(inline="always", error_model="numpy")
-def _mapped(v, d, mean, std, scale, bias, negative_slope):
+def _mapped(v, d, shift, mean, std, scale, bias, negative_slope):
+    if shift is not None:
+        v = v + shift[d]
     if mean is not None:
         v = (v - mean[d]) / std[d]
     if scale is not None:
@@ -53,8 +55,8 @@ def _mapped(v, d, mean, std, scale, bias, negative_slope):
 
 
 @njit(nogil=True, parallel=True, error_model="numpy", cache=True)
-def channel_map(x, mean, std, scale, bias, negative_slope, y):
-    """y[o, d, i] = rectify(((x - mean[d]) / std[d]) * scale[d] + bias[d]), each stage skipped
+def channel_map(x, shift, mean, std, scale, bias, negative_slope, y):
+    """y[o, d, i] = rectify((((x + shift[d]) - mean[d]) / std[d]) * scale[d] + bias[d]), each stage skipped
     where its argument is None; x, y (O x D x I), not overlapping (``channel_map_in_place`` else)."""
     o_, d_, i_ = x.shape
     chunks = _count(i_)
@@ -66,11 +68,11 @@ def channel_map(x, mean, std, scale, bias, negative_slope, y):
         src = x[o, d, lo:hi]
         dst = y[o, d, lo:hi]
         for i in range(hi - lo):
-            dst[i] = _mapped(src[i], d, mean, std, scale, bias, negative_slope)
+            dst[i] = _mapped(src[i], d, shift, mean, std, scale, bias, negative_slope)
 
 
 @njit(nogil=True, parallel=True, error_model="numpy", cache=True)
-def channel_map_in_place(y, mean, std, scale, bias, negative_slope):
+def channel_map_in_place(y, shift, mean, std, scale, bias, negative_slope):
     """``channel_map`` from y into y. A kernel of its own: given the same array twice, LLVM's
     vectorized loop saw its operands overlap and ran the scalar loop (3.5x slower)."""
     o_, d_, i_ = y.shape
@@ -82,7 +84,7 @@ def channel_map_in_place(y, mean, std, scale, bias, negative_slope):
         lo, hi = _bounds(item % chunks, i_)
         row = y[o, d, lo:hi]
         for i in range(hi - lo):
-            row[i] = _mapped(row[i], d, mean, std, scale, bias, negative_slope)
+            row[i] = _mapped(row[i], d, shift, mean, std, scale, bias, negative_slope)
 
 
 @njit(nogil=True, parallel=True, cache=True)
