@@ -24,7 +24,9 @@ fixed points (``netdef/solver/parallel.py``) this class:
   rule's model (the centre variable, rank 0's weights), swapped in on every rank for the test and
   out after it (the log says which, once).
 - Signals: stop/snapshot requests are agreed (a logical or over the ranks) at each iteration
-  boundary, so every rank stops or snapshots at the same iteration.
+  boundary, so every rank stops or snapshots at the same iteration: the one after the request, since
+  the agreement is collected an iteration after it starts (``lagged_agreement.py``: a blocking
+  collective per iteration made the ranks spin while waiting for each other).
 - Snapshots: written by rank 0, with every rank's own random state and data positions gathered
   into the state file (``NetdefSolverState.rank_state``), so a snapshot is one model file and one
   state file, each replaced atomically. Resuming with the same number of ranks restores every rank
@@ -57,6 +59,7 @@ from . import elastic, gossip  # noqa: F401  (they register the rules easgd, hyb
 from .agreement import agree, startup_facts
 from .communicator import Communicator, create_communicator
 from .exchange import ExchangeOptions, exchange_class
+from .lagged_agreement import LaggedAgreement
 from .timeline import Measurements, Timeline, instrument_net, write_chrome_trace
 
 logger = logging.getLogger("netdef")
@@ -98,6 +101,7 @@ class DataParallel(Parallel):
         self._update_start = 0.0
         self._reported_up_to = 0  # the first iteration scalars() has not reported yet
         self._model_depth = 0     # nested swap_in_model calls (a snapshot requested during a test)
+        self._requests: LaggedAgreement | None = None  # stop/snapshot requests, with several ranks
 
     def describe(self) -> str:
         return f"{self.size} ranks ({self.comm.description})"
@@ -138,6 +142,7 @@ class DataParallel(Parallel):
             self.timeline = Timeline(self.rank, self._clock())
             instrument_net(solver.net, self.timeline)
         if self.size > 1:
+            self._requests = LaggedAgreement(self.comm.duplicate(), 2)
             self._log_setup(solver, any(id(layer) in sharded for layer in solver.net.data_sources()))
 
     def _log_setup(self, solver, train_net_sharded: bool) -> None:
@@ -229,11 +234,9 @@ class DataParallel(Parallel):
             self._record.end_at = self._clock()
 
     def agree_requests(self, snapshot: bool, stop: bool) -> tuple[bool, bool]:
-        if self.size == 1:
+        if self._requests is None:
             return snapshot, stop
-        flags = np.array([snapshot, stop], dtype=np.int32)
-        self.comm.allreduce(flags, op="max")
-        return bool(flags[0]), bool(flags[1])
+        return self._requests.exchange((snapshot, stop))
 
     def scalars(self) -> dict:
         """Over the iterations finished since the last call: ``exchange/wait_s``, the mean time per
@@ -330,6 +333,8 @@ class DataParallel(Parallel):
         """Settle the exchange and write the Chrome trace (every rank must call it: it gathers the
         ranks' events)."""
         self.exchange.settle()
+        if self._requests is not None:
+            self._requests.collect()  # requests made in the last iteration come too late to act on
         if self.timeline is None:
             return
         for record in self.measurements.records:
