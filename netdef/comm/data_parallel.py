@@ -24,9 +24,10 @@ fixed points (``netdef/solver/parallel.py``) this class:
   rule's model (the centre variable, rank 0's weights), swapped in on every rank for the test and
   out after it (the log says which, once).
 - Signals: stop/snapshot requests are agreed (a logical or over the ranks) at each iteration
-  boundary, so every rank stops or snapshots at the same iteration: the one after the request, since
-  the agreement is collected an iteration after it starts (``lagged_agreement.py``: a blocking
-  collective per iteration made the ranks spin while waiting for each other).
+  boundary, so every rank stops or snapshots at the same iteration: at the end of the iteration after
+  the request, since the agreement starts when an iteration begins and is collected when it ends
+  (``lagged_agreement.py``: a blocking collective per iteration made the ranks spin while waiting for
+  each other). Requests made in the last iteration of a ``step`` are agreed during the next one.
 - Snapshots: written by rank 0, with every rank's own random state and data positions gathered
   into the state file (``NetdefSolverState.rank_state``), so a snapshot is one model file and one
   state file, each replaced atomically. Resuming with the same number of ranks restores every rank
@@ -102,6 +103,7 @@ class DataParallel(Parallel):
         self._reported_up_to = 0  # the first iteration scalars() has not reported yet
         self._model_depth = 0     # nested swap_in_model calls (a snapshot requested during a test)
         self._requests: LaggedAgreement | None = None  # stop/snapshot requests, with several ranks
+        self._unsent_requests = (False, False)          # ... made here since the last one started
 
     def describe(self) -> str:
         return f"{self.size} ranks ({self.comm.description})"
@@ -176,6 +178,9 @@ class DataParallel(Parallel):
     def begin_iteration(self, iteration: int) -> None:
         self._mark = self._clock()
         self._record = self.measurements.begin(iteration, self._mark)
+        if self._requests is not None:
+            self._requests.start(self._unsent_requests)
+            self._unsent_requests = (False, False)
         self.exchange.begin_iteration(iteration)
 
     def forward_done(self) -> None:
@@ -236,7 +241,8 @@ class DataParallel(Parallel):
     def agree_requests(self, snapshot: bool, stop: bool) -> tuple[bool, bool]:
         if self._requests is None:
             return snapshot, stop
-        return self._requests.exchange((snapshot, stop))
+        self._unsent_requests = (self._unsent_requests[0] or snapshot, self._unsent_requests[1] or stop)
+        return self._requests.collect()
 
     def scalars(self) -> dict:
         """Over the iterations finished since the last call: ``exchange/wait_s``, the mean time per
@@ -333,8 +339,6 @@ class DataParallel(Parallel):
         """Settle the exchange and write the Chrome trace (every rank must call it: it gathers the
         ranks' events)."""
         self.exchange.settle()
-        if self._requests is not None:
-            self._requests.collect()  # requests made in the last iteration come too late to act on
         if self.timeline is None:
             return
         for record in self.measurements.records:
