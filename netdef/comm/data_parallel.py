@@ -27,7 +27,8 @@ fixed points (``netdef/solver/parallel.py``) this class:
   boundary, so every rank stops or snapshots at the same iteration: at the end of the iteration after
   the request, since the agreement starts when an iteration begins and is collected when it ends
   (``lagged_agreement.py``: a blocking collective per iteration made the ranks spin while waiting for
-  each other). Requests made in the last iteration of a ``step`` are agreed during the next one.
+  each other). Requests made in the last iteration of a ``step`` are agreed during the next one, or
+  at once when a test comes first (between iterations there is nothing to lag behind).
 - Snapshots: written by rank 0, with every rank's own random state and data positions gathered
   into the state file (``NetdefSolverState.rank_state``), so a snapshot is one model file and one
   state file, each replaced atomically. Resuming with the same number of ranks restores every rank
@@ -242,6 +243,10 @@ class DataParallel(Parallel):
         if self._requests is None:
             return snapshot, stop
         self._unsent_requests = (self._unsent_requests[0] or snapshot, self._unsent_requests[1] or stop)
+        if not self._requests.pending:
+            # Between iterations (before each batch of a test): agree on everything asked so far, now.
+            self._requests.start(self._unsent_requests)
+            self._unsent_requests = (False, False)
         return self._requests.collect()
 
     def scalars(self) -> dict:

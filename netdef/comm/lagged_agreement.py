@@ -11,7 +11,9 @@ threads of the rank it waited for (``perf``: mutexes and epoll inside ``opal_pro
 k - 1 when iteration k begins, and collects it when iteration k ends, by which time whatever drives
 the exchange's progress has completed it: every rank acts on them at the end of iteration k. Nothing
 is left in flight between iterations (a request still in flight when the process ends would be
-written into freed memory). It runs on a communicator of its own (``Communicator.duplicate``): the
+written into freed memory). Between iterations (the solver asks again before each batch of a
+test) there is no iteration to lag behind: ``DataParallel`` starts and collects at once there, which
+waits for the other ranks, but without spinning. It runs on a communicator of its own (``Communicator.duplicate``): the
 communication thread starts collectives on the exchange's communicator meanwhile, and collectives on
 one communicator must start in the same order on every rank.
 """
@@ -42,6 +44,11 @@ class LaggedAgreement:
         leftover = self.collect()
         self._flags[:] = [bool(flag) or old for flag, old in zip(flags, leftover)]
         self._request = self.comm.iallreduce(self._flags, op="max")
+
+    @property
+    def pending(self) -> bool:
+        """Whether an agreement was started and not collected yet."""
+        return self._request is not None
 
     def collect(self) -> tuple[bool, ...]:
         """The combined flags of the last ``start``, waiting (without spinning inside MPI) if they are

@@ -39,3 +39,12 @@ def test_a_stop_asked_on_one_rank_stops_every_rank_at_the_next_iteration(tmp_pat
     # Asked at the end of iteration 1 (the callback sees solver.iter 2), which a blocking agreement
     # would have stopped after; agreed during iteration 2, so every rank stops after it.
     assert stops == [("0", "3", "True"), ("1", "3", "True")], result.stdout
+
+
+def test_pending_until_collected():
+    agreement = LaggedAgreement(Communicator(), 2)
+    assert not agreement.pending
+    agreement.start((False, False))
+    assert agreement.pending
+    agreement.collect()
+    assert not agreement.pending
