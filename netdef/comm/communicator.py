@@ -114,12 +114,6 @@ class Communicator:
         (collective: every rank calls it)."""
         return self
 
-    def duplicate(self) -> "Communicator":
-        """The same ranks as a communicator of their own (collective). Collectives must start in the
-        same order on every rank of a communicator, so two threads that each start collectives (the
-        training thread and the communication thread) need one communicator each."""
-        return self
-
     # -------------------------------------------------------------------------------- one-sided
     def window(self, count: int, dtype) -> "Window":
         """A window of ``count`` elements of ``dtype`` that this rank holds and every rank may read and
@@ -302,9 +296,6 @@ class MPICommunicator(Communicator):
 
     def split(self, color: int) -> "MPICommunicator":
         return MPICommunicator(self.comm.Split(int(color), self.rank))
-
-    def duplicate(self) -> "MPICommunicator":
-        return MPICommunicator(self.comm.Dup())
 
     def window(self, count: int, dtype) -> "MPIWindow":
         return MPIWindow(self._MPI, self.comm, count, dtype)

@@ -24,11 +24,7 @@ fixed points (``netdef/solver/parallel.py``) this class:
   rule's model (the centre variable, rank 0's weights), swapped in on every rank for the test and
   out after it (the log says which, once).
 - Signals: stop/snapshot requests are agreed (a logical or over the ranks) at each iteration
-  boundary, so every rank stops or snapshots at the same iteration: at the end of the iteration after
-  the request, since the agreement starts when an iteration begins and is collected when it ends
-  (``lagged_agreement.py``: a blocking collective per iteration made the ranks spin while waiting for
-  each other). Requests made in the last iteration of a ``step`` are agreed during the next one, or
-  at once when a test comes first (between iterations there is nothing to lag behind).
+  boundary, so every rank stops or snapshots at the same iteration.
 - Snapshots: written by rank 0, with every rank's own random state and data positions gathered
   into the state file (``NetdefSolverState.rank_state``), so a snapshot is one model file and one
   state file, each replaced atomically. Resuming with the same number of ranks restores every rank
@@ -61,7 +57,6 @@ from . import elastic, gossip  # noqa: F401  (they register the rules easgd, hyb
 from .agreement import agree, startup_facts
 from .communicator import Communicator, create_communicator
 from .exchange import ExchangeOptions, exchange_class
-from .lagged_agreement import LaggedAgreement
 from .timeline import Measurements, Timeline, instrument_net, write_chrome_trace
 
 logger = logging.getLogger("netdef")
@@ -103,8 +98,6 @@ class DataParallel(Parallel):
         self._update_start = 0.0
         self._reported_up_to = 0  # the first iteration scalars() has not reported yet
         self._model_depth = 0     # nested swap_in_model calls (a snapshot requested during a test)
-        self._requests: LaggedAgreement | None = None  # stop/snapshot requests, with several ranks
-        self._unsent_requests = (False, False)          # ... made here since the last one started
 
     def describe(self) -> str:
         return f"{self.size} ranks ({self.comm.description})"
@@ -145,7 +138,6 @@ class DataParallel(Parallel):
             self.timeline = Timeline(self.rank, self._clock())
             instrument_net(solver.net, self.timeline)
         if self.size > 1:
-            self._requests = LaggedAgreement(self.comm.duplicate(), 2)
             self._log_setup(solver, any(id(layer) in sharded for layer in solver.net.data_sources()))
 
     def _log_setup(self, solver, train_net_sharded: bool) -> None:
@@ -179,9 +171,6 @@ class DataParallel(Parallel):
     def begin_iteration(self, iteration: int) -> None:
         self._mark = self._clock()
         self._record = self.measurements.begin(iteration, self._mark)
-        if self._requests is not None:
-            self._requests.start(self._unsent_requests)
-            self._unsent_requests = (False, False)
         self.exchange.begin_iteration(iteration)
 
     def forward_done(self) -> None:
@@ -240,14 +229,11 @@ class DataParallel(Parallel):
             self._record.end_at = self._clock()
 
     def agree_requests(self, snapshot: bool, stop: bool) -> tuple[bool, bool]:
-        if self._requests is None:
+        if self.size == 1:
             return snapshot, stop
-        self._unsent_requests = (self._unsent_requests[0] or snapshot, self._unsent_requests[1] or stop)
-        if not self._requests.pending:
-            # Between iterations (before each batch of a test): agree on everything asked so far, now.
-            self._requests.start(self._unsent_requests)
-            self._unsent_requests = (False, False)
-        return self._requests.collect()
+        flags = np.array([snapshot, stop], dtype=np.int32)
+        self.comm.allreduce(flags, op="max")
+        return bool(flags[0]), bool(flags[1])
 
     def scalars(self) -> dict:
         """Over the iterations finished since the last call: ``exchange/wait_s``, the mean time per
