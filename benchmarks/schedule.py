@@ -17,6 +17,10 @@ of one BLAS thread each:
   schedule, each blob updated as its gradient arrives, the next forward overlapping the exchange);
 - efficiency = max(compute, exchange) / iteration (1.0: nothing of the shorter one is exposed).
 
+``--threads`` also prints, per configuration, the CPU time per iteration of each rank's threads
+(the training thread, the communication thread, the others) and their waits for a core
+(``thread_cpu.py``): what an exchange costs the cores when every core computes.
+
 ``--configs`` also takes ``multicolor`` and ``fp16``: the priority schedule with those exchange
 rules instead of the MPI library's allreduce (``exchange`` stays one blocking MPI allreduce).
 
@@ -47,6 +51,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import thread_cpu  # noqa: E402
 from overlap import _clean_env, _run, default_burst, model_text, solver_text, timed_allreduce  # noqa: E402
 
 CONFIGS = {
@@ -95,12 +100,15 @@ def worker(spec_path: str) -> None:
             probe = np.ones(sum(b.count for b in solvers[spec["configs"][0]].net.learnable_params), np.float32)
             exchange_s = timed_allreduce(comm, probe, 5)
             times = {name: [] for name in spec["configs"]}
+            cpu = {name: [] for name in spec["configs"]}
             for r in range(spec["rounds"]):
                 names = spec["configs"][r % len(spec["configs"]):] + spec["configs"][:r % len(spec["configs"])]
                 for name in names:
                     comm.barrier()  # the independent solvers too run at the same time
                     stamps[name].clear()
+                    before = thread_cpu.snapshot()
                     solvers[name].step(spec["iters"] + 1)
+                    cpu[name].append(thread_cpu.per_iteration(before, thread_cpu.snapshot(), spec["iters"] + 1))
                     times[name] += list(np.diff(stamps[name]))
             for solver in solvers.values():
                 solver.close()
@@ -115,6 +123,7 @@ def worker(spec_path: str) -> None:
                 "credit_bytes": chunk.credit_bytes if chunk else None,
                 "sizes": {name: [t.chunk_bytes, t.credit_bytes] for name, t in transports.items() if t is not None},
                 "megabytes": probe.nbytes / 1e6,
+                "threads": [json.loads(b) for b in comm.allgather_bytes(json.dumps(cpu).encode())],  # by rank
             }
         if comm.rank == 0:
             pathlib.Path(spec_path + ".out.json").write_text(json.dumps(out))
@@ -196,10 +205,29 @@ def report(args, doc: dict) -> None:
         sizes = f"{r['chunk_bytes'] // 1024}/{r['credit_bytes'] // 1024}" if r["chunk_bytes"] else "-"
         print(f"{batch:>5} {r['megabytes']:>5.1f} {compute * 1e3:>6.0f}ms {r['exchange_s'] * 1e3:>6.0f}ms | "
               + " | ".join(cells) + f" | {sizes}")
+        if args.threads:
+            print_threads(batch, r["threads"])
         others = {name: v for name, v in r.get("sizes", {}).items() if name != "priority"}
         if others:
             print("      chunk/credit KiB: " + ", ".join(f"{name} {c // 1024}/{k // 1024}"
                                                         for name, (c, k) in others.items()))
+
+
+def print_threads(batch, by_rank: list[dict]) -> None:
+    """Per configuration, each thread's CPU and core-wait ms per iteration (medians over the rounds,
+    means over the ranks) and the communication thread's voluntary context switches (its wake-ups)."""
+    for config in by_rank[0]:
+        names = sorted({name for rank in by_rank for rnd in rank[config] for name in rnd},
+                       key=lambda n: (n != "MainThread", n != "netdef-comm", n))
+
+        def value(name, field):
+            per_rank = [statistics.median(rnd.get(name, {}).get(field, 0.0) for rnd in rank[config])
+                        for rank in by_rank]
+            return sum(per_rank) / len(per_rank)
+
+        cells = [f"{name} {value(name, 'run_ms'):.0f} (waits {value(name, 'wait_ms'):.0f})" for name in names]
+        wakeups = f", netdef-comm wake-ups {value('netdef-comm', 'voluntary'):.0f}" if "netdef-comm" in names else ""
+        print(f"{batch:>5} {config:>9} CPU ms/iteration: " + ", ".join(cells) + wakeups)
 
 
 def main(argv=None) -> int:
@@ -215,6 +243,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--chunk-bytes", type=int, help="priority: this chunk size instead of the measured one")
     parser.add_argument("--credit-bytes", type=int, help="priority: these bytes in flight instead of the measured")
+    parser.add_argument("--threads", action="store_true",
+                        help="also print each thread's CPU time per iteration (thread_cpu.py)")
     parser.add_argument("--json", help="also write the measurements here")
     args = parser.parse_args(argv)
     if args.worker:

@@ -97,20 +97,31 @@ class PrioritySchedule:
             chunk.reset()
         self.local_ready = 0
         self.started: list[Chunk] = []
+        self._settled = 0                         # started[:_settled] complete, marks included
         self._unsent = list(self.chunks)          # in backward order
         self._inflight: list[Chunk] = []
         self._left = [len(c) for c in self._chunks_of]
         self.completed_buckets = 0
+        # Whether a decision may have become possible since the last one was refused: only a
+        # completion or a bucket readied here make one possible (most pumps find neither).
+        self._news = True
 
     # ------------------------------------------------------------------------------ readiness
     def bucket_ready(self, bucket) -> None:
         """``bucket`` is packed (its buffer is final) on this rank."""
         self.local_ready = max(self.local_ready, bucket.index + 1)
+        self._news = True
 
     @property
     def done(self) -> bool:
         """Every chunk started and complete, marks included."""
         return not self._unsent and not self._inflight
+
+    @property
+    def in_flight(self) -> bool:
+        """Some started chunk (or its mark) has not completed: a test may find something new. When
+        nothing is, only ``bucket_ready`` can let the schedule go on."""
+        return bool(self._inflight)
 
     # ------------------------------------------------------------------------------ progress
     def pump(self, block: bool = False) -> bool:
@@ -120,8 +131,10 @@ class PrioritySchedule:
         callers that wait call it again until what they wait for is there."""
         with self.lock:
             progressed = self._test()
-            while self._decide():
-                progressed = True
+            if progressed or self._news:
+                self._news = False
+                while self._decide():
+                    progressed = True
             if block and not progressed and self._inflight:
                 self._wait_oldest()
                 progressed = True
@@ -162,6 +175,10 @@ class PrioritySchedule:
             if chunk.request is not None or chunk.mark_request is not None:
                 keep.append(chunk)
         self._inflight = keep
+        started = self.started
+        while self._settled < len(started) and started[self._settled].request is None \
+                and started[self._settled].mark_request is None:
+            self._settled += 1
 
     def _acknowledged(self) -> int:
         """How many of the started chunks must be complete before the next decision: the shortest
@@ -179,10 +196,9 @@ class PrioritySchedule:
             return False
         acknowledged = self._acknowledged()
         if acknowledged:
-            last = self.started[acknowledged - 1]
-            if any(c.request is not None or c.mark_request is not None for c in self.started[:acknowledged]):
+            if acknowledged > self._settled:
                 return False
-            everywhere = int(last.mark[0])
+            everywhere = int(self.started[acknowledged - 1].mark[0])
         else:
             everywhere = 0
         urgent = [c for c in self._unsent if c.bucket.index < everywhere]
@@ -215,8 +231,13 @@ class PrioritySchedule:
 
 class ScheduleThread:
     """A communication thread that owns every MPI call of the schedule (the THREAD progress mode):
-    it pumps every ``poll_interval`` seconds while chunks are in flight or waiting to start, and every
+    it pumps every ``poll_interval`` seconds while chunks are in flight, and every
     ``urgent_poll_interval`` while the training thread waits, sleeping without the GIL in between.
+    With nothing in flight it sleeps until it is nudged (a bucket is ready, the training thread
+    waits, a new iteration): a test could find nothing, and each wake-up takes a core from a rank's
+    compute and the GIL from its training thread. It used to poll every 2 ms whenever the iteration's
+    exchange was unfinished: 1,000-1,120 wake-ups per iteration of which about 20 found anything, on a
+    loaded machine (schedule.py's compute-bound regime, 4-7 s iterations); 250 without those polls.
 
     It never blocks inside MPI: MPI libraries wait by spinning, and with every core computing (ranks
     share the machine's cores) a spinning thread takes a core from another rank's backprop. Over Open
@@ -232,6 +253,7 @@ class ScheduleThread:
             self.poll_interval = float(poll_interval)
         self._cond = threading.Condition()
         self._waiting = 0
+        self._nudges = 0        # counts nudges, so that one made while the thread pumps is not missed
         self._stop = False
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="netdef-comm", daemon=True)
@@ -240,12 +262,14 @@ class ScheduleThread:
     def nudge(self) -> None:
         """Something changed (a bucket is ready, a new iteration): look now."""
         with self._cond:
+            self._nudges += 1
             self._cond.notify_all()
 
     def wait_until(self, predicate) -> None:
         """Block the calling (training) thread until ``predicate()`` holds."""
         with self._cond:
             self._waiting += 1
+            self._nudges += 1
             self._cond.notify_all()
             try:
                 while not predicate() and self.error is None:
@@ -267,6 +291,7 @@ class ScheduleThread:
                 with self._cond:
                     if self._stop:
                         return
+                    nudges = self._nudges
                 schedule = self._source()
                 progressed = schedule.pump() if schedule is not None else False
                 with self._cond:
@@ -274,9 +299,9 @@ class ScheduleThread:
                         self._cond.notify_all()
                     if self._stop:
                         return
-                    idle = schedule is None or schedule.done
-                    if not progressed:
-                        self._cond.wait(timeout=None if idle and not self._waiting else
+                    if not progressed and nudges == self._nudges:
+                        in_flight = schedule is not None and schedule.in_flight
+                        self._cond.wait(timeout=None if not in_flight else
                                         self.urgent_poll_interval if self._waiting else self.poll_interval)
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread
             with self._cond:
