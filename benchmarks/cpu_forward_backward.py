@@ -35,6 +35,10 @@ import os
 # environment measures both with spinning threads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# netdef before NumPy, as `netdef` itself starts: it makes OpenBLAS's idle threads sleep at once, which
+# OpenBLAS reads only when NumPy loads it (netdef/threads.py, BLAS_WAIT_POLICY).
+import netdef  # noqa: E402
+
 import argparse  # noqa: E402
 import collections
 import json
@@ -49,7 +53,6 @@ import numpy as np
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import netdef  # noqa: E402
 from netdef.memory import status_bytes  # noqa: E402
 from netdef.proto import io as proto_io  # noqa: E402
 from netdef.proto import netdef_pb2 as pb  # noqa: E402

@@ -6,6 +6,10 @@ pycaffe users port by renaming ``caffe`` to ``netdef``::
     net = netdef.Net("deploy.prototxt", netdef.TEST, weights="model.caffemodel")
     probs = net.forward(data=images)["prob"]
 """
+from . import threads as _threads
+
+_threads.let_idle_blas_threads_sleep()  # before anything below loads NumPy and its BLAS
+
 from .backend import (
     get_array_module,
     set_device,

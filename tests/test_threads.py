@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from netdef.threads import (ThreadPlan, kernel_threads, let_idle_kernel_threads_sleep, own_cores,
+from netdef.threads import (ThreadPlan, kernel_threads, let_idle_blas_threads_sleep, let_idle_kernel_threads_sleep, own_cores,
                             plan_compute_threads, set_kernel_threads, yield_cores_to_compute)
 
 
@@ -109,3 +109,30 @@ def test_the_wait_policy_is_set_before_the_kernels_pool_starts(user):
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[0] == (user or "PASSIVE")
+
+
+def test_idle_blas_threads_sleep_unless_the_user_chose():
+    env = {}
+    let_idle_blas_threads_sleep(env)
+    assert env == {"OPENBLAS_THREAD_TIMEOUT": "4"}
+    env = {"OPENBLAS_THREAD_TIMEOUT": "28"}
+    let_idle_blas_threads_sleep(env)
+    assert env == {"OPENBLAS_THREAD_TIMEOUT": "28"}
+
+
+@pytest.mark.parametrize("user", [None, "28"])
+def test_importing_netdef_sets_the_blas_wait_before_numpy_loads(user):
+    # OpenBLAS reads the variable once, when NumPy loads it: a finder notes its value at that moment.
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if user:
+        env["OPENBLAS_THREAD_TIMEOUT"] = user
+    code = ("import os, sys\n"
+            "class Watch:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'numpy':\n"
+            "            print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))\n"
+            "sys.meta_path.insert(0, Watch())\n"
+            "import netdef\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [user or "4"]
