@@ -75,10 +75,12 @@ def worker(spec_path: str) -> None:
     from netdef.comm.distributed import run_guarded
     from netdef.solver import get_solver
     from netdef.solver.solver import read_solver_param
+    from netdef.threads import share_cores
 
     spec = json.loads(pathlib.Path(spec_path).read_text())
     logging.getLogger("netdef").setLevel(logging.WARNING)
     comm = create_communicator()
+    share_cores(comm)  # as `netdef train` does: the compiled kernels' pool too gets this rank's share
 
     def main():
         out = {"library": comm.description, "regimes": {}}
