@@ -341,7 +341,8 @@ def main() -> None:
         print(f"# numpy BLAS: {pool.get('internal_api')} {pool.get('version')} threads={pool.get('num_threads')}")
     gflops = sgemm_gflops()
     print(f"# torch {torch.__version__} threads={torch.get_num_threads()}; sgemm {gflops:.0f} GFLOP/s; "
-          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; clock {args.clock}; load average {os.getloadavg()[0]:.2f}; "
+          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; "
+          f"OPENBLAS_THREAD_TIMEOUT={os.environ.get('OPENBLAS_THREAD_TIMEOUT', 'unset')}; clock {args.clock}; load average {os.getloadavg()[0]:.2f}; "
           f"{time.strftime('%Y-%m-%d %H:%M')}")
     print(f"{'net':<15}{'batch':>6} | {'fwd+bwd ms':>10}{'torch':>9}{'ratio':>7} | {'fwd ms':>8}{'torch':>8}"
           f"{'ratio':>7} | {'floor ms':>8}{'x floor':>8} | {'RSS MiB':>8}{'torch':>7}")
