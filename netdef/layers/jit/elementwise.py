@@ -57,22 +57,28 @@ def relu_backward(x, dy, negative_slope, dx):
 # ---------------------------------------------------------------------------------------------- sums
 # Several inputs: a block of each at a time (slices indexed from 0, which LLVM vectorizes; an index
 # that numba cannot prove non-negative carries a wrap-around check that stops it).
+@njit(inline="always")
+def weighted_sum_block(xs, coeffs, lo, hi, out):
+    """out = sum_k coeffs[k] * xs[k][lo:hi], added from k = 0 up (``weighted_sum``'s block; the fused
+    Eltwise+ReLU of jit/fusion.py sums the same way)."""
+    first = xs[0][lo:hi]
+    c = coeffs[0]
+    for i in range(hi - lo):
+        out[i] = c * first[i]
+    for k in range(1, len(xs)):
+        term = xs[k][lo:hi]
+        c = coeffs[k]
+        for i in range(hi - lo):
+            out[i] += c * term[i]
+
+
 @njit(nogil=True, parallel=True, cache=True)
 def weighted_sum(xs, coeffs, y):
     """y = sum_k coeffs[k] * xs[k], added from k = 0 up."""
     size = y.shape[0]
     for block in prange(_count(size)):
         lo, hi = _bounds(block, size)
-        out = y[lo:hi]
-        first = xs[0][lo:hi]
-        c = coeffs[0]
-        for i in range(hi - lo):
-            out[i] = c * first[i]
-        for k in range(1, len(xs)):
-            term = xs[k][lo:hi]
-            c = coeffs[k]
-            for i in range(hi - lo):
-                out[i] += c * term[i]
+        weighted_sum_block(xs, coeffs, lo, hi, y[lo:hi])
 
 
 @njit(nogil=True, parallel=True, cache=True)

@@ -16,7 +16,7 @@ let_idle_kernel_threads_sleep()  # before numba starts its thread pool
 
 from numba import njit, prange  # noqa: E402 (after the wait policy)
 
-from .elementwise import BLOCK  # noqa: E402
+from .elementwise import BLOCK, weighted_sum_block  # noqa: E402
 
 
 @njit(inline="always")
@@ -95,14 +95,6 @@ def weighted_sum_rectified(xs, coeffs, negative_slope, y):
     for block in prange(_count(size)):
         lo, hi = _bounds(block, size)
         out = y[lo:hi]
-        first = xs[0][lo:hi]
-        c = coeffs[0]
-        for i in range(hi - lo):
-            out[i] = c * first[i]
-        for k in range(1, len(xs)):
-            term = xs[k][lo:hi]
-            c = coeffs[k]
-            for i in range(hi - lo):
-                out[i] += c * term[i]
+        weighted_sum_block(xs, coeffs, lo, hi, out)
         for i in range(hi - lo):
             out[i] = _rectify(out[i], negative_slope)
