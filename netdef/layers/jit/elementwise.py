@@ -21,13 +21,14 @@ BLOCK = 16384  # elements per work item: 64 KiB of float32, many items per threa
 
 
 @njit(inline="always")
-def _bounds(block, size):
+def block_bounds(block, size):
+    """[lo, hi) of work item ``block`` over ``size`` elements (shared with jit/fusion.py)."""
     lo = block * BLOCK
     return lo, min(lo + BLOCK, size)
 
 
 @njit(inline="always")
-def _count(size):
+def block_count(size):
     return (size + BLOCK - 1) // BLOCK
 
 
@@ -76,8 +77,8 @@ def weighted_sum_block(xs, coeffs, lo, hi, out):
 def weighted_sum(xs, coeffs, y):
     """y = sum_k coeffs[k] * xs[k], added from k = 0 up."""
     size = y.shape[0]
-    for block in prange(_count(size)):
-        lo, hi = _bounds(block, size)
+    for block in prange(block_count(size)):
+        lo, hi = block_bounds(block, size)
         weighted_sum_block(xs, coeffs, lo, hi, y[lo:hi])
 
 
@@ -85,8 +86,8 @@ def weighted_sum(xs, coeffs, y):
 def product(xs, y):
     """y = prod_k xs[k], multiplied from k = 0 up."""
     size = y.shape[0]
-    for block in prange(_count(size)):
-        lo, hi = _bounds(block, size)
+    for block in prange(block_count(size)):
+        lo, hi = block_bounds(block, size)
         out = y[lo:hi]
         first = xs[0][lo:hi]
         for i in range(hi - lo):
@@ -129,8 +130,8 @@ def maximum(xs, y, mask):
     """y = max_k xs[k], mask = the k it came from: xs[0] only where strictly above xs[1], a later
     input only where strictly above the running maximum (Caffe's ties)."""
     size = y.shape[0]
-    for block in prange(_count(size)):
-        lo, hi = _bounds(block, size)
+    for block in prange(block_count(size)):
+        lo, hi = block_bounds(block, size)
         out = y[lo:hi]
         arg = mask[lo:hi]
         a = xs[0][lo:hi]
@@ -166,12 +167,12 @@ def maximum_gradients(dy, mask, wanted, outs):
 def scale_forward(x, s, b, y):
     """y[o, d, i] = x[o, d, i] * s[d] (+ b[d] unless b is None); x, y (O x D x I)."""
     o_, d_, i_ = x.shape
-    chunks = _count(i_)
+    chunks = block_count(i_)
     for item in prange(o_ * d_ * chunks):
         plane = item // chunks
         o = plane // d_
         d = plane % d_
-        lo, hi = _bounds(item % chunks, i_)
+        lo, hi = block_bounds(item % chunks, i_)
         src = x[o, d, lo:hi]
         dst = y[o, d, lo:hi]
         factor = s[d]
@@ -211,7 +212,7 @@ def scale_backward(x, dy, s, dx, sums):
     """sums (2 x D, float64) = per d, the sum over O and I of dy and of dy * x (0 when x is None);
     dx = dy * s[d] unless dx is None. x, dy, dx (O x D x I)."""
     o_, d_, i_ = dy.shape
-    chunks = _count(i_)
+    chunks = block_count(i_)
     rows = o_ * chunks
     partial = np.zeros((2, rows, d_))
     for item in prange(o_ * d_ * chunks):
@@ -219,7 +220,7 @@ def scale_backward(x, dy, s, dx, sums):
         o = plane // d_
         d = plane % d_
         chunk = item % chunks
-        lo, hi = _bounds(chunk, i_)
+        lo, hi = block_bounds(chunk, i_)
         grad = dy[o, d, lo:hi]
         if x is None:
             partial[0, o * chunks + chunk, d] = row_sum(grad)

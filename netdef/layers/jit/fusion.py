@@ -16,18 +16,7 @@ let_idle_kernel_threads_sleep()  # before numba starts its thread pool
 
 from numba import njit, prange  # noqa: E402 (after the wait policy)
 
-from .elementwise import BLOCK, weighted_sum_block  # noqa: E402
-
-
-@njit(inline="always")
-def _bounds(block, size):
-    lo = block * BLOCK
-    return lo, min(lo + BLOCK, size)
-
-
-@njit(inline="always")
-def _count(size):
-    return (size + BLOCK - 1) // BLOCK
+from .elementwise import block_bounds, block_count, weighted_sum_block  # noqa: E402
 
 
 @njit(inline="always")
@@ -59,12 +48,12 @@ def channel_map(x, shift, mean, std, scale, bias, negative_slope, y):
     """y[o, d, i] = rectify((((x + shift[d]) - mean[d]) / std[d]) * scale[d] + bias[d]), each stage skipped
     where its argument is None; x, y (O x D x I), not overlapping (``channel_map_in_place`` else)."""
     o_, d_, i_ = x.shape
-    chunks = _count(i_)
+    chunks = block_count(i_)
     for item in prange(o_ * d_ * chunks):
         plane = item // chunks
         o = plane // d_
         d = plane % d_
-        lo, hi = _bounds(item % chunks, i_)
+        lo, hi = block_bounds(item % chunks, i_)
         src = x[o, d, lo:hi]
         dst = y[o, d, lo:hi]
         for i in range(hi - lo):
@@ -76,12 +65,12 @@ def channel_map_in_place(y, shift, mean, std, scale, bias, negative_slope):
     """``channel_map`` from y into y. A kernel of its own: given the same array twice, LLVM's
     vectorized loop saw its operands overlap and ran the scalar loop (3.5x slower)."""
     o_, d_, i_ = y.shape
-    chunks = _count(i_)
+    chunks = block_count(i_)
     for item in prange(o_ * d_ * chunks):
         plane = item // chunks
         o = plane // d_
         d = plane % d_
-        lo, hi = _bounds(item % chunks, i_)
+        lo, hi = block_bounds(item % chunks, i_)
         row = y[o, d, lo:hi]
         for i in range(hi - lo):
             row[i] = _mapped(row[i], d, shift, mean, std, scale, bias, negative_slope)
@@ -92,8 +81,8 @@ def weighted_sum_rectified(xs, coeffs, negative_slope, y):
     """y = rectify(sum_k coeffs[k] * xs[k]), added from k = 0 up as ``weighted_sum``; each block is
     rectified while it is still in cache."""
     size = y.shape[0]
-    for block in prange(_count(size)):
-        lo, hi = _bounds(block, size)
+    for block in prange(block_count(size)):
+        lo, hi = block_bounds(block, size)
         out = y[lo:hi]
         weighted_sum_block(xs, coeffs, lo, hi, out)
         for i in range(hi - lo):
