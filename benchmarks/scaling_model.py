@@ -17,8 +17,9 @@ rank count N (``--ranks``):
      gradient (shared memory's bandwidth, which has no nominal figure), and the CPU time one
      non-blocking allreduce of every gradient costs a rank when tested every 2 ms as the
      communication thread does (the exchange's CPU work per byte);
-   - a tiny non-blocking allreduce tested every poll interval (what the model's ``thread``
-     progress assumes it takes: one poll per round plus one; printed beside it, not used);
+   - a tiny non-blocking allreduce tested every poll interval (the model's ``thread`` progress
+     without it assumes one poll per round plus one, printed beside it; the prediction uses the
+     measurement, ``--polled_ms``: over TCP it is 1.5-2x that);
    - the iteration time of N independent solvers (no exchange: the measured compute) and of
      data-parallel training with netdef's defaults (the priority schedule), medians of
      start-to-start times over ``--rounds`` alternating rounds of each;
@@ -33,8 +34,8 @@ rank count N (``--ranks``):
    ``shared`` network (every rank's bytes cross the one loopback; EMULATED-NETWORK.md) with the
    nominal rate of the emulated link (shared memory: the measured one), the measured latency,
    where ranks >= cores the exchange's CPU work times N / cores, the progress the solver chooses
-   (``deferred`` over shared memory, a ``thread`` polling every 2 ms over TCP) and the measured
-   synchronisation cost.
+   (``deferred`` over shared memory, a ``thread`` polling every 2 ms over TCP, with the measured
+   polled tiny allreduce) and the measured synchronisation cost.
 
 It prints predicted against measured compute and iteration time, and the error; and the error
 again with the profile rescaled to the compute measured in the same launch (on a shared machine
@@ -235,7 +236,8 @@ def predict(profile_path: str, ranks: int, transport: str, measured: dict, cores
         bandwidth = parse_rate(transport)
     network = Network(bandwidth, latency, "shared")
     # The solver's progress (progress.choose_mode): deferred between ranks that share memory, else a thread.
-    schedule = ScheduleOptions(progress="deferred" if transport == "shm" else "thread")
+    schedule = ScheduleOptions(progress="deferred" if transport == "shm" else "thread",
+                               polled_s=measured["polled_tiny_allreduce_s"])
     options = RuleOptions(update_s_per_byte=CPU_UPDATE_S_PER_BYTE * max(1.0, ranks / cores),
                           exchange_cpu_s_per_byte=measured["exchange_cpu_s_per_byte"] * contention,
                           schedule=schedule, sync_s=measured["sync_s"])
@@ -250,7 +252,8 @@ def predict(profile_path: str, ranks: int, transport: str, measured: dict, cores
             "latency_s": latency, "exchange_cpu_ns": options.exchange_cpu_s_per_byte * 1e9,
             "exchange_s": network.allreduce(measured["gradient_bytes"], ranks).total_s,
             "progress": schedule.progress, "sync_s": options.sync_s,
-            "polled_tiny_allreduce_s": progress_of(dataclasses.replace(schedule, progress="thread"), ranks).polled_s}
+            "polled_tiny_allreduce_s": progress_of(dataclasses.replace(schedule, progress="thread", polled_s=0.0),
+                                                   ranks).polled_s}
 
 
 # ============================================================================================== main

@@ -278,7 +278,8 @@ def cmd_simulate(args) -> int:
         simulate.parse_rate(args.intra_bandwidth, "--intra_bandwidth") if args.intra_bandwidth else 0.0,
         simulate.parse_duration(args.intra_latency, "--intra_latency"), args.allreduce_algorithm)
     schedule = simulate.ScheduleOptions(args.schedule, args.overlap, args.bucket_bytes, args.chunk_bytes,
-                                        args.credit_bytes, args.progress, args.poll_ms * 1e-3)
+                                        args.credit_bytes, args.progress, args.poll_ms * 1e-3,
+                                        args.polled_ms * 1e-3)
     if not args.update_rate > 0:
         raise CommandLineError(f"simulate: --update_rate must be positive, got {args.update_rate}")
     options = simulate.RuleOptions(args.exchange, args.colors, args.tau, args.gossip_probability, args.group_size,
@@ -462,6 +463,9 @@ def _add_simulate(verbs, common) -> None:
     _flag(rule, "poll_ms", type=float, default=ScheduleThread.poll_interval * 1e3, metavar="MS",
           help=f"the communication thread's poll interval (default {ScheduleThread.poll_interval * 1e3:g}, the "
                f"solver's; 0 where nothing polls: NCCL, MPI's own progress thread)")
+    _flag(rule, "polled_ms", type=float, default=0.0, metavar="MS",
+          help="measured: how long a tiny non-blocking allreduce takes when tested every --poll_ms "
+               "(benchmarks/scaling_model.py measures it; default 0: one poll per round plus one)")
     _flag(rule, "colors", type=int, default=0, help="multicolor: trees (default: min(workers, 4))")
     _flag(rule, "tau", type=int, default=10, help="easgd, hybrid: iterations between elastic steps (default 10)")
     _flag(rule, "gossip_probability", type=float, default=0.1, help="gossip: per iteration (default 0.1)")

@@ -36,6 +36,10 @@ Who moves the exchange (``Progress``, after progress.py's drivers):
   completes no sooner than ``(rounds + 1)`` tests after it starts (``Progress.polls``): 2 ranks, one
   round, tested every 2 ms: 4 ms (measured on a loaded machine: 4.2 ms over shared memory, 6.4 over
   TCP, for an 8-byte allreduce that takes 7-8 us blocking). Decisions of the schedule wait for the same tests.
+  Where that time was measured (``ScheduleOptions.polled_s``: benchmarks/scaling_model.py measures a
+  polled tiny allreduce), the measurement replaces the rounds + 1 polls: over Open MPI's TCP each
+  round's send and receive wait for a test on both ranks, whose polls are out of phase, and a
+  quiet machine measured 6.3-8.4 ms at 2 ranks where rounds + 1 polls give 4.
 - ``deferred``: no MPI call during compute (the DEFERRED driver the solver picks between ranks that
   share memory): what was started moves only while the training thread blocks in MPI, at the
   iteration's end or in a wait before a layer; while it computes, the collectives in flight and
@@ -70,6 +74,7 @@ class ScheduleOptions:
     credit_bytes: int = 0         # 0: scheduler.credit_size
     progress: str = "thread"      # or "deferred" (module docstring)
     poll_s: float = ScheduleThread.poll_interval   # the communication thread's; 0: nothing polls (NCCL)
+    polled_s: float = 0.0         # measured: a tiny collective tested every poll_s; 0: (rounds + 1) polls
 
     @property
     def urgent_poll_s(self) -> float:
@@ -93,6 +98,13 @@ class Progress:
         """A communication thread testing every ``poll_s`` (``urgent_poll_s`` while the training thread
         waits), for collectives of ``rounds`` rounds: ``polls(rounds)`` tests each."""
         return cls("thread", cls.polls(rounds) * poll_s, cls.polls(rounds) * urgent_poll_s)
+
+    @classmethod
+    def measured(cls, polled_s: float, poll_s: float, urgent_poll_s: float) -> "Progress":
+        """A communication thread whose tiny collective, tested every ``poll_s``, was measured to take
+        ``polled_s``; once the training thread waits, the tests come ``poll_s / urgent_poll_s`` times
+        as often and the collective takes that much less."""
+        return cls("thread", polled_s, polled_s * urgent_poll_s / poll_s if poll_s > 0 else polled_s)
 
     @staticmethod
     def polls(rounds: int) -> int:

@@ -14,7 +14,8 @@ def describe(profile: Profile, network: Network, options: RuleOptions) -> str:
     schedule = options.schedule
     progress = f"progress {schedule.progress}"
     if schedule.progress == "thread":
-        progress += f" (poll {schedule.poll_s * 1e3:g} ms)"
+        progress += f" (poll {schedule.poll_s * 1e3:g} ms"
+        progress += f", a tiny collective measured at {schedule.polled_s * 1e3:g} ms)" if schedule.polled_s else ")"
     return (f"# {profile.model or 'profile'}: batch {profile.batch} per worker, {profile.gradient_bytes / 1e6:.1f} MB "
             f"of gradients, compute {1e3 * (profile.forward_s + profile.backward_s):.1f} ms; exchange "
             f"{options.rule}, schedule {schedule.schedule}, {progress}, sync {options.sync_s * 1e3:g} ms per "
@@ -33,7 +34,7 @@ def table(predictions: list[Prediction]) -> str:
 def as_json(profile: Profile, network: Network, options: RuleOptions, predictions: list[Prediction]) -> dict:
     return {"model": profile.model, "batch": profile.batch, "gradient_bytes": profile.gradient_bytes,
             "exchange": options.rule, "schedule": options.schedule.schedule, "progress": options.schedule.progress,
-            "poll_s": options.schedule.poll_s, "sync_s": options.sync_s,
+            "poll_s": options.schedule.poll_s, "polled_s": options.schedule.polled_s, "sync_s": options.sync_s,
             "network": {"bytes_per_s": network.bytes_per_s, "latency_s": network.latency_s,
                         "topology": network.topology, "ranks_per_node": network.ranks_per_node,
                         "intra_bytes_per_s": network.intra_bytes_per_s, "intra_latency_s": network.intra_latency_s},

@@ -81,6 +81,8 @@ class RuleOptions:
             raise RuleError(f"--progress must be thread or deferred, got {self.schedule.progress!r}")
         if not self.schedule.poll_s >= 0:
             raise RuleError(f"--poll_ms must be >= 0, got {self.schedule.poll_s * 1e3:g}")
+        if not self.schedule.polled_s >= 0:
+            raise RuleError(f"--polled_ms must be >= 0, got {self.schedule.polled_s * 1e3:g}")
         if not self.sync_s >= 0:
             raise RuleError(f"--sync_ms must be >= 0, got {self.sync_s * 1e3:g}")
 
@@ -108,9 +110,12 @@ def measured_sizes(cost_of, schedule: ScheduleOptions) -> tuple[int, int]:
 def progress_of(schedule: ScheduleOptions, workers: int) -> Progress:
     """How the exchange moves for ``workers`` ranks: deferred, or a thread that tests every
     ``poll_s``; a collective's rounds are recursive doubling's, ceil(log2 p), as MPI libraries run
-    the small ones whose rounds a test can hold up."""
+    the small ones whose rounds a test can hold up. A measured ``polled_s`` replaces the rounds'
+    polls (it was measured at one rank count: it applies to every count simulated)."""
     if schedule.progress == "deferred":
         return Progress("deferred")
+    if schedule.polled_s > 0 and workers > 1:
+        return Progress.measured(schedule.polled_s, schedule.poll_s, schedule.urgent_poll_s)
     rounds = math.ceil(math.log2(workers)) if workers > 1 else 0
     return Progress.polling(schedule.poll_s, schedule.urgent_poll_s, rounds)
 

@@ -74,6 +74,9 @@ def test_simulate_takes_the_fixed_per_iteration_costs(profile, capsys):
     default = predicted()
     assert default["progress"] == "thread" and default["poll_s"] == pytest.approx(0.002) and default["sync_s"] == 0
     assert predicted("--poll_ms=1")["poll_s"] == pytest.approx(0.001)
+    measured = predicted("--polled_ms=6.5")
+    assert measured["polled_s"] == pytest.approx(0.0065) and default["polled_s"] == 0
+    assert measured["predictions"][0]["iteration_s"] >= default["predictions"][0]["iteration_s"]
     deferred = predicted("--progress=deferred")
     synced = predicted("--progress=deferred", "--sync_ms=5")
     assert synced["progress"] == "deferred" and synced["sync_s"] == pytest.approx(0.005)
@@ -82,3 +85,5 @@ def test_simulate_takes_the_fixed_per_iteration_costs(profile, capsys):
     assert 0.004 < added <= 0.005 + 1e-12
     assert main(["simulate", str(profile), "--sync_ms=-1"]) == 1
     assert "--sync_ms must be >= 0" in capsys.readouterr().err
+    assert main(["simulate", str(profile), "--polled_ms=-1"]) == 1
+    assert "--polled_ms must be >= 0" in capsys.readouterr().err

@@ -176,6 +176,27 @@ def test_a_polled_collective_takes_a_poll_per_round_and_one_more():
     assert progress_of(ScheduleOptions(progress="deferred"), 8).mode == "deferred"
 
 
+def test_a_measured_polled_collective_replaces_the_rounds_polls_at_every_worker_count():
+    for workers in (2, 3, 64):
+        progress = progress_of(ScheduleOptions(poll_s=0.002, polled_s=0.0065), workers)
+        assert progress.mode == "thread" and progress.polled_s == pytest.approx(0.0065)
+        assert progress.urgent_polled_s == pytest.approx(0.00065)   # tests ten times as often while waiting
+    assert progress_of(ScheduleOptions(poll_s=0.002, polled_s=0.0065), 1).polled_s == 0
+    assert progress_of(ScheduleOptions(progress="deferred", polled_s=0.0065), 2).mode == "deferred"
+
+
+def test_a_slower_polled_collective_lengthens_an_iteration_whose_last_bucket_is_waited_for():
+    profile, net = _two_layers(), Network(bytes_per_s=2e8, latency_s=1e-6)
+
+    def iteration(polled_s):
+        return iteration_times(profile, net, 2, RuleOptions(update_s_per_byte=0.0, schedule=ScheduleOptions(
+            schedule="fifo", poll_s=0.002, polled_s=polled_s))).iteration_s
+
+    # The training thread waits for the last bucket: its urgent tests see it a tenth of the
+    # measured polled time after it started, instead of two urgent polls.
+    assert iteration(0.008) - iteration(0.0) == pytest.approx(0.0008 - 2 * 0.0002, rel=1e-6)
+
+
 def test_the_poll_delays_a_bucket_the_training_thread_waits_for_by_its_urgent_tests():
     profile, net = _two_layers(), Network(bytes_per_s=2e8, latency_s=1e-6)
     polled = iteration_times(profile, net, 2, RuleOptions(update_s_per_byte=0.0, schedule=ScheduleOptions(
