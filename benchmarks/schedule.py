@@ -21,6 +21,10 @@ of one BLAS thread each:
 (the training thread, the communication thread, the others) and their waits for a core
 (``thread_cpu.py``): what an exchange costs the cores when every core computes.
 
+``--layers`` also prints each layer's forward and backward (medians over the timed iterations, the
+mean of the ranks) in every configuration beside compute's: where an exchange that overlaps backward
+makes compute itself slower, because the exchange's CPU work takes the core the layer runs on.
+
 ``--configs`` also takes ``multicolor`` and ``fp16``: the priority schedule with those exchange
 rules instead of the MPI library's allreduce (``exchange`` stays one blocking MPI allreduce).
 
@@ -73,6 +77,7 @@ def worker(spec_path: str) -> None:
 
     from netdef.comm import create_communicator, create_solver, options_from
     from netdef.comm.distributed import run_guarded
+    from netdef.comm.timeline import Timeline, instrument_net
     from netdef.solver import get_solver
     from netdef.solver.solver import read_solver_param
     from netdef.threads import share_cores
@@ -99,6 +104,10 @@ def worker(spec_path: str) -> None:
                 solver.add_callback(on_start=lambda s=stamps[name]: s.append(time.perf_counter()))
                 solver.step(spec["warmup"])
                 solvers[name] = solver
+            # Per-layer spans of the timed iterations only (instrumented after the warm-up).
+            timelines = {name: Timeline(comm.rank, time.perf_counter()) for name in solvers} if spec.get("layers") else {}
+            for name, timeline in timelines.items():
+                instrument_net(solvers[name].net, timeline)
             probe = np.ones(sum(b.count for b in solvers[spec["configs"][0]].net.learnable_params), np.float32)
             exchange_s = timed_allreduce(comm, probe, 5)
             times = {name: [] for name in spec["configs"]}
@@ -126,11 +135,22 @@ def worker(spec_path: str) -> None:
                 "sizes": {name: [t.chunk_bytes, t.credit_bytes] for name, t in transports.items() if t is not None},
                 "megabytes": probe.nbytes / 1e6,
                 "threads": [json.loads(b) for b in comm.allgather_bytes(json.dumps(cpu).encode())],  # by rank
+                "layers": [json.loads(b) for b in comm.allgather_bytes(json.dumps(
+                    {name: layer_medians(t) for name, t in timelines.items()}).encode())],  # by rank
             }
         if comm.rank == 0:
             pathlib.Path(spec_path + ".out.json").write_text(json.dumps(out))
 
     run_guarded(comm, main)
+
+
+def layer_medians(timeline) -> dict[str, float]:
+    """{"<layer> forward" / "<layer> backward": median ms} over a timeline's spans, in first-seen order."""
+    spans: dict[str, list[float]] = {}
+    for event in timeline.events():
+        if event.get("ph") == "X":
+            spans.setdefault(event["name"], []).append(event["dur"] / 1e3)
+    return {name: statistics.median(values) for name, values in spans.items()}
 
 
 # ============================================================================================== launching
@@ -209,6 +229,8 @@ def report(args, doc: dict) -> None:
               + " | ".join(cells) + f" | {sizes}")
         if args.threads:
             print_threads(batch, r["threads"])
+        if args.layers:
+            print_layers(batch, r["layers"])
         others = {name: v for name, v in r.get("sizes", {}).items() if name != "priority"}
         if others:
             print("      chunk/credit KiB: " + ", ".join(f"{name} {c // 1024}/{k // 1024}"
@@ -232,6 +254,28 @@ def print_threads(batch, by_rank: list[dict]) -> None:
         print(f"{batch:>5} {config:>9} CPU ms/iteration: " + ", ".join(cells) + wakeups)
 
 
+def print_layers(batch, by_rank: list[dict]) -> None:
+    """Each layer's forward and backward ms (means of the ranks' medians) per configuration, and the
+    sums, beside the first configuration's (compute, where it was run)."""
+    configs = list(by_rank[0])
+    if not configs:
+        return
+    mean = {c: {name: sum(rank[c][name] for rank in by_rank) / len(by_rank) for name in by_rank[0][c]}
+            for c in configs}
+    base = configs[0]
+    print(f"{batch:>5} layer ms (mean of the ranks' medians): " + " | ".join(
+        f"{c}" + ("" if c == base else f" (vs {base})") for c in configs))
+    for name in mean[base]:
+        cells = [f"{mean[base][name]:8.2f}"] + [f"{mean[c].get(name, float('nan')):8.2f} "
+                                               f"({mean[c].get(name, float('nan')) - mean[base][name]:+6.2f})"
+                                               for c in configs[1:]]
+        print(f"      {name:<28} " + " | ".join(cells))
+    for phase in ("forward", "backward"):
+        totals = [sum(v for k, v in mean[c].items() if k.endswith(" " + phase)) for c in configs]
+        print(f"      {'all layers, ' + phase:<28} " + " | ".join(
+            [f"{totals[0]:8.2f}"] + [f"{t:8.2f} ({t - totals[0]:+6.2f})" for t in totals[1:]]))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -247,6 +291,8 @@ def main(argv=None) -> int:
     parser.add_argument("--credit-bytes", type=int, help="priority: these bytes in flight instead of the measured")
     parser.add_argument("--threads", action="store_true",
                         help="also print each thread's CPU time per iteration (thread_cpu.py)")
+    parser.add_argument("--layers", action="store_true",
+                        help="also print each layer's forward and backward ms per configuration")
     parser.add_argument("--json", help="also write the measurements here")
     args = parser.parse_args(argv)
     if args.worker:
@@ -259,7 +305,7 @@ def main(argv=None) -> int:
     spec = {"batches": [int(b) for b in args.batches.split(",")], "fc6": args.fc6, "fc7": args.fc7,
             "configs": args.configs, "rounds": args.rounds,
             "priority_sizes": {k: v for k, v in (("chunk_bytes", args.chunk_bytes), ("credit_bytes", args.credit_bytes))
-                               if v}, "iters": args.iters, "warmup": args.warmup}
+                               if v}, "iters": args.iters, "warmup": args.warmup, "layers": args.layers}
     started = time.monotonic()
     doc = launch(args, spec)
     if doc is None:
