@@ -12,8 +12,9 @@ SoftmaxWithLoss for training) it prints:
 - the sgemm floor: the net's multiply-adds (convolutions and inner products; 3x forward for forward +
   backward, less the input gradient nobody needs) at the GFLOP/s of a large float32 matrix product
   measured at the start of the run, and netdef's forward+backward time over it;
-- peak RSS (MiB) of a fresh process per framework that builds the net and runs forward+backward
-  (--no-rss skips these subprocesses).
+- peak RSS (MiB) of a fresh process per framework that builds the net and runs forward+backward,
+  the median of --rss-runs such processes, run alternately (PyTorch's peak for ResNet-50 varied
+  1555-1731 MiB between single runs; --no-rss skips these subprocesses).
 
 PyTorch runs the same net through torch_mirror.py (its own operators, weights copied from netdef's).
 Both use the same thread count (--threads, default: all cores). Timed steps alternate netdef and
@@ -288,6 +289,15 @@ def peak_rss(framework: str, key: str, batch: int | None, threads: int | None) -
     return json.loads(done.stdout.strip().splitlines()[-1])["rss_mib"]
 
 
+def median_peak_rss(key: str, args) -> tuple[float, float]:
+    """(netdef, torch) MiB: the medians of ``args.rss_runs`` fresh processes each, alternating."""
+    runs = {"netdef": [], "torch": []}
+    for _ in range(max(1, args.rss_runs)):
+        for framework, values in runs.items():
+            values.append(peak_rss(framework, key, args.batch, args.threads))
+    return statistics.median(runs["netdef"]), statistics.median(runs["torch"])
+
+
 # ------------------------------------------------------------------------------------------- main
 def set_threads(threads: int | None, with_torch: bool) -> None:
     if threads:
@@ -311,6 +321,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="BLAS / torch threads (default: all cores)")
     parser.add_argument("--per-layer", action="store_true", help="also print netdef's per-layer-type times")
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
+    parser.add_argument("--rss-runs", type=int, default=3, help="fresh processes per framework for peak RSS "
+                        "(their median; default 3)")
     parser.add_argument("--unfused", action="store_true",
                         help="also time netdef's TEST forward with its layers run one by one (Net.fuse_layers off)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -367,8 +379,7 @@ def main() -> None:
         ms = {"fb": float("nan"), "fb_torch": float("nan"), **alternate(steps, args.iters)}
         _, both = multiply_adds(train)
         floor = 2 * both / (gflops * 1e9) * 1000
-        rss = ((peak_rss("netdef", key, args.batch, args.threads), peak_rss("torch", key, args.batch, args.threads))
-               if not args.no_rss else (float("nan"),) * 2)
+        rss = median_peak_rss(key, args) if not args.no_rss else (float("nan"),) * 2
         batch = train.blobs["data"].shape[0]
         print(f"{label:<15}{batch:>6} | {ms['fb']:>10.1f}{ms['fb_torch']:>9.1f}{ms['fb'] / ms['fb_torch']:>7.2f} | "
               f"{ms['fwd']:>8.1f}{ms['fwd_torch']:>8.1f}{ms['fwd'] / ms['fwd_torch']:>7.2f} | "
