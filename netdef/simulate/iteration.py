@@ -39,7 +39,7 @@ Who moves the exchange (``Progress``, after progress.py's drivers):
   Where that time was measured (``ScheduleOptions.polled_s``: benchmarks/scaling_model.py measures a
   polled tiny allreduce), the measurement replaces the rounds + 1 polls: over Open MPI's TCP each
   round's send and receive wait for a test on both ranks, whose polls are out of phase, and a
-  quiet machine measured 6.3-8.4 ms at 2 ranks where rounds + 1 polls give 4.
+  quiet machine measured 6.3-8.5 ms at 2 ranks where rounds + 1 polls give 4.
 - ``deferred``: no MPI call during compute (the DEFERRED driver the solver picks between ranks that
   share memory): what was started moves only while the training thread blocks in MPI, at the
   iteration's end or in a wait before a layer; while it computes, the collectives in flight and
