@@ -7,7 +7,9 @@ For every net (the zoo's deploy.prototxt with its batch set, its final Softmax r
 SoftmaxWithLoss for training) it prints:
 
 - forward+backward ms per iteration (TRAIN phase: BatchNorm on batch statistics, dropout on) of netdef
-  and of PyTorch, and netdef / PyTorch;
+  and of PyTorch, and netdef / PyTorch; each netdef step first clears the parameter gradients as the
+  solver does (deferred, ``Blob.defer_zero_diff``; ``--eager-clear`` zeroes them at once), PyTorch's
+  its ``zero_grad()``;
 - forward-only ms (netdef's TEST phase against PyTorch's eval() under torch.no_grad()) and the ratio;
 - the sgemm floor: the net's multiply-adds (convolutions and inner products; 3x forward for forward +
   backward, less the input gradient nobody needs) at the GFLOP/s of a large float32 matrix product
@@ -260,7 +262,8 @@ def rss_child(framework: str, key: str, batch: int | None, threads: int | None) 
         del train
     else:
         train.keep_blob_diffs = False  # as `netdef train` trains (PyTorch too frees gradients once used)
-        forward_backward = lambda: (train.clear_param_diffs(), train.forward_backward())  # noqa: E731
+        # The solver's clear (deferred: the first gradient overwrites), as `netdef train` runs it.
+        forward_backward = lambda: (train.clear_param_diffs(deferred=True), train.forward_backward())  # noqa: E731
     for _ in range(3):
         forward_backward()
     print(json.dumps({"rss_mib": peak_rss_of_this_process() / 2**20}))
@@ -321,6 +324,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="BLAS / torch threads (default: all cores)")
     parser.add_argument("--per-layer", action="store_true", help="also print netdef's per-layer-type times")
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
+    parser.add_argument("--eager-clear", dest="deferred_clear", action="store_false",
+                        help="zero the gradients at once before each forward+backward (the solver defers it)")
     parser.add_argument("--rss-runs", type=int, default=3, help="fresh processes per framework for peak RSS "
                         "(their median; default 3)")
     parser.add_argument("--unfused", action="store_true",
@@ -364,7 +369,7 @@ def main() -> None:
         fb_torch, fwd_torch = torch_train_step(torch, train), torch_test_step(torch, test)
 
         def fb_netdef():
-            train.clear_param_diffs()
+            train.clear_param_diffs(deferred=args.deferred_clear)   # the solver's default: deferred
             train.forward_backward()
 
         def fwd_netdef(fused=True):

@@ -6,6 +6,12 @@ be built (shapes only) without touching memory. Rules layers follow:
   blob's shape; ``Blob`` checks the shape and casts to the blob's dtype.
 - Parameter blobs are only ever updated in place (``+=``, ``[...] =``): shared parameters and the
   gradient exchange hold views of them.
+- The solver clears parameter gradients lazily (``defer_zero_diff``): the array keeps its stale values
+  and reading ``diff`` zeroes it first, while a layer that adds a gradient asks
+  ``diff_for_accumulation`` and, right after a clear, writes the gradient instead of adding it to
+  zeros. An iteration of AlexNet then does not write zeros over 244 MB of gradients only to read them
+  back (benchmarks/README.md, issue 7). Blobs whose diff another blob shares (``share_diff``) are
+  always zeroed at once: the other blob could not know.
 """
 from __future__ import annotations
 
@@ -35,6 +41,8 @@ class Blob:
         self._shape = _as_shape(shape) if shape else ()
         self._data = None
         self._diff = None
+        self._diff_zero_pending = False  # defer_zero_diff: the array holds stale values until read
+        self._diff_shared = False        # another Blob holds this diff array (share_diff)
         self._xp = backend.xp()
 
     # ------------------------------------------------------------------ shape
@@ -50,6 +58,7 @@ class Blob:
         same_count = math.prod(new_shape) == math.prod(self._shape)
         self._data = self._data.reshape(new_shape) if (same_count and self._data is not None) else None
         self._diff = self._diff.reshape(new_shape) if (same_count and self._diff is not None) else None
+        self._diff_zero_pending = self._diff_zero_pending and self._diff is not None
         self._shape = new_shape
 
     def reshape_like(self, other: "Blob") -> None:
@@ -125,15 +134,29 @@ class Blob:
     def diff(self):
         if self._diff is None:
             self._diff = self._fresh()
+        elif self._diff_zero_pending:
+            self._diff[...] = 0
+        self._diff_zero_pending = False
         return self._diff
 
     @diff.setter
     def diff(self, value) -> None:
         self._diff = self._checked(value, "diff")
+        self._diff_zero_pending = False
+
+    def diff_for_accumulation(self):
+        """(array, overwrite) for a layer that adds a gradient into this blob's diff. ``overwrite`` is
+        True right after ``defer_zero_diff``: the array holds stale values, and the caller must write
+        every element (the gradient itself, which is what adding it to zeros gives); else it adds."""
+        if self._diff is None or not self._diff_zero_pending:
+            return self.diff, False
+        self._diff_zero_pending = False
+        return self._diff, True
 
     def release_diff(self) -> None:
         """Free the gradient's memory; reading ``diff`` later gives zeros again."""
         self._diff = None
+        self._diff_zero_pending = False
 
     @property
     def has_data(self) -> bool:
@@ -149,10 +172,25 @@ class Blob:
         if other.count != self.count:
             raise ValueError(f"cannot share diff of {other.name!r} {other.shape} with {self.name!r} {self.shape}")
         self._diff = other.diff.reshape(self._shape)
+        self._diff_zero_pending = False
+        self._diff_shared = other._diff_shared = True
 
     def zero_diff(self) -> None:
         if self._diff is not None:
             self._diff[...] = 0
+        self._diff_zero_pending = False
+
+    def defer_zero_diff(self) -> None:
+        """``zero_diff`` without the pass over memory: the next read of ``diff`` zeroes the array, and
+        the next ``diff_for_accumulation`` lets its caller overwrite it. A reference to the array
+        taken before keeps the stale values until then: the solver's own clearing uses this, where
+        every reader goes through ``diff``; ``zero_diff`` is the one for callers that hold views."""
+        if self._diff is None:
+            return
+        if self._diff_shared:
+            self._diff[...] = 0
+        else:
+            self._diff_zero_pending = True
 
     def astype(self, dtype) -> None:
         """Change the element type, converting contents (used for float64 gradient checks)."""

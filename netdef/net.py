@@ -736,9 +736,14 @@ class Net:
         self.loss = loss
         return loss
 
-    def clear_param_diffs(self) -> None:
+    def clear_param_diffs(self, deferred: bool = False) -> None:
+        """Zero every learnable parameter's gradient; ``deferred``: lazily (``Blob.defer_zero_diff``,
+        what the solver does: nothing reads the gradients but through ``diff``), else at once."""
         for blob in self.learnable_params:
-            blob.zero_diff()
+            if deferred:
+                blob.defer_zero_diff()
+            else:
+                blob.zero_diff()
 
     def reshape(self) -> None:
         """Propagate new input shapes through every layer."""

@@ -100,13 +100,19 @@ class InnerProductLayer(Layer):
         product at once is a temporary as large as the weights (392 MiB for VGG-16's fc6), which set
         the net's peak memory. Each element is the same dot product over the M rows either way. The
         blocks split the longer side, so the operand every block reads again is the smaller one."""
-        diff = self.blobs[0].diff
+        diff, overwrite = self.blobs[0].diff_for_accumulation()
         a, b = (x.T, dy) if self.transpose else (dy.T, x)  # diff (rows x cols) += a (rows x M) @ b (M x cols)
+        xp = backend.get_array_module(diff)
+        if overwrite:
+            # Right after the solver's clear: the product itself, written where the sum would go (the
+            # same values as 0 + product), without the pass that zeroes the weights' worth of memory
+            # or the one that reads it back.
+            xp.matmul(a, b, out=diff)
+            return
         rows, cols = diff.shape
         if rows * cols * diff.itemsize <= _WEIGHT_GRADIENT_BLOCK_BYTES:
             diff += a @ b
             return
-        xp = backend.get_array_module(diff)
         if cols >= rows:
             width = max(1, _WEIGHT_GRADIENT_BLOCK_BYTES // (rows * diff.itemsize))
             part = self.scratch.get("inner_product_dw", (rows, width), diff.dtype, xp)

@@ -634,7 +634,7 @@ class Solver:
                 data = blob.data
                 data -= blob.diff
             if pending.diffs_cleared:
-                blob.zero_diff()  # the iteration after this update has begun and cleared the others
+                blob.defer_zero_diff()  # the iteration after this update has begun and cleared the others
             del pending.remaining[param_id]
             self.parallel.after_update(param_id)
         if not pending.remaining:
@@ -643,12 +643,12 @@ class Solver:
 
     def _clear_param_diffs(self) -> None:
         if self._pending is None:
-            self.net.clear_param_diffs()
+            self.net.clear_param_diffs(deferred=True)
             return
         self._pending.diffs_cleared = True
         for param_id, blob in enumerate(self.net.learnable_params):
             if param_id not in self._pending.remaining:
-                blob.zero_diff()
+                blob.defer_zero_diff()
 
     def _divide_now(self, param_id: int, divisor) -> None:
         """Average a gradient the exchange left as a sum (``divisor`` 1: nothing to do)."""

@@ -1,0 +1,109 @@
+"""Deferred clearing of parameter gradients (Blob.defer_zero_diff): what every reader sees, and that the
+gradients a net computes after it are bit for bit those after an eager clear."""
+import numpy as np
+import pytest
+
+import netdef
+from netdef.blob import Blob
+
+
+def _blob_with_diff(values):
+    blob = Blob(len(values), dtype=np.float32)
+    blob.diff = np.asarray(values, np.float32)
+    return blob
+
+
+def test_a_deferred_clear_reads_as_zeros_and_keeps_the_array():
+    blob = _blob_with_diff([1, 2, 3])
+    array = blob.diff
+    blob.defer_zero_diff()
+    assert array[1] == 2                      # not written yet: the pass over memory is saved
+    assert blob.diff is array and not array.any()
+
+
+def test_accumulation_after_a_deferred_clear_overwrites_once_then_adds():
+    blob = _blob_with_diff([1, 2, 3])
+    blob.defer_zero_diff()
+    array, overwrite = blob.diff_for_accumulation()
+    assert overwrite and array[0] == 1        # stale: the caller writes every element
+    array[...] = 5
+    again, overwrite = blob.diff_for_accumulation()
+    assert again is array and not overwrite   # a second gradient (shared parameter, iter_size) adds
+    assert list(blob.diff) == [5, 5, 5]
+
+
+@pytest.mark.parametrize("then", ["setter", "release", "eager zero", "reshape away"])
+def test_anything_that_replaces_or_zeroes_the_diff_ends_the_deferral(then):
+    blob = _blob_with_diff([1, 2, 3, 4])
+    blob.defer_zero_diff()
+    if then == "setter":
+        blob.diff = np.full(4, 7, np.float32)
+        expected = [7, 7, 7, 7]
+    elif then == "release":
+        blob.release_diff()
+        expected = [0, 0, 0, 0]
+    elif then == "eager zero":
+        blob.zero_diff()
+        expected = [0, 0, 0, 0]
+    else:
+        blob.reshape(5)
+        blob.reshape(4)
+        expected = [0, 0, 0, 0]
+    assert blob.diff_for_accumulation()[1] is False
+    assert list(blob.diff) == expected
+
+
+def test_a_reshape_that_keeps_the_array_keeps_the_deferral():
+    blob = _blob_with_diff([1, 2, 3, 4])
+    blob.defer_zero_diff()
+    blob.reshape(2, 2)
+    assert blob.diff.shape == (2, 2) and not blob.diff.any()
+
+
+def test_blobs_sharing_a_diff_array_are_zeroed_at_once():
+    owner = _blob_with_diff([1, 2, 3, 4])
+    other = Blob(2, 2, dtype=np.float32)
+    other.share_diff(owner)
+    view = other.diff
+    for blob in (owner, other):
+        view[...] = 9
+        blob.defer_zero_diff()
+        assert not view.any()                  # the other blob could not know of a deferral
+        assert blob.diff_for_accumulation()[1] is False
+
+
+NET = """
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 4 dim: 50 } } }
+layer { name: "t" type: "Input" top: "t" input_param { shape { dim: 4 dim: OUT } } }
+layer { name: "f1" type: "InnerProduct" bottom: "x" top: "f1" param { name: "w" } param { name: "b" }
+        inner_product_param { num_output: 50 TRANSPOSE weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "f2" type: "InnerProduct" bottom: "f1" top: "f2" param { name: "w" } param { name: "b" }
+        inner_product_param { num_output: 50 TRANSPOSE } }
+layer { name: "big" type: "InnerProduct" bottom: "f2" top: "big"
+        inner_product_param { num_output: OUT TRANSPOSE weight_filler { type: "gaussian" std: 0.01 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "big" bottom: "t" top: "loss" }
+"""
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("out", [30, 90000])   # 90000 x 50 float32 = 18 MB: above the 16 MiB block
+def test_gradients_after_a_deferred_clear_are_bit_identical(transpose, out):
+    """Two passes (as iter_size 2) after each kind of clear, with a parameter shared by two layers (the
+    first adds to what the second wrote) and an InnerProduct whose weights the blocked path sums."""
+    text = NET.replace("OUT", str(out)).replace("TRANSPOSE", f"transpose: {str(transpose).lower()}")
+    rng = np.random.default_rng(3)
+    inputs = [dict(x=rng.standard_normal((4, 50)).astype(np.float32),
+                   t=rng.standard_normal((4, out)).astype(np.float32)) for _ in range(2)]
+    grads = {}
+    for deferred in (False, True):
+        netdef.set_random_seed(7)
+        net = netdef.Net(text, netdef.TRAIN)
+        for blob in net.learnable_params:
+            blob.diff = np.full(blob.shape, 0.25, np.float32)   # stale values a clear must hide
+        net.clear_param_diffs(deferred=deferred)
+        for feed in inputs:
+            net.forward(**feed)
+            net.backward()
+        grads[deferred] = [blob.diff.copy() for blob in net.learnable_params]
+    for eager, lazy in zip(grads[False], grads[True]):
+        assert eager.tobytes() == lazy.tobytes()
