@@ -153,14 +153,6 @@ class Blob:
         self._diff_zero_pending = False
         return self._diff, True
 
-    def add_to_diff(self, values) -> None:
-        """diff += values; right after ``defer_zero_diff``, diff = values (the same result, one pass)."""
-        diff, overwrite = self.diff_for_accumulation()
-        if overwrite:
-            diff[...] = values
-        else:
-            diff += values
-
     def release_diff(self) -> None:
         """Free the gradient's memory; reading ``diff`` later gives zeros again."""
         self._diff = None

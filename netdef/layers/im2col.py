@@ -442,17 +442,14 @@ def row_weights(w, fold: int):
     return out.reshape(kh // fold, fold * kw * c, o)
 
 
-def add_row_weight_grad(dwq, grad, overwrite: bool = False) -> None:
-    """grad (O, C, kh, kw) += the (kh/fold, fold*kw*C, O) gradient of row_weights; with ``overwrite``
-    (after the solver's deferred clear, Blob.diff_for_accumulation) grad = it."""
+def add_row_weight_grad(dwq, grad) -> None:
+    """grad (O, C, kh, kw) += the (kh/fold, fold*kw*C, O) gradient of row_weights."""
     o, c, kh, kw = grad.shape
     rows = dwq.reshape(kh, kw, c, o)
     if jit.usable(rows, grad):
         from .jit import layout
 
-        layout.add_weights_from_rows(rows, grad, overwrite)
-    elif overwrite:
-        grad[...] = rows.transpose(3, 2, 0, 1)
+        layout.add_weights_from_rows(rows, grad)
     else:
         grad += rows.transpose(3, 2, 0, 1)
 

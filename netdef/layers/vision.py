@@ -315,7 +315,7 @@ class ConvolutionLayer(_ConvolutionBase):
                         cols = im2col(x[start:stop], lay, self.ws, key=key)
                     # (cols dy^T)^T: BLAS runs this orientation markedly faster than dy cols^T.
                     dw_t = self._gemm(xp, cols.reshape(g, -1, lay.ncols), dy_g, None, trans_b=True)
-                    self.blobs[0].add_to_diff(dw_t.transpose(0, 2, 1).reshape(self.blobs[0].shape))
+                    self.blobs[0].diff += dw_t.transpose(0, 2, 1).reshape(self.blobs[0].shape)
                 if dx_all is not None and flipped is not None:
                     # Stride 1: the input gradient is the top gradient, padded by extent - 1 - pad,
                     # convolved with the flipped, transposed filters: im2col + one product, no col2im.
@@ -382,15 +382,10 @@ class ConvolutionLayer(_ConvolutionBase):
             self._bias_gradient(dy)
             x = b.data.reshape(self.num, self.channels, -1)
             if self.param_propagate_down[0]:
-                diff, overwrite = self.blobs[0].diff_for_accumulation()
-                dw = diff.reshape(self.num_output, self.channels)
+                dw = self.blobs[0].diff.reshape(self.num_output, self.channels)
                 part = self.scratch.get("pointwise_dw", dw.shape, dw.dtype, xp)
                 for n in range(self.num):
-                    # One product per sample: (O x S)(S x C) needs no copy of either operand. Right
-                    # after the solver's clear the first one is written, not added to zeros.
-                    if n == 0 and overwrite:
-                        xp.matmul(dy[n], x[n].T, out=dw)
-                        continue
+                    # One product per sample: (O x S)(S x C) needs no copy of either operand.
                     xp.matmul(dy[n], x[n].T, out=part)
                     dw += part
             if down:
@@ -519,7 +514,7 @@ class ConvolutionLayer(_ConvolutionBase):
                     row_product(qt, wt, plan_back, dx, self.scratch)
                     copy_from_rows(dx.reshape(h, n, w, c), dx_all[start:stop])
             if dwq is not None:
-                add_row_weight_grad(dwq, *self.blobs[0].diff_for_accumulation())
+                add_row_weight_grad(dwq, self.blobs[0].diff)
 
     def _backward_data_geometry(self):
         """For stride-1 convolutions whose pad is at most extent - 1: the geometry of the convolution
@@ -601,7 +596,7 @@ class DeconvolutionLayer(_ConvolutionBase):
                     xt = lay.buffer(self.ws, ("xt", lay.x_shape[0]), c, x.dtype, xp)
                     lay.scatter(xt, x[start:stop])
                     dw_t = self._gemm(xp, dcols_g, xt.reshape(g, c // g, -1), None, trans_b=True)
-                    self.blobs[0].add_to_diff(dw_t.transpose(0, 2, 1).reshape(self.blobs[0].shape))
+                    self.blobs[0].diff += dw_t.transpose(0, 2, 1).reshape(self.blobs[0].shape)
                 if dx_all is not None:
                     dxt = self.scratch.get("deconv_dxt", (c, lay.ncols), dcols.dtype, xp)
                     self._gemm(xp, w, dcols_g, dxt.reshape(g, c // g, -1))

@@ -94,8 +94,8 @@ def weights_to_rows(w, out):
 
 
 @njit(nogil=True, parallel=True, cache=True)
-def add_weights_from_rows(rows, grad, overwrite):
-    """grad[a, b, i, j] += rows[i, j, b, a]; with ``overwrite``, grad[a, b, i, j] = rows[i, j, b, a]."""
+def add_weights_from_rows(rows, grad):
+    """grad[a, b, i, j] += rows[i, j, b, a]."""
     kh, kw, b_, a_ = rows.shape
     for block in prange((a_ + COLUMN_BLOCK - 1) // COLUMN_BLOCK):
         a0 = block * COLUMN_BLOCK
@@ -104,12 +104,8 @@ def add_weights_from_rows(rows, grad, overwrite):
             for i in range(kh):
                 for j in range(kw):
                     src = rows[i, j, b]
-                    if overwrite:
-                        for a in range(a0, a1):
-                            grad[a, b, i, j] = src[a]
-                    else:
-                        for a in range(a0, a1):
-                            grad[a, b, i, j] += src[a]
+                    for a in range(a0, a1):
+                        grad[a, b, i, j] += src[a]
 
 
 @njit(nogil=True, parallel=True, cache=True)
