@@ -7,11 +7,12 @@ be built (shapes only) without touching memory. Rules layers follow:
 - Parameter blobs are only ever updated in place (``+=``, ``[...] =``): shared parameters and the
   gradient exchange hold views of them.
 - The solver clears parameter gradients lazily (``defer_zero_diff``): the array keeps its stale values
-  and reading ``diff`` zeroes it first, while a layer that adds a gradient asks
-  ``diff_for_accumulation`` and, right after a clear, writes the gradient instead of adding it to
-  zeros. An iteration of AlexNet then does not write zeros over 244 MB of gradients only to read them
-  back (benchmarks/README.md, issue 7). Blobs whose diff another blob shares (``share_diff``) are
-  always zeroed at once: the other blob could not know.
+  and reading ``diff`` zeroes it first, while a layer that adds a gradient may ask
+  ``diff_for_accumulation`` and, right after a clear, write the gradient instead of adding it to zeros
+  (InnerProduct does: its weights are most of AlexNet's and VGG-16's parameters). An iteration of
+  AlexNet then does not write zeros over 244 MB of gradients only to read them back
+  (benchmarks/README.md, issue 7). Blobs whose diff another blob shares (``share_diff``) are always
+  zeroed at once: the other blob could not know.
 """
 from __future__ import annotations
 
