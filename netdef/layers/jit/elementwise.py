@@ -32,6 +32,16 @@ def block_count(size):
     return (size + BLOCK - 1) // BLOCK
 
 
+@njit(inline="always")
+def channel_block(item, chunks, channels, size):
+    """(o, d, chunk, lo, hi) of work item ``item`` over (O x D x I) arrays cut into ``chunks`` blocks
+    of I per (o, d) row: row (o, d), its block ``chunk``, elements [lo, hi) (shared with jit/fusion.py)."""
+    plane = item // chunks
+    chunk = item % chunks
+    lo, hi = block_bounds(chunk, size)
+    return plane // channels, plane % channels, chunk, lo, hi
+
+
 # ---------------------------------------------------------------------------------------------- ReLU
 # One value in, one out: numba splits the loop over the threads as it likes, which changes no bits.
 @njit(nogil=True, parallel=True, cache=True)
@@ -169,10 +179,7 @@ def scale_forward(x, s, b, y):
     o_, d_, i_ = x.shape
     chunks = block_count(i_)
     for item in prange(o_ * d_ * chunks):
-        plane = item // chunks
-        o = plane // d_
-        d = plane % d_
-        lo, hi = block_bounds(item % chunks, i_)
+        o, d, _, lo, hi = channel_block(item, chunks, d_, i_)
         src = x[o, d, lo:hi]
         dst = y[o, d, lo:hi]
         factor = s[d]
@@ -216,11 +223,7 @@ def scale_backward(x, dy, s, dx, sums):
     rows = o_ * chunks
     partial = np.zeros((2, rows, d_))
     for item in prange(o_ * d_ * chunks):
-        plane = item // chunks
-        o = plane // d_
-        d = plane % d_
-        chunk = item % chunks
-        lo, hi = block_bounds(chunk, i_)
+        o, d, chunk, lo, hi = channel_block(item, chunks, d_, i_)
         grad = dy[o, d, lo:hi]
         if x is None:
             partial[0, o * chunks + chunk, d] = row_sum(grad)

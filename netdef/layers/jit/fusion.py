@@ -16,7 +16,7 @@ let_idle_kernel_threads_sleep()  # before numba starts its thread pool
 
 from numba import njit, prange  # noqa: E402 (after the wait policy)
 
-from .elementwise import block_bounds, block_count, weighted_sum_block  # noqa: E402
+from .elementwise import block_bounds, block_count, channel_block, weighted_sum_block  # noqa: E402
 
 
 @njit(inline="always")
@@ -50,10 +50,7 @@ def channel_map(x, shift, mean, std, scale, bias, negative_slope, y):
     o_, d_, i_ = x.shape
     chunks = block_count(i_)
     for item in prange(o_ * d_ * chunks):
-        plane = item // chunks
-        o = plane // d_
-        d = plane % d_
-        lo, hi = block_bounds(item % chunks, i_)
+        o, d, _, lo, hi = channel_block(item, chunks, d_, i_)
         src = x[o, d, lo:hi]
         dst = y[o, d, lo:hi]
         for i in range(hi - lo):
@@ -67,10 +64,7 @@ def channel_map_in_place(y, shift, mean, std, scale, bias, negative_slope):
     o_, d_, i_ = y.shape
     chunks = block_count(i_)
     for item in prange(o_ * d_ * chunks):
-        plane = item // chunks
-        o = plane // d_
-        d = plane % d_
-        lo, hi = block_bounds(item % chunks, i_)
+        o, d, _, lo, hi = channel_block(item, chunks, d_, i_)
         row = y[o, d, lo:hi]
         for i in range(hi - lo):
             row[i] = _mapped(row[i], d, shift, mean, std, scale, bias, negative_slope)
