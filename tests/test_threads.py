@@ -86,6 +86,17 @@ def test_a_data_thread_yields_to_compute_and_the_rest_of_the_process_does_not():
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
 
 
+def _output_of_fresh_process(code: str, variable: str, user: str | None) -> str:
+    """What ``python -c code`` prints in a fresh process whose environment holds ``variable`` only when
+    the user set it (``user``); the process must succeed."""
+    env = {k: v for k, v in os.environ.items() if k != variable}
+    if user:
+        env[variable] = user
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
 def test_idle_kernel_threads_sleep_unless_the_user_chose():
     env = {}
     let_idle_kernel_threads_sleep(env)
@@ -98,17 +109,12 @@ def test_idle_kernel_threads_sleep_unless_the_user_chose():
 @pytest.mark.parametrize("user", [None, "ACTIVE"])
 def test_the_wait_policy_is_set_before_the_kernels_pool_starts(user):
     # A fresh process: libgomp reads the variable when numba first starts its pool.
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if user:
-        env["OMP_WAIT_POLICY"] = user
     code = ("import os, numpy as np\n"
             "from netdef.layers.jit import elementwise\n"
             "import numba\n"
             "numba.njit(parallel=True)(lambda a: a.sum())(np.ones(4))\n"
             "print(os.environ['OMP_WAIT_POLICY'], numba.threading_layer())\n")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split()[0] == (user or "PASSIVE")
+    assert _output_of_fresh_process(code, "OMP_WAIT_POLICY", user).split()[0] == (user or "PASSIVE")
 
 
 def test_idle_blas_threads_sleep_unless_the_user_chose():
@@ -123,9 +129,6 @@ def test_idle_blas_threads_sleep_unless_the_user_chose():
 @pytest.mark.parametrize("user", [None, "28"])
 def test_importing_netdef_sets_the_blas_wait_before_numpy_loads(user):
     # OpenBLAS reads the variable once, when NumPy loads it: a finder notes its value at that moment.
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
-    if user:
-        env["OPENBLAS_THREAD_TIMEOUT"] = user
     code = ("import os, sys\n"
             "class Watch:\n"
             "    def find_spec(self, name, path=None, target=None):\n"
@@ -133,6 +136,4 @@ def test_importing_netdef_sets_the_blas_wait_before_numpy_loads(user):
             "            print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))\n"
             "sys.meta_path.insert(0, Watch())\n"
             "import netdef\n")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == [user or "4"]
+    assert _output_of_fresh_process(code, "OPENBLAS_THREAD_TIMEOUT", user).split() == [user or "4"]
