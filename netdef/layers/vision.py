@@ -21,7 +21,7 @@ from .. import backend
 from ..blob import Blob
 from ..fillers import fill
 from ..proto import netdef_pb2 as pb
-from . import depthwise, fusion
+from . import depthwise, direct, fusion
 from . import im2col as _cols
 from . import jit, kernels
 from .base import TRAIN, Layer, register_layer
@@ -215,21 +215,26 @@ class ConvolutionLayer(_ConvolutionBase):
 
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
-        self.algorithm = self._choose_algorithm(backend.xp())
+        self.algorithm = self._choose_algorithm(backend.xp(), bottom[0].dtype)
         self.rows_input_gradient = self._choose_rows_input_gradient() if self.algorithm == "rows" else None
+        self.direct_input_gradient = None
+        if self.algorithm == "direct":
+            self._plan_direct(bottom[0].dtype)
 
     def algorithm_summary(self) -> str:
-        """The algorithms chosen for these shapes, for benchmarks and logs: "rows", "rows/col2im", ..."""
-        if self.rows_input_gradient is None:
-            return self.algorithm
-        return f"{self.algorithm}/{self.rows_input_gradient}"
+        """The algorithms chosen for these shapes, for benchmarks and logs: "rows", "rows/col2im",
+        "direct/direct", ..."""
+        second = self.rows_input_gradient or self.direct_input_gradient
+        return self.algorithm if second is None else f"{self.algorithm}/{second}"
 
-    def _choose_algorithm(self, xp) -> str:
+    def _choose_algorithm(self, xp, dtype) -> str:
         """How forward and backward compute, chosen once the shapes are known:
 
         - "depthwise": group == channels (2-D): shifted multiply-adds over the taps (depthwise.py);
         - "pointwise": 1x1 kernel, stride 1, no padding, one group: y[n] = W @ x[n] as (C x H*W)
           matrices, no column matrix and no copy of the input;
+        - "direct": other 2-D convolutions of NumPy float arrays: register-blocked kernels over the
+          padded input (direct.py);
         - "rows": the CPU row-product path (im2col.RowPlan, see _rows_eligible);
         - "columns": im2col and one product per group over chunks of the batch (anything else).
         """
@@ -238,6 +243,8 @@ class ConvolutionLayer(_ConvolutionBase):
             return "depthwise"
         if self.group == 1 and all(k == 1 for k in g.kernel) and all(s == 1 for s in g.stride) and not any(g.pad):
             return "pointwise"
+        if xp is np and direct.usable(dtype, self.num_spatial, self.group, self.channels):
+            return "direct"
         if self._rows_eligible(xp):
             return "rows"
         return "columns"
@@ -250,6 +257,8 @@ class ConvolutionLayer(_ConvolutionBase):
             return self._forward_pointwise(bottom, top)
         if self.algorithm == "rows":
             return self._forward_rows(bottom, top)
+        if self.algorithm == "direct":
+            return self._forward_direct(bottom, top)
         self._rows_last.clear()
         o, g = self.num_output, self.group
         w = self._weights()
@@ -288,6 +297,8 @@ class ConvolutionLayer(_ConvolutionBase):
             return self._backward_pointwise(top, propagate_down, bottom)
         if self.algorithm == "rows":
             return self._backward_rows(top, propagate_down, bottom)
+        if self.algorithm == "direct":
+            return self._backward_direct(top, propagate_down, bottom)
         o, g = self.num_output, self.group
         w = self._weights()
         want_w = self.param_propagate_down[0]
@@ -325,10 +336,15 @@ class ConvolutionLayer(_ConvolutionBase):
                     self._gemm(xp, flipped, cols_t.reshape(g, -1, lay_t.ncols), dxt.reshape(g, -1, lay_t.ncols))
                     dx_all[start:stop] = lay_t.gather(dxt)
                 elif dx_all is not None:
-                    dcols = self.scratch.get("conv_dcols", (lay.rows, lay.ncols), dy.dtype, xp)
-                    self._gemm(xp, w, dy_g, dcols.reshape(g, -1, lay.ncols), trans_a=True)
-                    col2im(dcols, lay, dx_all[start:stop], self.scratch)
+                    self._col2im_input_gradient(xp, w, dy_g, lay, dx_all[start:stop])
             self._cols_fresh[i] = False
+
+    def _col2im_input_gradient(self, xp, w, dy_g, lay, dx):
+        """dx (a chunk of samples) = col2im of dcols = W^T dY, dy_g the chunk's gradient as
+        (group, num_output / group, output positions)."""
+        dcols = self.scratch.get("conv_dcols", (lay.rows, lay.ncols), dy_g.dtype, xp)
+        self._gemm(xp, w, dy_g, dcols.reshape(self.group, -1, lay.ncols), trans_a=True)
+        col2im(dcols, lay, dx, self.scratch)
 
     def _add_bias(self, y):
         if self.bias_term:
@@ -390,6 +406,50 @@ class ConvolutionLayer(_ConvolutionBase):
                     dw += part
             if down:
                 xp.matmul(w.T, dy, out=b.diff.reshape(x.shape))
+
+    # ---- direct (direct.py): register-blocked kernels over the padded input, NumPy float arrays
+    def _plan_direct(self, dtype):
+        key = (self.num, self.in_spatial, np.dtype(dtype))
+        if getattr(self, "_direct_key", None) != key:
+            self._direct = direct.DirectConvolution(self.geom, self.num, self.channels, self.num_output,
+                                                    self.group, self.in_spatial, self.out_spatial, dtype)
+            self._direct_key = key
+        # The input gradient: the direct forward of the padded top gradient where that costs at most
+        # ROW_COL2IM_ABOVE times col2im's product (the kernels compute whole blocks of input
+        # channels: a first layer's 3 channels would cost 32), col2im's otherwise (and for strides).
+        per_group = self.channels // self.group
+        block = self._direct.kernels.shape.channels
+        direct_cost = math.prod(self.in_spatial) * -(-per_group // block) * block
+        col2im_cost = math.prod(self.out_spatial) * per_group
+        usable = self._direct.backward_dir is not None and direct_cost <= ROW_COL2IM_ABOVE * col2im_cost
+        self.direct_input_gradient = "direct" if usable else "col2im"
+
+    def _forward_direct(self, bottom, top):
+        bias = self.blobs[1].data if self.bias_term else None
+        for b, t in zip(bottom, top):
+            self._direct.forward(b.data.reshape((self.num, self.channels) + self.in_spatial), self.blobs[0].data,
+                                 bias, t.data.reshape((self.num, self.num_output) + self.out_spatial), self.scratch)
+
+    def _backward_direct(self, top, propagate_down, bottom):
+        w = self.blobs[0].data
+        for b, t, down in zip(bottom, top, propagate_down):
+            x = b.data.reshape((self.num, self.channels) + self.in_spatial)
+            dy = t.diff.reshape((self.num, self.num_output) + self.out_spatial)
+            self._bias_gradient(dy.reshape(self.num, self.num_output, -1))
+            if self.param_propagate_down[0]:
+                self._direct.weight_gradient(x, dy, self.blobs[0].diff, self.scratch)
+            if not down:
+                continue
+            dx = b.diff.reshape(x.shape)
+            if self.direct_input_gradient == "direct":
+                self._direct.input_gradient(dy, w, dx, self.scratch)
+                continue
+            weights = self._weights()
+            for start, stop, lay in self._chunks(np, self.channels, self.in_spatial, dy.dtype):
+                dy_cols = lay.buffer(self.ws, ("dy", lay.x_shape[0]), self.num_output, dy.dtype, np)
+                lay.scatter(dy_cols, dy[start:stop])
+                self._col2im_input_gradient(np, weights, dy_cols.reshape(self.group, self.num_output // self.group, -1),
+                                            lay, dx[start:stop])
 
     # ---- the CPU row-product path (im2col.RowPlan): stride-1 2-D convolutions, one group
     def _rows_eligible(self, xp) -> bool:

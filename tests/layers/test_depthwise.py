@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from netdef import backend
-from netdef.layers import depthwise, jit
+from netdef.layers import depthwise, direct, jit
 from netdef.layers.im2col import Geometry
 from tests.helpers import build, check_gradients, parse_layer
 from tests.layers.test_vision import conv_text, naive_conv
@@ -94,7 +94,7 @@ def test_depthwise_kernels_match_reference_float32(geom):
                                rtol=1e-4, atol=1e-3)
 
 
-def test_convolution_algorithm_choice():
+def test_convolution_algorithm_choice(monkeypatch):
     def algorithm(channels, **fields):
         layer, _, _ = build(parse_layer(conv_text(**fields)), [np.zeros((1, channels, 9, 9))], 1)
         return layer.algorithm
@@ -105,6 +105,9 @@ def test_convolution_algorithm_choice():
     assert algorithm(8, num_output=4, kernel_size=1) == "pointwise"
     assert algorithm(8, num_output=4, kernel_size=1, stride=2) != "pointwise"
     assert algorithm(8, num_output=4, kernel_size=1, group=2) != "pointwise"
+    assert algorithm(64, num_output=8, kernel_size=3, pad=1) == "direct"
+    assert algorithm(6, num_output=6, kernel_size=3, stride=2, group=3) == "direct"
+    monkeypatch.setattr(direct, "ENABLED", False)  # the paths before it
     assert algorithm(64, num_output=8, kernel_size=3, pad=1) == "rows"
     assert algorithm(3, num_output=8, kernel_size=3, pad=1) == "columns"
 

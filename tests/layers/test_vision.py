@@ -13,6 +13,7 @@ import pytest
 from netdef import backend
 from netdef.blob import Blob
 from netdef.layers import LayerError
+from netdef.layers import direct
 from netdef.layers import im2col as im2col_mod
 from netdef.layers import jit
 from netdef.layers import vision
@@ -102,16 +103,25 @@ NAIVE_CONFIGS = [  # (text fields, stride, pad, dilation, group)
 
 
 @pytest.fixture
-def row_path(monkeypatch):
+def column_paths(monkeypatch):
+    """Convolutions take the column or row-product paths (the direct path, the default for NumPy
+    float arrays, has its own tests in test_direct.py)."""
+    monkeypatch.setattr(direct, "ENABLED", False)
+    return monkeypatch
+
+
+@pytest.fixture
+def row_path(column_paths):
     """Sends every eligible convolution through the CPU row-product path, however few its channels
     (by default only kw * C >= ROW_MIN_WIDTH takes it)."""
-    monkeypatch.setattr(im2col_mod, "ROW_MIN_WIDTH", 0)
-    return monkeypatch
+    column_paths.setattr(im2col_mod, "ROW_MIN_WIDTH", 0)
+    return column_paths
 
 
 @pytest.mark.parametrize("rows", [False, True], ids=["columns", "rows"])
 @pytest.mark.parametrize("fields,stride,pad,dil,group", NAIVE_CONFIGS)
-def test_convolution_matches_naive_reference(monkeypatch, rows, fields, stride, pad, dil, group):
+def test_convolution_matches_naive_reference(column_paths, rows, fields, stride, pad, dil, group):
+    monkeypatch = column_paths
     if rows:
         monkeypatch.setattr(im2col_mod, "ROW_MIN_WIDTH", 0)
     x = normal(2, 6 if group == 3 else 3, 7, 8)
@@ -210,7 +220,8 @@ def test_convolution_two_bottoms_share_weights():
 
 
 @pytest.mark.parametrize("rows", [False, True], ids=["columns", "rows"])
-def test_convolution_parameter_gradients_accumulate_and_respect_propagate_flags(monkeypatch, rows):
+def test_convolution_parameter_gradients_accumulate_and_respect_propagate_flags(column_paths, rows):
+    monkeypatch = column_paths
     monkeypatch.setattr(im2col_mod, "ROW_MIN_WIDTH", 0 if rows else 10**9)
     text = parse_layer(conv_text(num_output=2, kernel_size=2, pad=1))
     x = normal(2, 3, 4, 4)
@@ -265,7 +276,8 @@ def test_convolution_errors(text, shape, message):
 
 
 @pytest.mark.parametrize("rows", [False, True], ids=["columns", "rows"])
-def test_convolution_reshape_to_new_input_size(monkeypatch, rows):
+def test_convolution_reshape_to_new_input_size(column_paths, rows):
+    monkeypatch = column_paths
     if rows:
         monkeypatch.setattr(im2col_mod, "ROW_MIN_WIDTH", 0)
     text = parse_layer(conv_text(num_output=2, kernel_size=3, pad=1))
@@ -286,7 +298,8 @@ def test_convolution_reshape_to_new_input_size(monkeypatch, rows):
     ("Deconvolution", dict(num_output=2, kernel_size=3, stride=2, pad=1)),
     ("Deconvolution", dict(num_output=2, kernel_size=3, pad=1)),
 ])
-def test_convolution_fast_paths_agree(monkeypatch, kind, fields):
+def test_convolution_fast_paths_agree(column_paths, kind, fields):
+    monkeypatch = column_paths
     """Batch chunks (uneven), full-width columns and the plain layout all give the same results."""
     text = parse_layer(conv_text(kind, **fields))
     x = normal(7, 4, 9, 8)
@@ -345,7 +358,7 @@ def test_convolution_row_path_gradients(row_path, fields, fold_below, input_grad
 
 
 @pytest.mark.parametrize("fields", ROW_CONFIGS, ids=ROW_IDS)
-def test_convolution_row_path_matches_column_path(monkeypatch, fields):
+def test_convolution_row_path_matches_column_path(column_paths, fields):
     """Two bottoms sharing the weights, two iterations (the parameter gradients accumulate; each
     backward reuses the last chunk's rows from its forward), with and without batch chunks
     (uneven ones) and kernel-row folding: all as the column path."""
@@ -354,6 +367,7 @@ def test_convolution_row_path_matches_column_path(monkeypatch, fields):
     layer, _, top = build(text, xs, 2)
     params = [p.data.copy() for p in layer.blobs]
     dys = [normal(*top[0].shape), normal(*top[0].shape)]
+    monkeypatch = column_paths
     monkeypatch.setattr(im2col_mod, "ROW_MIN_WIDTH", 0)
 
     def run(rows, budget=vision.ROW_BUDGET, fold_below=im2col_mod.ROW_FOLD_BELOW):
@@ -390,7 +404,7 @@ def test_convolution_row_path_matches_column_path(monkeypatch, fields):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("fields", [f for f in ROW_CONFIGS if f.get("kernel_size") != 1],
                          ids=[i for f, i in zip(ROW_CONFIGS, ROW_IDS) if f.get("kernel_size") != 1])
-def test_row_path_layout_kernels_are_exact_copies(monkeypatch, fields, dtype):
+def test_row_path_layout_kernels_are_exact_copies(column_paths, fields, dtype):
     """The compiled layout changes of the row path (jit/layout.py: NCHW to rows and back, the bias,
     the filters' permutation and the weight gradient's accumulation) give bit for bit what their
     NumPy twins give."""
@@ -399,6 +413,7 @@ def test_row_path_layout_kernels_are_exact_copies(monkeypatch, fields, dtype):
     layer, _, top = build(text, [x], 1, dtype=dtype)
     params = [p.data.copy() for p in layer.blobs]
     dy = normal(*top[0].shape).astype(dtype)
+    monkeypatch = column_paths
     monkeypatch.setattr(im2col_mod, "ROW_MIN_WIDTH", 0)
 
     def run(compiled, col2im_above):
@@ -429,7 +444,7 @@ def test_caffe_conv_case_row_path(row_path, name):
         run_caffe_case(name)
 
 
-def test_convolution_row_path_choice():
+def test_convolution_row_path_choice(column_paths):
     """Taken for stride-1 2-D single-group convolutions with kw * C >= ROW_MIN_WIDTH (not for a
     first layer's few channels), pad <= extent - 1, and only for NumPy arrays."""
     def eligible(channels, **fields):
@@ -446,7 +461,7 @@ def test_convolution_row_path_choice():
     assert not layer._rows_eligible(object())                       # another array module
 
 
-def test_convolution_row_path_input_gradient_choice():
+def test_convolution_row_path_input_gradient_choice(column_paths):
     """col2im where the full convolution of the top gradient costs more multiply-adds (a map that
     shrinks) or its products would have few columns (few input channels); the convolution otherwise."""
     def choice(channels, size, **fields):

@@ -1,0 +1,257 @@
+"""Register-blocked convolution microkernels, written as LLVM IR and compiled for this CPU by llvmlite.
+
+OpenBLAS multiplies the narrow matrices of small-image convolutions (32-64 output channels) at 70-100
+GFLOP/s per core where PyTorch's convolutions reach ~160, and numba loops written for the same blocking
+ran at 5-7 GFLOP/s: LLVM kept their accumulator block in memory. Written in IR, with explicit vector
+types and one SSA value per accumulator, the block lives in registers: a multiply-add of a broadcast
+input value and a vector of output channels per register, and nothing else in the inner loop.
+
+Two families, both over float or double vectors of the CPU's native width (``Shape``):
+
+- ``taps_{w}`` (forward, and the stride-1 input gradient): for ``w`` output pixels and ``vectors``
+  vectors of output channels, acc[j][v] = sum_t x[off[t] + j*ps] * wt[t][v], t over the taps in order,
+  stored to y[j][v] (pixel-major, the channel block contiguous). The accumulators start at zero.
+- ``pixels_{k}`` (the weight gradient): for ``k`` taps and the same channel block,
+  acc[k][v] += sum over rows r and columns p of x[off[k] + r*xrs + p*ps] * dy[r*dyrs + p*block + v],
+  loaded from and stored back to dw[k][v], so that the sum goes on across calls (images).
+
+Each output or gradient element is one accumulator, summed in a fixed order (taps in order; images,
+rows and columns in order) with fused multiply-adds: the result is the same whatever the blocking, the
+thread count or the vector width, so runs and resumes are bit-exact. The kernels are called from numba
+(jit/direct_conv.py) through their addresses; the compiled code lives as long as the process.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+
+import numpy as np
+
+# Accumulator blocks are at most this wide (pixels or taps per call) where the CPU has 32 vector
+# registers (AVX-512): 12 x 2 accumulators, 2 weight vectors and a broadcast fit in them. With 16
+# registers (AVX, NEON as LLVM sees it) the block is half as wide.
+WIDEST_BLOCK_32_REGISTERS = 12
+WIDEST_BLOCK_16_REGISTERS = 6
+VECTORS_PER_BLOCK = 2  # vectors of output channels per call: 32 float channels on AVX-512
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """The vector shape the kernels of one element type are generated for."""
+
+    element: str  # "float" or "double"
+    lanes: int  # elements per vector register
+    vectors: int  # vectors of output channels per block
+    widest: int  # most pixels (or taps) per call
+
+    @property
+    def channels(self) -> int:
+        """Output channels per block: the kernels' weights and outputs are laid out in blocks of this many."""
+        return self.lanes * self.vectors
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+    """Addresses of the compiled kernels of one element type: ``taps[w - 1]`` takes w pixels and
+    ``pixels[k - 1]`` k taps, for 1 <= w, k <= shape.widest."""
+
+    shape: Shape
+    taps: np.ndarray  # int64 addresses
+    pixels: np.ndarray
+
+
+def _host():
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    features = llvm.get_host_cpu_features()
+    return llvm, llvm.get_host_cpu_name(), features
+
+
+def shape_for(dtype) -> Shape:
+    """The native vector shape for ``dtype`` on this CPU."""
+    _, _, features = _host()
+    itemsize = np.dtype(dtype).itemsize
+    if features.get("avx512f"):
+        register_bytes, widest = 64, WIDEST_BLOCK_32_REGISTERS
+    elif features.get("avx"):
+        register_bytes, widest = 32, WIDEST_BLOCK_16_REGISTERS
+    else:
+        register_bytes, widest = 16, WIDEST_BLOCK_16_REGISTERS
+    element = {4: "float", 8: "double"}[itemsize]
+    return Shape(element, register_bytes // itemsize, VECTORS_PER_BLOCK, widest)
+
+
+class _Emitter:
+    """Lines of one IR function; names the vector type and the multiply-add once."""
+
+    def __init__(self, shape: Shape, fused: bool):
+        self.s = shape
+        suffix = f"v{shape.lanes}f{32 if shape.element == 'float' else 64}"
+        self.vec = f"<{shape.lanes} x {shape.element}>"
+        # llvm.fma is exact (one rounding) everywhere, but a CPU without FMA units computes it in a
+        # library call; fmuladd lets such a CPU multiply and add (its results then differ in rounding).
+        self.fma = f"@llvm.{'fma' if fused else 'fmuladd'}.{suffix}"
+        self.lines: list[str] = []
+
+    def __call__(self, line: str):
+        self.lines.append("  " + line if not line.endswith(":") else line)
+
+    @property
+    def align(self) -> int:
+        return 4 if self.s.element == "float" else 8
+
+    def count_up(self, counter: str, limit: str, again: str, done: str):
+        """%counter.next = %counter + 1; on to ``again`` while it is below %limit, else ``done``."""
+        self(f"%{counter}.next = add i64 %{counter}, 1")
+        self(f"%{counter}.more = icmp ult i64 %{counter}.next, %{limit}")
+        self(f"br i1 %{counter}.more, label %{again}, label %{done}")
+
+    def madd_broadcast(self, index: int, pointer: str, vectors: str):
+        """The accumulators a{index}.q (q over the block's vectors) plus the value at ``pointer``,
+        broadcast, times the vectors %{vectors}q; results n{index}.q."""
+        self.broadcast(f"x{index}", pointer)
+        for q in range(self.s.vectors):
+            self.madd(f"n{index}.{q}", f"%x{index}", f"%{vectors}{q}", f"%a{index}.{q}")
+
+    def pointers(self, *names: str):
+        """%name = the i64 argument %{name}a as a pointer."""
+        for name in names:
+            self(f"%{name} = inttoptr i64 %{name}a to ptr")
+
+    def accumulator_phis(self, count: int, into: str, first: str | None, entry: str, block: str):
+        """%{into}i.q = %{first}i.q (zeros if ``first`` is None) coming from ``entry``, %ni.q coming
+        from ``block``; i < count, q over the block's vectors."""
+        for i in range(count):
+            for q in range(self.s.vectors):
+                start = "zeroinitializer" if first is None else f"%{first}{i}.{q}"
+                self(f"%{into}{i}.{q} = phi {self.vec} [{start}, %{entry}], [%n{i}.{q}, %{block}]")
+
+    def declaration(self) -> str:
+        v = self.vec
+        return f"declare {v} {self.fma}({v}, {v}, {v})"
+
+    def broadcast(self, name: str, pointer: str):
+        s, v = self.s, self.vec
+        self(f"%{name}.s = load {s.element}, ptr {pointer}, align {self.align}")
+        self(f"%{name}.i = insertelement {v} poison, {s.element} %{name}.s, i64 0")
+        self(f"%{name} = shufflevector {v} %{name}.i, {v} poison, <{s.lanes} x i32> zeroinitializer")
+
+    def load_vector(self, name: str, base: str, offset):
+        self(f"%{name}.p = getelementptr {self.s.element}, ptr {base}, i64 {offset}")
+        self(f"%{name} = load {self.vec}, ptr %{name}.p, align {self.align}")
+
+    def madd(self, out: str, a: str, b: str, acc: str):
+        self(f"%{out} = call {self.vec} {self.fma}({self.vec} {a}, {self.vec} {b}, {self.vec} {acc})")
+
+
+def taps_kernel_ir(e: _Emitter, name: str, width: int) -> None:
+    """acc[j][v] = sum_t x[off[t] + j*ps] * wt[t*block + v*lanes ...]; y[j*block + v*lanes ...] = acc.
+    Arguments (all i64): x, wt, y, off (i64 table), taps (>= 1), ps."""
+    s, v = e.s, e.vec
+    block = s.channels
+    e(f"define void @{name}(i64 %xa, i64 %wa, i64 %ya, i64 %offa, i64 %taps, i64 %ps) {{")
+    e("entry:")
+    e.pointers("x", "w", "y", "off")
+    e("br label %loop")
+    e("loop:")
+    e("%t = phi i64 [0, %entry], [%t.next, %loop]")
+    e.accumulator_phis(width, "a", None, "entry", "loop")
+    e("%off.p = getelementptr i64, ptr %off, i64 %t")
+    e("%o = load i64, ptr %off.p, align 8")
+    e("%xb = getelementptr " + s.element + ", ptr %x, i64 %o")
+    e(f"%wrow = mul i64 %t, {block}")
+    e(f"%wb = getelementptr {s.element}, ptr %w, i64 %wrow")
+    for k in range(s.vectors):
+        e.load_vector(f"w{k}", "%wb", k * s.lanes)
+    for j in range(width):
+        e(f"%xo{j} = mul i64 %ps, {j}")
+        e(f"%xp{j} = getelementptr {s.element}, ptr %xb, i64 %xo{j}")
+        e.madd_broadcast(j, f"%xp{j}", "w")
+    e.count_up("t", "taps", "loop", "done")
+    e("done:")
+    for j in range(width):
+        for k in range(s.vectors):
+            e(f"%y{j}.{k} = getelementptr {s.element}, ptr %y, i64 {j * block + k * s.lanes}")
+            e(f"store {v} %n{j}.{k}, ptr %y{j}.{k}, align {e.align}")
+    e("ret void")
+    e("}")
+
+
+def pixels_kernel_ir(e: _Emitter, name: str, count: int) -> None:
+    """acc[k][v] = dw[k][v] + sum_{r < rows, p < cols} x[off[k] + r*xrs + p*ps] * dy[r*dyrs + p*block + v];
+    stored back to dw. Arguments (all i64): x, dy, dw, off (i64 table), rows, cols (both >= 1), ps, xrs,
+    dyrs."""
+    s, v = e.s, e.vec
+    block = s.channels
+    e(f"define void @{name}(i64 %xa, i64 %dya, i64 %dwa, i64 %offa, i64 %rows, i64 %cols, i64 %ps, "
+      f"i64 %xrs, i64 %dyrs) {{")
+    e("entry:")
+    e.pointers("x", "dy", "dw", "off")
+    for k in range(count):
+        e(f"%off{k}.p = getelementptr i64, ptr %off, i64 {k}")
+        e(f"%off{k} = load i64, ptr %off{k}.p, align 8")
+        e(f"%xk{k} = getelementptr {s.element}, ptr %x, i64 %off{k}")
+        for q in range(s.vectors):
+            e.load_vector(f"s{k}.{q}", "%dw", k * block + q * s.lanes)
+    e("br label %row")
+    e("row:")
+    e("%r = phi i64 [0, %entry], [%r.next, %row.end]")
+    e.accumulator_phis(count, "b", "s", "entry", "row.end")
+    e("%xr = mul i64 %r, %xrs")
+    e("%dr = mul i64 %r, %dyrs")
+    e("br label %col")
+    e("col:")
+    e("%p = phi i64 [0, %row], [%p.next, %col]")
+    e.accumulator_phis(count, "a", "b", "row", "col")
+    e("%xp = mul i64 %p, %ps")
+    e("%xo = add i64 %xp, %xr")
+    e(f"%dp = mul i64 %p, {block}")
+    e("%do = add i64 %dp, %dr")
+    for q in range(s.vectors):
+        e(f"%do{q} = add i64 %do, {q * s.lanes}")
+        e.load_vector(f"g{q}", "%dy", f"%do{q}")
+    for k in range(count):
+        e(f"%xq{k} = getelementptr {s.element}, ptr %xk{k}, i64 %xo")
+        e.madd_broadcast(k, f"%xq{k}", "g")
+    e.count_up("p", "cols", "col", "row.end")
+    e("row.end:")
+    e.count_up("r", "rows", "row", "done")
+    e("done:")
+    for k in range(count):
+        for q in range(s.vectors):
+            e(f"store {v} %n{k}.{q}, ptr %s{k}.{q}.p, align {e.align}")
+    e("ret void")
+    e("}")
+
+
+_ENGINES = []  # the compiled code must outlive every call: one engine per element type, never freed
+
+
+@functools.lru_cache(maxsize=None)
+def kernels_for(dtype) -> Kernels:
+    """Compiles (once per process and element type) both families for this CPU."""
+    llvm, cpu, features = _host()
+    shape = shape_for(dtype)
+    e = _Emitter(shape, fused=bool(features.get("fma") or features.get("neon") or features.get("avx512f")))
+    for w in range(1, shape.widest + 1):
+        taps_kernel_ir(e, f"taps_{w}", w)
+        pixels_kernel_ir(e, f"pixels_{w}", w)
+    module = llvm.parse_assembly(e.declaration() + "\n" + "\n".join(e.lines))
+    module.verify()
+    machine = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features.flatten(), opt=3)
+    passes = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(speed_level=3))
+    passes.getModulePassManager().run(module, passes)
+    engine = llvm.create_mcjit_compiler(module, machine)
+    engine.finalize_object()
+    _ENGINES.append(engine)
+    taps = np.array([engine.get_function_address(f"taps_{w}") for w in range(1, shape.widest + 1)], np.int64)
+    pixels = np.array([engine.get_function_address(f"pixels_{w}") for w in range(1, shape.widest + 1)], np.int64)
+    return Kernels(shape, taps, pixels)
+
+
+def call_address(address: int, *args: int) -> None:
+    """Calls a kernel from Python (tests): every argument an i64."""
+    ctypes.CFUNCTYPE(None, *([ctypes.c_int64] * len(args)))(address)(*args)

@@ -1,0 +1,160 @@
+"""The direct convolution path (layers/direct.py, jit/direct_conv.py, jit/microkernels.py): Caffe's
+convolution by definition, its gradients numerically, the column path's results, and the same bits
+whatever the thread count."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from netdef.layers import direct, jit
+from netdef.layers.jit import microkernels
+from tests.helpers import build, check_gradients, parse_layer
+from tests.layers.test_vision import CONV_GRAD_CONFIGS, NAIVE_CONFIGS, conv_text, naive_conv
+
+RNG = np.random.default_rng(20261125)
+
+
+def ids(fields):
+    return ",".join(f"{k}={v}" for k, v in fields.items())
+
+
+@pytest.mark.parametrize("fields,stride,pad,dil,group", NAIVE_CONFIGS)
+def test_direct_matches_naive_reference(fields, stride, pad, dil, group):
+    x = RNG.standard_normal((2, 6 if group == 3 else 3, 7, 8))
+    kh = fields.get("kernel_h", fields.get("kernel_size"))
+    kw = fields.get("kernel_w", fields.get("kernel_size"))
+    w = RNG.standard_normal((fields["num_output"], x.shape[1] // group, kh, kw))
+    b = RNG.standard_normal(fields["num_output"])
+    layer, bottom, top = build(parse_layer(conv_text(**fields)), [x], 1, params=[w, b])
+    assert layer.algorithm in ("direct", "pointwise")
+    layer.forward(bottom, top)
+    np.testing.assert_allclose(top[0].data, naive_conv(x, w, b, stride, pad, dil, group), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("fields", CONV_GRAD_CONFIGS, ids=ids)
+def test_direct_gradients(fields):
+    layer = check_gradients(parse_layer(conv_text(**fields)), [RNG.standard_normal((2, 4, 5, 6))])
+    assert layer.algorithm in ("direct", "pointwise")
+
+
+# Shapes past one channel block (the kernels compute 32 float channels, 16 double on AVX-512), rows
+# wider than one call's pixels, groups, dilation, both input gradients.
+WIDE_CONFIGS = [
+    (dict(num_output=70, kernel_size=3, pad=1), (2, 9, 30, 29)),
+    (dict(num_output=36, kernel_size=5, pad=2, group=3), (3, 12, 11, 17)),
+    (dict(num_output=33, kernel_size=3, dilation=2, pad=2), (2, 40, 9, 10)),
+    (dict(num_output=40, kernel_size=5, stride=2, pad=1), (2, 5, 15, 14)),
+    (dict(num_output=20, kernel_size=5), (3, 1, 16, 16)),  # a first layer: col2im's input gradient
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("fields,shape", WIDE_CONFIGS, ids=[ids(f) for f, _ in WIDE_CONFIGS])
+def test_direct_matches_column_path(monkeypatch, fields, shape, dtype):
+    """Two bottoms sharing the weights, two iterations (the weight gradient accumulates): outputs and
+    every gradient as the column path's, to rounding."""
+    text = parse_layer(conv_text(**fields))
+    xs = [RNG.standard_normal(shape).astype(dtype) for _ in range(2)]
+    layer, _, top = build(text, xs, 2, dtype=dtype)
+    params = [p.data.copy() for p in layer.blobs]
+    dys = [RNG.standard_normal(top[0].shape).astype(dtype) for _ in range(2)]
+
+    def run(enabled):
+        monkeypatch.setattr(direct, "ENABLED", enabled)
+        lay, bot, tp = build(text, xs, 2, params=params, dtype=dtype)
+        assert (lay.algorithm == "direct") == enabled
+        out = []
+        for it in range(2):
+            for b, x in zip(bot, xs):
+                b.data[...] = x * (it + 1)
+            lay.forward(bot, tp)
+            for t, dy in zip(tp, dys):
+                t.diff = dy
+            lay.backward(tp, [True, True], bot)
+            out += [t.data.copy() for t in tp] + [b.diff.copy() for b in bot]
+        return out + [p.diff.copy() for p in lay.blobs]
+
+    tolerance = 2e-5 if dtype == np.float32 else 1e-12
+    for got, want in zip(run(True), run(False)):
+        assert got.dtype == want.dtype == dtype
+        np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance * np.abs(want).max())
+
+
+def test_direct_input_gradient_choice():
+    """The direct forward of the padded top gradient where it costs at most ROW_COL2IM_ABOVE times
+    col2im's product; col2im for strides, shrinking maps and a first layer's few channels."""
+    def choice(channels, size, **fields):
+        layer, _, _ = build(parse_layer(conv_text(**fields)), [np.zeros((1, channels, size, size), np.float32)], 1,
+                            dtype=np.float32)
+        assert layer.algorithm == "direct"
+        return layer.direct_input_gradient
+
+    assert choice(32, 16, num_output=32, kernel_size=5, pad=2) == "direct"     # CIFAR-10 conv2
+    assert choice(64, 56, num_output=64, kernel_size=3, pad=1) == "direct"     # ResNet's 3x3
+    assert choice(20, 12, num_output=50, kernel_size=5) == "col2im"            # LeNet conv2: 144 / 64 cells
+    assert choice(3, 32, num_output=32, kernel_size=5, pad=2) == "col2im"      # 3 channels computed as 32
+    assert choice(64, 15, num_output=64, kernel_size=3, stride=2) == "col2im"
+
+
+def test_direct_results_do_not_depend_on_the_thread_count():
+    """Every output and gradient element is one sum in a fixed order: one thread and all of them give
+    the same bits (what exact resume and the distributed equivalence rest on)."""
+    text = parse_layer(conv_text(num_output=40, kernel_size=3, pad=1))
+    x = RNG.standard_normal((5, 24, 13, 14)).astype(np.float32)
+    layer, _, top = build(text, [x], 1, dtype=np.float32)
+    params = [p.data.copy() for p in layer.blobs]
+    dy = RNG.standard_normal(top[0].shape).astype(np.float32)
+
+    def run(threads):
+        previous = numba.get_num_threads()
+        numba.set_num_threads(threads)
+        try:
+            lay, bot, tp = build(text, [x], 1, params=params, dtype=np.float32)
+            lay.forward(bot, tp)
+            tp[0].diff = dy
+            lay.backward(tp, [True], bot)
+            return [tp[0].data.copy(), bot[0].diff.copy()] + [p.diff.copy() for p in lay.blobs]
+        finally:
+            numba.set_num_threads(previous)
+
+    for one, many in zip(run(1), run(numba.config.NUMBA_NUM_THREADS)):
+        np.testing.assert_array_equal(one, many)
+
+
+def test_direct_only_where_it_applies(monkeypatch):
+    assert direct.usable(np.float32, 2, 1, 3)
+    assert direct.usable(np.float64, 2, 2, 8)
+    assert not direct.usable(np.float16, 2, 1, 3)
+    assert not direct.usable(np.float32, 3, 1, 3)        # 3-D convolutions: the column path
+    assert not direct.usable(np.float32, 2, 8, 8)        # depthwise: its own kernels
+    monkeypatch.setattr(jit, "ENABLED", False)
+    assert not direct.usable(np.float32, 2, 1, 3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_microkernels_compute_their_sums(dtype):
+    """One call of each family on hand-made operands: the taps kernel's block of outputs and the
+    pixels kernel's accumulation onto what dw held."""
+    kernels = microkernels.kernels_for(np.dtype(dtype))
+    block = kernels.shape.channels
+    width, taps, stride = 3, 4, 2
+    x = RNG.standard_normal(64).astype(dtype)
+    off = np.array([0, 5, 9, 20], np.int64)
+    wt = RNG.standard_normal((taps, block)).astype(dtype)
+    y = np.full((width, block), np.nan, dtype)
+    microkernels.call_address(int(kernels.taps[width - 1]), x.ctypes.data, wt.ctypes.data, y.ctypes.data,
+                              off.ctypes.data, taps, stride)
+    want = np.array([[sum(x[off[t] + j * stride] * wt[t] for t in range(taps))] for j in range(width)])[:, 0]
+    tolerance = 1e-5 if dtype == np.float32 else 1e-13  # FMA rounding against NumPy's, with cancellation
+    np.testing.assert_allclose(y, want, rtol=tolerance, atol=tolerance * np.abs(want).max())
+
+    rows, cols, row_stride = 2, 3, 11
+    dy = RNG.standard_normal((rows, cols, block)).astype(dtype)
+    dw = RNG.standard_normal((taps, block)).astype(dtype)
+    start = dw.copy()
+    microkernels.call_address(int(kernels.pixels[taps - 1]), x.ctypes.data, dy.ctypes.data, dw.ctypes.data,
+                              off.ctypes.data, rows, cols, stride, row_stride, cols * block)
+    want = start + np.array([sum(x[off[t] + r * row_stride + p * stride] * dy[r, p]
+                                 for r in range(rows) for p in range(cols)) for t in range(taps)])
+    np.testing.assert_allclose(dw, want, rtol=tolerance, atol=tolerance * np.abs(want).max())
