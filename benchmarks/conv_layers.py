@@ -96,7 +96,13 @@ def main():
     parser.add_argument("--cpu-time", action="store_true",
                         help="time with the process's CPU time (with --threads 1 and NUMBA_NUM_THREADS=1: "
                              "figures that other jobs on the machine barely move)")
+    parser.add_argument("--no-direct", action="store_true",
+                        help="without the direct path (layers/direct.py): the row-product and column paths")
     args = parser.parse_args()
+    if args.no_direct:
+        from netdef.layers import direct
+
+        direct.ENABLED = False
     import torch
 
     set_threads(args.threads, True)

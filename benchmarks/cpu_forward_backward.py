@@ -336,6 +336,9 @@ def main() -> None:
                         help="time the TEST-phase forward only (no forward+backward steps)")
     parser.add_argument("--column-path", action="store_true",
                         help="run every convolution through im2col (the CPU row-product path off)")
+    parser.add_argument("--no-direct", action="store_true",
+                        help="convolutions without the direct path (layers/direct.py): the row-product and "
+                             "column paths, as before it (the RSS subprocesses keep the defaults)")
     parser.add_argument("--rss-child", choices=("netdef", "torch"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     keys = [k.strip() for k in args.nets.split(",") if k.strip()]
@@ -350,6 +353,10 @@ def main() -> None:
         from netdef.layers import im2col
 
         im2col.ROW_PRODUCTS = False
+    if args.no_direct:
+        from netdef.layers import direct
+
+        direct.ENABLED = False
     import torch
     from threadpoolctl import threadpool_info
 

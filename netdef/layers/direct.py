@@ -3,7 +3,7 @@
 A column matrix turns a convolution into one matrix product, but for the small images of LeNet and
 CIFAR-10 (32-64 output channels) OpenBLAS runs those narrow products at half the rate of a square one,
 and building the matrix costs another pass over memory per kernel tap. Here each kernel call
-(jit/microkernels.py) keeps a block of outputs in vector registers (up to 12 pixels x 32 float channels
+(jit/microkernels.py) keeps a block of outputs in vector registers (up to 10 pixels x 32 float channels
 on AVX-512) and reads the input where it lies (jit/direct_conv.py):
 
 - forward: y[n, o, h, w] = sum over the group's taps (ci, i, j) of w[o, ci, i, j] xpad[n, ci, h*sh + i*dh,
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 
 import numpy as np
 
@@ -29,16 +30,40 @@ from . import jit
 from .im2col import Geometry
 
 ENABLED = True
-# Images per step of the weight gradient: their padded inputs and blocked gradients stay in cache
-# while every tap span reads them.
-WEIGHT_GRADIENT_IMAGES = 8
+# Fewer taps per group than this leave each kernel call too little work against its layout passes:
+# VGG's and SqueezeNet's first layers (3 channels x 3 x 3) ran 1.2-1.3x slower than the column path,
+# CIFAR-10's (3 x 5 x 5) 1.4x faster (one thread).
+MIN_TAPS = 32
+# The input gradient is the direct forward of the padded top gradient where that costs at most this
+# many times the multiply-adds of col2im's product (the kernels compute whole channel blocks, and
+# the input positions where col2im's product covers only the output ones): the kernels run about
+# twice the rate of col2im's product and scatter.
+DIRECT_INPUT_GRADIENT_ABOVE = 2.5
+# Where the row-product path can compute a convolution, it does so instead of the direct path when
+# the output rows are narrower than this (each kernel call then gets a short row: ResNet-50's 7 x 7
+# layers, one thread, forward+backward 58 ms direct against 47 by rows), or when the direct path's
+# input gradient would be col2im's (the row path's is faster: LeNet's conv2, 11.4 against 8.8 ms).
+ROWS_BELOW_WIDTH = 8
+# The forward's taps go in chunks whose packed weights take about this many bytes (they stay in L1
+# while a block of output rows is computed), ...
+TAP_CHUNK_BYTES = 32 << 10
+# ... over blocks of this many output rows of one image.
+BLOCK_ROWS = 4
+# The weight gradient goes over the images in steps whose padded inputs and blocked gradients take
+# about this many bytes (at least one image): they stay in L2 while every tap span reads them. One
+# thread, float32: ResNet's 56 x 56 x 64 layer ran at 165-171 GFLOP/s one image per step and 87-134
+# eight; its 7 x 7 x 512 layers at 126-140 and 143-155.
+WEIGHT_GRADIENT_STEP_BYTES = 1 << 20
 
 
-def usable(dtype, num_spatial: int, group: int, channels: int) -> bool:
+def usable(dtype, num_spatial: int, group: int, channels: int, kernel) -> bool:
     """Whether the direct path computes a convolution of these properties on NumPy arrays of
-    ``dtype`` (depthwise convolutions keep their own kernels)."""
+    ``dtype``: 2-D, not depthwise (those keep their own kernels), not 1x1 (a matrix product as it
+    stands: the column path's products ran ResNet's strided 1x1 layers 1.3-1.5x faster), and with at
+    least MIN_TAPS taps per group."""
     return (ENABLED and jit.ENABLED and num_spatial == 2 and np.dtype(dtype) in (np.float32, np.float64)
-            and not (group > 1 and group == channels) and _compiles(np.dtype(dtype)))
+            and not (group > 1 and group == channels) and math.prod(kernel) > 1
+            and channels // group * math.prod(kernel) >= MIN_TAPS and _compiles(np.dtype(dtype)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,9 +81,26 @@ def _compiles(dtype) -> bool:
 
 
 def input_gradient_direct(geom: Geometry) -> bool:
-    """Whether the input gradient is the direct forward of the padded top gradient (stride 1 and
+    """Whether the input gradient can be the direct forward of the padded top gradient (stride 1 and
     pad <= extent - 1; a larger pad only adds outputs that read padding)."""
     return geom.stride == (1, 1) and all(p <= e - 1 for p, e in zip(geom.pad, geom.extent))
+
+
+def input_gradient(geom: Geometry, channels: int, group: int, in_hw, out_hw, dtype) -> str:
+    """How the direct path computes the input gradient: "direct" (the forward of the padded top
+    gradient) where it can and that costs at most DIRECT_INPUT_GRADIENT_ABOVE times col2im's product
+    (the kernels compute whole blocks of input channels: a first layer's 3 channels cost 32), "col2im"
+    (the column path's product and scatter) otherwise. From the shapes alone, so that a resumed run
+    takes the same path."""
+    from .jit import microkernels
+
+    per_group = channels // group
+    block = microkernels.shape_for(np.dtype(dtype)).channels
+    direct_cost = math.prod(in_hw) * -(-per_group // block) * block
+    col2im_cost = math.prod(out_hw) * per_group
+    if input_gradient_direct(geom) and direct_cost <= DIRECT_INPUT_GRADIENT_ABOVE * col2im_cost:
+        return "direct"
+    return "col2im"
 
 
 def _tap_offsets(channels: int, padded_hw, geom: Geometry) -> np.ndarray:
@@ -98,7 +140,7 @@ class DirectConvolution:
         self.geom = geom
         self.kernels = microkernels.kernels_for(np.dtype(dtype))
         block = self.kernels.shape.channels
-        self.widest = self.kernels.shape.widest
+        self.chunk_taps = max(1, TAP_CHUNK_BYTES // (block * np.dtype(dtype).itemsize))
         self.dtype = np.dtype(dtype)
         self.forward_dir = _Direction(num, group, channels, num_output, in_hw, out_hw, geom.pad, geom.stride,
                                       geom, block)
@@ -145,7 +187,8 @@ class DirectConvolution:
         xp = self._padded(x, d, scratch, "direct_x")
         packed = self._packed(w, d, scratch, "direct_w")
         blocked = scratch.get("direct_y", d.blocked_shape, self.dtype, np)
-        direct_conv.taps(xp, packed, d.offsets, blocked, self.kernels.taps, *d.stride, self.widest)
+        direct_conv.taps(xp, packed, d.offsets, blocked, self.kernels.taps, *d.stride,
+                         self.kernels.shape.widest_pixels, self.chunk_taps, BLOCK_ROWS)
         direct_conv.from_blocks(blocked, bias if bias is not None else np.empty(0, self.dtype), y)
 
     def weight_gradient(self, x, dy, dw, scratch):
@@ -158,8 +201,9 @@ class DirectConvolution:
         direct_conv.to_blocks(dy, dyb)
         part = scratch.get("direct_dw", d.packed_shape, self.dtype, np)
         part[...] = 0
-        direct_conv.pixels(xp, dyb, d.offsets, part, self.kernels.pixels, *d.stride, self.widest,
-                           WEIGHT_GRADIENT_IMAGES)
+        image_bytes = (math.prod(d.padded_shape[1:]) + math.prod(d.blocked_shape[1:])) * self.dtype.itemsize
+        direct_conv.pixels(xp, dyb, d.offsets, part, self.kernels.pixels, *d.stride, self.kernels.shape.widest_taps,
+                           max(1, WEIGHT_GRADIENT_STEP_BYTES // image_bytes))
         g, b, t, block = d.packed_shape
         dw.reshape(g, d.out_per_group, t)[...] += part.transpose(0, 1, 3, 2).reshape(g, b * block, t)[:, :d.out_per_group]
 
@@ -172,5 +216,6 @@ class DirectConvolution:
         dyp = self._padded(dy, d, scratch, "direct_dyp")
         packed = self._packed(np.ascontiguousarray(self._flipped(w)), d, scratch, "direct_wf")
         blocked = scratch.get("direct_dx", d.blocked_shape, self.dtype, np)
-        direct_conv.taps(dyp, packed, d.offsets, blocked, self.kernels.taps, 1, 1, self.widest)
+        direct_conv.taps(dyp, packed, d.offsets, blocked, self.kernels.taps, 1, 1,
+                         self.kernels.shape.widest_pixels, self.chunk_taps, BLOCK_ROWS)
         direct_conv.from_blocks(blocked, np.empty(0, self.dtype), dx)

@@ -243,8 +243,12 @@ class ConvolutionLayer(_ConvolutionBase):
             return "depthwise"
         if self.group == 1 and all(k == 1 for k in g.kernel) and all(s == 1 for s in g.stride) and not any(g.pad):
             return "pointwise"
-        if xp is np and direct.usable(dtype, self.num_spatial, self.group, self.channels):
-            return "direct"
+        if xp is np and direct.usable(dtype, self.num_spatial, self.group, self.channels, g.kernel):
+            rows_better = self._rows_eligible(xp) and (
+                self.out_spatial[1] < direct.ROWS_BELOW_WIDTH
+                or direct.input_gradient(g, self.channels, self.group, self.in_spatial, self.out_spatial, dtype) != "direct")
+            if not rows_better:
+                return "direct"
         if self._rows_eligible(xp):
             return "rows"
         return "columns"
@@ -414,15 +418,8 @@ class ConvolutionLayer(_ConvolutionBase):
             self._direct = direct.DirectConvolution(self.geom, self.num, self.channels, self.num_output,
                                                     self.group, self.in_spatial, self.out_spatial, dtype)
             self._direct_key = key
-        # The input gradient: the direct forward of the padded top gradient where that costs at most
-        # ROW_COL2IM_ABOVE times col2im's product (the kernels compute whole blocks of input
-        # channels: a first layer's 3 channels would cost 32), col2im's otherwise (and for strides).
-        per_group = self.channels // self.group
-        block = self._direct.kernels.shape.channels
-        direct_cost = math.prod(self.in_spatial) * -(-per_group // block) * block
-        col2im_cost = math.prod(self.out_spatial) * per_group
-        usable = self._direct.backward_dir is not None and direct_cost <= ROW_COL2IM_ABOVE * col2im_cost
-        self.direct_input_gradient = "direct" if usable else "col2im"
+        self.direct_input_gradient = direct.input_gradient(self.geom, self.channels, self.group, self.in_spatial,
+                                                           self.out_spatial, dtype)
 
     def _forward_direct(self, bottom, top):
         bias = self.blobs[1].data if self.bias_term else None

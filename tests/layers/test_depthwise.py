@@ -106,7 +106,7 @@ def test_convolution_algorithm_choice(monkeypatch):
     assert algorithm(8, num_output=4, kernel_size=1, stride=2) != "pointwise"
     assert algorithm(8, num_output=4, kernel_size=1, group=2) != "pointwise"
     assert algorithm(64, num_output=8, kernel_size=3, pad=1) == "direct"
-    assert algorithm(6, num_output=6, kernel_size=3, stride=2, group=3) == "direct"
+    assert algorithm(12, num_output=6, kernel_size=3, stride=2, group=3) == "direct"  # 36 taps per group
     monkeypatch.setattr(direct, "ENABLED", False)  # the paths before it
     assert algorithm(64, num_output=8, kernel_size=3, pad=1) == "rows"
     assert algorithm(3, num_output=8, kernel_size=3, pad=1) == "columns"

@@ -8,11 +8,19 @@ import numpy as np
 import pytest
 
 from netdef.layers import direct, jit
+from netdef.layers.im2col import Geometry
 from netdef.layers.jit import microkernels
 from tests.helpers import build, check_gradients, parse_layer
 from tests.layers.test_vision import CONV_GRAD_CONFIGS, NAIVE_CONFIGS, conv_text, naive_conv
 
 RNG = np.random.default_rng(20261125)
+
+
+@pytest.fixture(autouse=True)
+def every_convolution_direct(monkeypatch):
+    """The tests' small convolutions take the direct path however few their taps (by default only
+    MIN_TAPS or more per group do)."""
+    monkeypatch.setattr(direct, "MIN_TAPS", 1)
 
 
 def ids(fields):
@@ -82,19 +90,33 @@ def test_direct_matches_column_path(monkeypatch, fields, shape, dtype):
 
 
 def test_direct_input_gradient_choice():
-    """The direct forward of the padded top gradient where it costs at most ROW_COL2IM_ABOVE times
-    col2im's product; col2im for strides, shrinking maps and a first layer's few channels."""
-    def choice(channels, size, **fields):
+    """The direct forward of the padded top gradient where it costs at most DIRECT_INPUT_GRADIENT_ABOVE
+    times col2im's product; col2im for strides, shrinking maps and a first layer's few channels."""
+    def choice(channels, size, kernel, stride=1, pad=0):
+        geom = Geometry((kernel, kernel), (stride, stride), (pad, pad), (1, 1))
+        return direct.input_gradient(geom, channels, 1, (size, size), geom.conv_out((size, size)), np.float32)
+
+    assert choice(32, 16, 5, pad=2) == "direct"     # CIFAR-10 conv2
+    assert choice(64, 56, 3, pad=1) == "direct"     # ResNet's 3x3
+    assert choice(16, 28, 5, pad=2) == "direct"     # 16 channels computed as 32: twice col2im's
+    assert choice(20, 12, 5) == "col2im"            # LeNet conv2: 144 / 64 cells, 20 channels as 32
+    assert choice(3, 32, 5, pad=2) == "col2im"      # 3 channels computed as 32
+    assert choice(64, 15, 3, stride=2) == "col2im"
+
+
+def test_row_path_where_it_beats_the_direct_one():
+    """Where the row-product path applies, it takes narrow outputs and the convolutions whose direct
+    input gradient would be col2im's; the direct path the rest (and everything the rows cannot)."""
+    def algorithm(channels, size, **fields):
         layer, _, _ = build(parse_layer(conv_text(**fields)), [np.zeros((1, channels, size, size), np.float32)], 1,
                             dtype=np.float32)
-        assert layer.algorithm == "direct"
-        return layer.direct_input_gradient
+        return layer.algorithm_summary()
 
-    assert choice(32, 16, num_output=32, kernel_size=5, pad=2) == "direct"     # CIFAR-10 conv2
-    assert choice(64, 56, num_output=64, kernel_size=3, pad=1) == "direct"     # ResNet's 3x3
-    assert choice(20, 12, num_output=50, kernel_size=5) == "col2im"            # LeNet conv2: 144 / 64 cells
-    assert choice(3, 32, num_output=32, kernel_size=5, pad=2) == "col2im"      # 3 channels computed as 32
-    assert choice(64, 15, num_output=64, kernel_size=3, stride=2) == "col2im"
+    assert algorithm(32, 16, num_output=32, kernel_size=5, pad=2) == "direct/direct"   # CIFAR-10 conv2
+    assert algorithm(20, 12, num_output=50, kernel_size=5) == "rows/col2im"            # LeNet conv2
+    assert algorithm(512, 7, num_output=512, kernel_size=3, pad=1) == "rows/convolution"  # ResNet's 7 x 7
+    assert algorithm(512, 7, num_output=512, kernel_size=3, pad=1, group=2) == "direct/direct"  # no rows
+    assert algorithm(3, 32, num_output=32, kernel_size=5, pad=2) == "direct/col2im"    # CIFAR-10 conv1
 
 
 def test_direct_results_do_not_depend_on_the_thread_count():
@@ -123,13 +145,16 @@ def test_direct_results_do_not_depend_on_the_thread_count():
 
 
 def test_direct_only_where_it_applies(monkeypatch):
-    assert direct.usable(np.float32, 2, 1, 3)
-    assert direct.usable(np.float64, 2, 2, 8)
-    assert not direct.usable(np.float16, 2, 1, 3)
-    assert not direct.usable(np.float32, 3, 1, 3)        # 3-D convolutions: the column path
-    assert not direct.usable(np.float32, 2, 8, 8)        # depthwise: its own kernels
+    monkeypatch.setattr(direct, "MIN_TAPS", 32)
+    assert direct.usable(np.float32, 2, 1, 3, (5, 5))      # CIFAR-10's first layer: 75 taps
+    assert direct.usable(np.float64, 2, 2, 16, (3, 3))     # 8 channels per group: 72 taps
+    assert not direct.usable(np.float32, 2, 1, 3, (3, 3))  # 27 taps: the column path
+    assert not direct.usable(np.float32, 2, 1, 64, (1, 1))  # 1x1: a matrix product
+    assert not direct.usable(np.float16, 2, 1, 8, (5, 5))
+    assert not direct.usable(np.float32, 3, 1, 8, (5, 5))   # 3-D convolutions: the column path
+    assert not direct.usable(np.float32, 2, 8, 8, (5, 5))   # depthwise: its own kernels
     monkeypatch.setattr(jit, "ENABLED", False)
-    assert not direct.usable(np.float32, 2, 1, 3)
+    assert not direct.usable(np.float32, 2, 1, 8, (5, 5))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
