@@ -42,7 +42,8 @@ DIRECT_INPUT_GRADIENT_ABOVE = 2.5
 # Where the row-product path can compute a convolution, it does so instead of the direct path when
 # the output rows are narrower than this (each kernel call then gets a short row: ResNet-50's 7 x 7
 # layers, one thread, forward+backward 58 ms direct against 47 by rows), or when the direct path's
-# input gradient would be col2im's (the row path's is faster: LeNet's conv2, 11.4 against 8.8 ms).
+# input gradient would be col2im's in a TRAIN net (the row path's is faster: LeNet's conv2, 11.4
+# against 8.8 ms forward+backward; its forward alone 2.2 against 3.0).
 ROWS_BELOW_WIDTH = 8
 # The forward's taps go in chunks whose packed weights take about this many bytes (they stay in L1
 # while a block of output rows is computed), ...

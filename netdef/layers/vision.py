@@ -244,9 +244,10 @@ class ConvolutionLayer(_ConvolutionBase):
         if self.group == 1 and all(k == 1 for k in g.kernel) and all(s == 1 for s in g.stride) and not any(g.pad):
             return "pointwise"
         if xp is np and direct.usable(dtype, self.num_spatial, self.group, self.channels, g.kernel):
-            rows_better = self._rows_eligible(xp) and (
-                self.out_spatial[1] < direct.ROWS_BELOW_WIDTH
-                or direct.input_gradient(g, self.channels, self.group, self.in_spatial, self.out_spatial, dtype) != "direct")
+            # A TEST net's layers run forward only (a backward still works, by either path).
+            slow_backward = self.phase == TRAIN and direct.input_gradient(
+                g, self.channels, self.group, self.in_spatial, self.out_spatial, dtype) != "direct"
+            rows_better = self._rows_eligible(xp) and (self.out_spatial[1] < direct.ROWS_BELOW_WIDTH or slow_backward)
             if not rows_better:
                 return "direct"
         if self._rows_eligible(xp):
