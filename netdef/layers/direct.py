@@ -55,6 +55,8 @@ BLOCK_ROWS = 4
 # thread, float32: ResNet's 56 x 56 x 64 layer ran at 165-171 GFLOP/s one image per step and 87-134
 # eight; its 7 x 7 x 512 layers at 126-140 and 143-155.
 WEIGHT_GRADIENT_STEP_BYTES = 1 << 20
+# Addresses this many bytes apart fall in the same L1 set (x86's L1 caches: 64 sets of 64 bytes).
+SCATTER_ALIASING_BYTES = 4096
 
 
 def usable(dtype, num_spatial: int, group: int, channels: int, kernel) -> bool:
@@ -182,15 +184,30 @@ class DirectConvolution:
     # ---- the three computations
     def forward(self, x, w, bias, y, scratch):
         """y (N x O x Ho x Wo) = the convolution of x with w plus bias (None: no bias)."""
+        d = self.forward_dir
+        self._taps(d, self._padded(x, d, scratch, "direct_x"), self._packed(w, d, scratch, "direct_w"), bias, y,
+                   scratch)
+
+    def _taps(self, d: _Direction, xp, packed, bias, y, scratch):
+        """y = the direct convolution ``d`` of the padded xp with the packed weights, plus bias (None:
+        none)."""
         from .jit import direct_conv
 
-        d = self.forward_dir
-        xp = self._padded(x, d, scratch, "direct_x")
-        packed = self._packed(w, d, scratch, "direct_w")
-        blocked = scratch.get("direct_y", d.blocked_shape, self.dtype, np)
-        direct_conv.taps(xp, packed, d.offsets, blocked, self.kernels.taps, *d.stride,
-                         self.kernels.shape.widest_pixels, self.chunk_taps, BLOCK_ROWS)
-        direct_conv.from_blocks(blocked, bias if bias is not None else np.empty(0, self.dtype), y)
+        g, b, _, block = d.packed_shape
+        padded_bias = scratch.get("direct_bias", (g, b * block), self.dtype, np, clear=True)
+        if bias is not None:
+            padded_bias[:, :d.out_per_group] = bias.reshape(g, d.out_per_group)
+        # The kernels scatter their results into the output's channel planes, one vector lane per
+        # plane; where a plane is a multiple of 4 KiB every lane falls in the same L1 set, and those
+        # layers (CIFAR-10's 32 x 32) write blocked sums and copy them out instead.
+        to_nchw = math.prod(d.blocked_shape[3:5]) * self.dtype.itemsize % SCATTER_ALIASING_BYTES != 0
+        # Partial sums only where the taps take more than one chunk (or the copy needs them).
+        part = (scratch.get("direct_part", d.blocked_shape, self.dtype, np)
+                if d.taps > self.chunk_taps or not to_nchw else padded_bias)
+        direct_conv.taps(xp, packed, d.offsets, part, y, padded_bias, self.kernels.taps, *d.stride,
+                         self.kernels.shape.widest_pixels, self.chunk_taps, BLOCK_ROWS, to_nchw)
+        if not to_nchw:
+            direct_conv.from_blocks(part, bias if bias is not None else np.empty(0, self.dtype), y)
 
     def weight_gradient(self, x, dy, dw, scratch):
         """dw (O x Cg x kh x kw) += the weight gradient of x (N x C x H x W) and dy (N x O x Ho x Wo)."""
@@ -211,12 +228,6 @@ class DirectConvolution:
     def input_gradient(self, dy, w, dx, scratch):
         """dx (N x C x H x W) = the input gradient of dy (N x O x Ho x Wo); stride 1 only
         (``backward_dir`` is None otherwise)."""
-        from .jit import direct_conv
-
         d = self.backward_dir
-        dyp = self._padded(dy, d, scratch, "direct_dyp")
         packed = self._packed(np.ascontiguousarray(self._flipped(w)), d, scratch, "direct_wf")
-        blocked = scratch.get("direct_dx", d.blocked_shape, self.dtype, np)
-        direct_conv.taps(dyp, packed, d.offsets, blocked, self.kernels.taps, 1, 1,
-                         self.kernels.shape.widest_pixels, self.chunk_taps, BLOCK_ROWS)
-        direct_conv.from_blocks(blocked, np.empty(0, self.dtype), dx)
+        self._taps(d, self._padded(dy, d, scratch, "direct_dyp"), packed, None, dx, scratch)

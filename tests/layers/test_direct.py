@@ -54,6 +54,7 @@ WIDE_CONFIGS = [
     (dict(num_output=33, kernel_size=3, dilation=2, pad=2), (2, 40, 9, 10)),
     (dict(num_output=40, kernel_size=5, stride=2, pad=1), (2, 5, 15, 14)),
     (dict(num_output=20, kernel_size=5), (3, 1, 16, 16)),  # a first layer: col2im's input gradient
+    (dict(num_output=40, kernel_size=3, pad=1), (2, 8, 32, 32)),  # 4 KiB planes: blocked, then copied out
 ]
 
 
@@ -160,20 +161,36 @@ def test_direct_only_where_it_applies(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_microkernels_compute_their_sums(dtype):
-    """One call of each family on hand-made operands: the taps kernel's block of outputs and the
-    pixels kernel's accumulation onto what dw held."""
+    """One call of each kernel family on hand-made operands: the taps kernels' block of outputs from
+    zero into partial sums, and from partial sums, with the bias, into NCHW rows (the channels past
+    ``valid`` untouched); the pixels kernel's accumulation onto what dw held."""
     kernels = microkernels.kernels_for(np.dtype(dtype))
     block = kernels.shape.channels
     width, taps, stride = 3, 4, 2
     x = RNG.standard_normal(64).astype(dtype)
     off = np.array([0, 5, 9, 20], np.int64)
     wt = RNG.standard_normal((taps, block)).astype(dtype)
-    y = np.full((width, block), np.nan, dtype)
-    microkernels.call_address(int(kernels.taps[width - 1]), x.ctypes.data, wt.ctypes.data, y.ctypes.data,
-                              off.ctypes.data, taps, stride)
-    want = np.array([[sum(x[off[t] + j * stride] * wt[t] for t in range(taps))] for j in range(width)])[:, 0]
+    sums = np.array([sum(x[off[t] + j * stride] * wt[t] for t in range(taps)) for j in range(width)])
     tolerance = 1e-5 if dtype == np.float32 else 1e-13  # FMA rounding against NumPy's, with cancellation
-    np.testing.assert_allclose(y, want, rtol=tolerance, atol=tolerance * np.abs(want).max())
+
+    def close(got, want):
+        np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance * np.abs(want).max())
+
+    part = np.full((width, block), np.nan, dtype)
+    zero_to_blocked = int(kernels.taps[microkernels.TAPS_VARIANTS.index(("zero", "blocked")), width - 1])
+    microkernels.call_address(zero_to_blocked, x.ctypes.data, wt.ctypes.data, part.ctypes.data, off.ctypes.data,
+                              taps, stride, 0, 0, 0, 0)
+    close(part, sums)
+
+    plane, valid = 7, block - 3
+    part = RNG.standard_normal((width, block)).astype(dtype)
+    bias = RNG.standard_normal(block).astype(dtype)
+    y = np.full((block, plane), np.nan, dtype)
+    partial_to_nchw = int(kernels.taps[microkernels.TAPS_VARIANTS.index(("partial", "nchw")), width - 1])
+    microkernels.call_address(partial_to_nchw, x.ctypes.data, wt.ctypes.data, part.ctypes.data, off.ctypes.data,
+                              taps, stride, y[:, 2:].ctypes.data, plane, valid, bias.ctypes.data)
+    close(y[:valid, 2:2 + width], (part + sums + bias).T[:valid])
+    assert np.isnan(y[valid:]).all() and np.isnan(y[:, :2]).all() and np.isnan(y[:, 2 + width:]).all()
 
     rows, cols, row_stride = 2, 3, 11
     dy = RNG.standard_normal((rows, cols, block)).astype(dtype)
@@ -181,6 +198,5 @@ def test_microkernels_compute_their_sums(dtype):
     start = dw.copy()
     microkernels.call_address(int(kernels.pixels[taps - 1]), x.ctypes.data, dy.ctypes.data, dw.ctypes.data,
                               off.ctypes.data, rows, cols, stride, row_stride, cols * block)
-    want = start + np.array([sum(x[off[t] + r * row_stride + p * stride] * dy[r, p]
-                                 for r in range(rows) for p in range(cols)) for t in range(taps)])
-    np.testing.assert_allclose(dw, want, rtol=tolerance, atol=tolerance * np.abs(want).max())
+    close(dw, start + np.array([sum(x[off[t] + r * row_stride + p * stride] * dy[r, p]
+                                    for r in range(rows) for p in range(cols)) for t in range(taps)]))

@@ -40,8 +40,8 @@ def _signature_and_call(arity: int):
 
 # numba's intrinsics take no *args: one per arity the kernels have.
 @intrinsic
-def _call6(typingctx, address, a, b, c, d, e, f):
-    return _signature_and_call(6)
+def _call10(typingctx, address, a, b, c, d, e, f, g, h, i, j):
+    return _signature_and_call(10)
 
 
 @intrinsic
@@ -62,21 +62,28 @@ def _addresses(a, b, c, d):
 
 
 @njit(parallel=True, **OPTIONS)
-def taps(xp, wb, off, out, kernels, stride_h, stride_w, widest, chunk_taps, block_rows):
-    """out (N x G x B x Ho x Wo x block) = the convolution of the padded xp with the packed weights.
+def taps(xp, wb, off, part, y, bias, kernels, stride_h, stride_w, widest, chunk_taps, block_rows, to_nchw):
+    """y (N x G*Og x Ho x Wo) = the convolution of the padded xp with the packed weights, plus bias
+    (G*B*block, zero past each group's Og channels); or, unless ``to_nchw``, only the sums, blocked
+    in ``part``.
 
     Work items: (image, ``block_rows`` output rows, group, channel block). Within one, the taps go in
-    chunks of ``chunk_taps`` (their weights stay in L1 across the block's rows and spans), each
-    adding to what the chunks before it left in out."""
+    chunks of ``chunk_taps`` (their weights stay in L1 across the block's rows and spans); the chunks
+    before the last leave their partial sums in ``part`` (N x G x B x Ho x Wo x block; unused, and
+    any array, where one chunk holds every tap and ``to_nchw``), the last adds the bias and writes y."""
     n_, c_, hp, wp = xp.shape
     g_, b_, t_, block = wb.shape
-    ho, wo = out.shape[3], out.shape[4]
+    o_, ho, wo = y.shape[1], y.shape[2], y.shape[3]
     group_channels = c_ // g_
+    per_group = o_ // g_
     size = xp.itemsize
     spans = (wo + widest - 1) // widest
     row_blocks = (ho + block_rows - 1) // block_rows
     chunks = (t_ + chunk_taps - 1) // chunk_taps
-    x0, w0, y0, o0 = _addresses(xp, wb, out, off)
+    x0, w0, p0, o0 = _addresses(xp, wb, part, off)
+    y0 = np.int64(y.ctypes.data)
+    bias0 = np.int64(bias.ctypes.data)
+    plane = np.int64(ho * wo)
     for item in prange(n_ * row_blocks * g_ * b_):
         b = item % b_
         g = (item // b_) % g_
@@ -84,19 +91,22 @@ def taps(xp, wb, off, out, kernels, stride_h, stride_w, widest, chunk_taps, bloc
         n = item // (b_ * g_ * row_blocks)
         x_image = x0 + size * ((n * c_ + g * group_channels) * hp * wp)
         w_block = w0 + size * ((g * b_ + b) * t_ * block)
-        y_block = y0 + size * (((n * g_ + g) * b_ + b) * ho * wo * block)
+        p_block = p0 + size * (((n * g_ + g) * b_ + b) * ho * wo * block)
+        y_block = y0 + size * ((n * o_ + g * per_group + b * block) * ho * wo)
+        valid = np.int64(min(block, per_group - b * block))
+        bias_block = bias0 + size * ((g * b_ + b) * block)
         for chunk in range(chunks):
             t_start = chunk * chunk_taps
             count = min(chunk_taps, t_ - t_start)
-            added = 0 if chunk == 0 else kernels.shape[0] // 2  # the adding kernels' half of the table
+            variant = (0 if chunk == 0 else 2) + (1 if to_nchw and chunk == chunks - 1 else 0)  # TAPS_VARIANTS
             for h in range(h_start, min(ho, h_start + block_rows)):
                 x_row = x_image + size * (h * stride_h * wp)
-                y_row = y_block + size * (h * wo * block)
                 for k in range(spans):
                     start, stop = _span(k, spans, wo)
-                    _call6(kernels[added + stop - start - 1], x_row + size * start * stride_w,
-                           w_block + size * t_start * block, y_row + size * start * block, o0 + 8 * t_start,
-                           np.int64(count), np.int64(stride_w))
+                    _call10(kernels[variant, stop - start - 1], x_row + size * start * stride_w,
+                            w_block + size * t_start * block, p_block + size * (h * wo + start) * block,
+                            o0 + 8 * t_start, np.int64(count), np.int64(stride_w),
+                            y_block + size * (h * wo + start), plane, valid, bias_block)
 
 
 @njit(parallel=True, **OPTIONS)

@@ -58,9 +58,9 @@ class Shape:
 
 @dataclasses.dataclass(frozen=True)
 class Kernels:
-    """Addresses of the compiled kernels of one element type: ``taps[w - 1]`` takes w pixels (from
-    zero), ``taps[widest_pixels + w - 1]`` w pixels adding to y (1 <= w <= shape.widest_pixels);
-    ``pixels[k - 1]`` k taps (1 <= k <= shape.widest_taps)."""
+    """Addresses of the compiled kernels of one element type: ``taps[variant, w - 1]`` takes w pixels
+    (1 <= w <= shape.widest_pixels; variants: TAPS_VARIANTS), ``pixels[k - 1]`` k taps (1 <= k <=
+    shape.widest_taps)."""
 
     shape: Shape
     taps: np.ndarray  # int64 addresses
@@ -133,9 +133,39 @@ class _Emitter:
                 start = "zeroinitializer" if first is None else f"%{first}{i}.{q}"
                 self(f"%{into}{i}.{q} = phi {self.vec} [{start}, %{entry}], [%n{i}.{q}, %{block}]")
 
+    def scatter_rows(self, width: int):
+        """Stores acc n{j}.{q} plus the bias vector q to the NCHW output (see taps_kernel_ir): one
+        masked scatter per vector, lane i to channel q*lanes + i, i.e. i*plane elements apart."""
+        s, v = self.s, self.vec
+        lanes = f"<{s.lanes} x i64>"
+        pointers = f"<{s.lanes} x ptr>"
+        self(f"%plane.i = insertelement {lanes} poison, i64 %plane, i64 0")
+        self(f"%plane.v = shufflevector {lanes} %plane.i, {lanes} poison, <{s.lanes} x i32> zeroinitializer")
+        self(f"%valid.i = insertelement {lanes} poison, i64 %valid, i64 0")
+        self(f"%valid.v = shufflevector {lanes} %valid.i, {lanes} poison, <{s.lanes} x i32> zeroinitializer")
+        for q in range(s.vectors):
+            channels = ", ".join(f"i64 {q * s.lanes + i}" for i in range(s.lanes))
+            self(f"%lane{q} = mul {lanes} <{channels}>, %plane.v")
+            self(f"%mask{q} = icmp slt {lanes} <{channels}>, %valid.v")
+            self.load_vector(f"bias{q}", "%bias", q * s.lanes)
+        for j in range(width):
+            self(f"%row{j} = getelementptr {s.element}, ptr %y, i64 {j}")
+            self(f"%row{j}.i = insertelement {pointers} poison, ptr %row{j}, i64 0")
+            self(f"%row{j}.v = shufflevector {pointers} %row{j}.i, {pointers} poison, <{s.lanes} x i32> zeroinitializer")
+            for q in range(s.vectors):
+                self(f"%out{j}.{q} = fadd {v} %n{j}.{q}, %bias{q}")
+                self(f"%at{j}.{q} = getelementptr {s.element}, {pointers} %row{j}.v, {lanes} %lane{q}")
+                self(f"call void {self.scatter}({v} %out{j}.{q}, {pointers} %at{j}.{q}, i32 {self.align}, "
+                     f"<{s.lanes} x i1> %mask{q})")
+
+    @property
+    def scatter(self) -> str:
+        return f"@llvm.masked.scatter.v{self.s.lanes}f{32 if self.s.element == 'float' else 64}.v{self.s.lanes}p0"
+
     def declaration(self) -> str:
-        v = self.vec
-        return f"declare {v} {self.fma}({v}, {v}, {v})"
+        v, s = self.vec, self.s
+        return (f"declare {v} {self.fma}({v}, {v}, {v})\n"
+                f"declare void {self.scatter}({v}, <{s.lanes} x ptr>, i32 immarg, <{s.lanes} x i1>)")
 
     def broadcast(self, name: str, pointer: str):
         s, v = self.s, self.vec
@@ -151,25 +181,34 @@ class _Emitter:
         self(f"%{out} = call {self.vec} {self.fma}({self.vec} {a}, {self.vec} {b}, {self.vec} {acc})")
 
 
-def taps_kernel_ir(e: _Emitter, name: str, width: int, accumulate: bool) -> None:
-    """acc[j][v] = sum_t x[off[t] + j*ps] * wt[t*block + v*lanes ...]; y[j*block + v*lanes ...] = acc,
-    the sum starting from zero, or (``accumulate``) from what y holds: a sum over more taps than one
-    call's (whose weights would not stay in cache) goes on over calls in the same order.
-    Arguments (all i64): x, wt, y, off (i64 table), taps (>= 1), ps."""
+# The taps kernels' variants, in the order of their rows in Kernels.taps: whether the sum starts from
+# zero or from the partial sums of earlier calls (a sum over more taps than one call's, whose weights
+# would not stay in cache, goes on over calls in the same order), and whether the result is stored
+# blocked (partial sums) or, the last call, with the bias into the output's own NCHW layout.
+TAPS_VARIANTS = (("zero", "blocked"), ("zero", "nchw"), ("partial", "blocked"), ("partial", "nchw"))
+
+
+def taps_kernel_ir(e: _Emitter, name: str, width: int, start: str, finish: str) -> None:
+    """acc[j][v] = (0 or p[j][v]) + sum_t x[off[t] + j*ps] * wt[t*block + v*lanes ...], p the blocked
+    partial sums at ``part`` (j*block + v*lanes ...); then acc to p, or acc + bias[v*lanes ...] to the
+    NCHW output: channel v*lanes + lane of pixel j at y + (v*lanes + lane)*plane + j, the channels
+    below ``valid`` only (the block's trailing channels past the layer's are not stored).
+    Arguments (all i64): x, wt, part, off (i64 table), taps (>= 1), ps, y, plane, valid, bias."""
     s, v = e.s, e.vec
     block = s.channels
-    e(f"define void @{name}(i64 %xa, i64 %wa, i64 %ya, i64 %offa, i64 %taps, i64 %ps) {{")
+    e(f"define void @{name}(i64 %xa, i64 %wa, i64 %parta, i64 %offa, i64 %taps, i64 %ps, i64 %ya, i64 %plane, "
+      f"i64 %valid, i64 %biasa) {{")
     e("entry:")
-    e.pointers("x", "w", "y", "off")
+    e.pointers("x", "w", "part", "off", "y", "bias")
     for j in range(width):
         for k in range(s.vectors):
-            e(f"%y{j}.{k} = getelementptr {s.element}, ptr %y, i64 {j * block + k * s.lanes}")
-            if accumulate:
-                e(f"%s{j}.{k} = load {v}, ptr %y{j}.{k}, align {e.align}")
+            e(f"%p{j}.{k} = getelementptr {s.element}, ptr %part, i64 {j * block + k * s.lanes}")
+            if start == "partial":
+                e(f"%s{j}.{k} = load {v}, ptr %p{j}.{k}, align {e.align}")
     e("br label %loop")
     e("loop:")
     e("%t = phi i64 [0, %entry], [%t.next, %loop]")
-    e.accumulator_phis(width, "a", "s" if accumulate else None, "entry", "loop")
+    e.accumulator_phis(width, "a", "s" if start == "partial" else None, "entry", "loop")
     e("%off.p = getelementptr i64, ptr %off, i64 %t")
     e("%o = load i64, ptr %off.p, align 8")
     e("%xb = getelementptr " + s.element + ", ptr %x, i64 %o")
@@ -183,9 +222,12 @@ def taps_kernel_ir(e: _Emitter, name: str, width: int, accumulate: bool) -> None
         e.madd_broadcast(j, f"%xp{j}", "w")
     e.count_up("t", "taps", "loop", "done")
     e("done:")
-    for j in range(width):
-        for k in range(s.vectors):
-            e(f"store {v} %n{j}.{k}, ptr %y{j}.{k}, align {e.align}")
+    if finish == "blocked":
+        for j in range(width):
+            for k in range(s.vectors):
+                e(f"store {v} %n{j}.{k}, ptr %p{j}.{k}, align {e.align}")
+    else:
+        e.scatter_rows(width)
     e("ret void")
     e("}")
 
@@ -246,9 +288,9 @@ def kernels_for(dtype) -> Kernels:
     llvm, cpu, features = _host()
     shape = shape_for(dtype)
     e = _Emitter(shape, fused=bool(features.get("fma") or features.get("neon") or features.get("avx512f")))
-    for w in range(1, shape.widest_pixels + 1):
-        taps_kernel_ir(e, f"taps_{w}", w, accumulate=False)
-        taps_kernel_ir(e, f"taps_add_{w}", w, accumulate=True)
+    for variant, (start, finish) in enumerate(TAPS_VARIANTS):
+        for w in range(1, shape.widest_pixels + 1):
+            taps_kernel_ir(e, f"taps_{variant}_{w}", w, start, finish)
     for k in range(1, shape.widest_taps + 1):
         pixels_kernel_ir(e, f"pixels_{k}", k)
     module = llvm.parse_assembly(e.declaration() + "\n" + "\n".join(e.lines))
@@ -259,9 +301,8 @@ def kernels_for(dtype) -> Kernels:
     engine = llvm.create_mcjit_compiler(module, machine)
     engine.finalize_object()
     _ENGINES.append(engine)
-    widths = range(1, shape.widest_pixels + 1)
-    taps = np.array([engine.get_function_address(f"taps_{w}") for w in widths]
-                    + [engine.get_function_address(f"taps_add_{w}") for w in widths], np.int64)
+    taps = np.array([[engine.get_function_address(f"taps_{variant}_{w}") for w in range(1, shape.widest_pixels + 1)]
+                     for variant in range(len(TAPS_VARIANTS))], np.int64)
     pixels = np.array([engine.get_function_address(f"pixels_{k}") for k in range(1, shape.widest_taps + 1)], np.int64)
     return Kernels(shape, taps, pixels)
 
