@@ -163,23 +163,14 @@ class DirectConvolution:
         direct_conv.pad(x, out, *d.pad)
         return out
 
-    def _packed(self, w, d: _Direction, scratch, key):
-        """w (G*Og x Cg x kh x kw, or the flipped, transposed filters) packed per group and channel block."""
-        g, b, t, block = d.packed_shape
-        packed = scratch.get(key, d.packed_shape, self.dtype, np)
-        rows = w.reshape(g, d.out_per_group, t)
-        for k in range(b):
-            first, last = k * block, min(d.out_per_group, (k + 1) * block)
-            packed[:, k, :, :last - first] = rows[:, first:last].transpose(0, 2, 1)
-            packed[:, k, :, last - first:] = 0
-        return packed
+    def _packed(self, w, d: _Direction, scratch, key, flipped=False):
+        """w (G*Og x Cg x kh x kw) packed per group and channel block for the direction ``d``; the
+        input gradient's (``flipped``): for group g, wf[g*Cg + c, o, i, j] = w[g*Og + o, c, kh-1-i, kw-1-j]."""
+        from .jit import direct_conv
 
-    def _flipped(self, w):
-        """The input gradient's filters: for group g, wf[g*Cg + c, o, i, j] = w[g*Og + o, c, kh-1-i, kw-1-j]."""
-        d = self.backward_dir
-        g = d.group
-        w5 = w.reshape((g, d.in_per_group, d.out_per_group) + w.shape[2:])
-        return w5[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4)
+        packed = scratch.get(key, d.packed_shape, self.dtype, np)
+        direct_conv.pack(np.ascontiguousarray(w), packed, flipped)
+        return packed
 
     # ---- the three computations
     def forward(self, x, w, bias, y, scratch):
@@ -222,12 +213,11 @@ class DirectConvolution:
         image_bytes = (math.prod(d.padded_shape[1:]) + math.prod(d.blocked_shape[1:])) * self.dtype.itemsize
         direct_conv.pixels(xp, dyb, d.offsets, part, self.kernels.pixels, *d.stride, self.kernels.shape.widest_taps,
                            max(1, WEIGHT_GRADIENT_STEP_BYTES // image_bytes))
-        g, b, t, block = d.packed_shape
-        dw.reshape(g, d.out_per_group, t)[...] += part.transpose(0, 1, 3, 2).reshape(g, b * block, t)[:, :d.out_per_group]
+        direct_conv.add_unpacked(part, dw)
 
     def input_gradient(self, dy, w, dx, scratch):
         """dx (N x C x H x W) = the input gradient of dy (N x O x Ho x Wo); stride 1 only
         (``backward_dir`` is None otherwise)."""
         d = self.backward_dir
-        packed = self._packed(np.ascontiguousarray(self._flipped(w)), d, scratch, "direct_wf")
+        packed = self._packed(w, d, scratch, "direct_wf", flipped=True)
         self._taps(d, self._padded(dy, d, scratch, "direct_dyp"), packed, None, dx, scratch)

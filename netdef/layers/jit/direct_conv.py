@@ -137,6 +137,48 @@ def pixels(xp, dyb, off, dwb, kernels, stride_h, stride_w, widest, chunk):
 
 
 @njit(parallel=True, **OPTIONS)
+def pack(w, out, flipped):
+    """out (G x B x T x block) = the filters w (G*Og x Cg x kh x kw) packed per group and channel
+    block: out[g, b, t, c] = w[g*Og + b*block + c, t] (t over (ci, i, j)); or, ``flipped``, the input
+    gradient's filters: out[g, b, t, c] = w[g*Og + o, b*block + c, kh-1-i, kw-1-j] (t over (o, i, j)).
+    Channels past the group's are zero."""
+    g_, b_, t_, block = out.shape
+    per_group = w.shape[0] // g_
+    kh, kw = w.shape[2], w.shape[3]
+    rows = w.shape[1] if flipped else per_group
+    for item in prange(g_ * b_):
+        g = item // b_
+        b = item % b_
+        for t in range(t_):
+            lead = t // (kh * kw)
+            i = (t // kw) % kh
+            j = t % kw
+            for c in range(block):
+                r = b * block + c
+                if r >= rows:
+                    out[g, b, t, c] = 0
+                elif flipped:
+                    out[g, b, t, c] = w[g * per_group + lead, r, kh - 1 - i, kw - 1 - j]
+                else:
+                    out[g, b, t, c] = w[g * per_group + r, lead, i, j]
+
+
+@njit(parallel=True, **OPTIONS)
+def add_unpacked(packed, dw):
+    """dw (G*Og x Cg x kh x kw) += the packed weight gradient (G x B x T x block), the layout of ``pack``."""
+    g_, b_, t_, block = packed.shape
+    per_group = dw.shape[0] // g_
+    rows = dw.reshape(dw.shape[0], t_)
+    for row in prange(dw.shape[0]):
+        g = row // per_group
+        r = row % per_group
+        b = r // block
+        c = r % block
+        for t in range(t_):
+            rows[row, t] += packed[g, b, t, c]
+
+
+@njit(parallel=True, **OPTIONS)
 def pad(x, out, pad_h, pad_w):
     """out (N x C x Hp x Wp) = x (N x C x H x W) with a border of zeros, pad_h above, pad_w left."""
     n_, c_, h_, w_ = x.shape
