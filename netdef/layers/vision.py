@@ -1,10 +1,13 @@
 """Vision layers: Convolution, Deconvolution, Im2col, Pooling, LRN and SPP, with Caffe's semantics.
 
 Convolutions are matrix products over chunks of the batch on the column matrix of im2col.py (as many
-samples per product as keep it cache-sized). On the CPU, stride-1 2-D convolutions of one group with
-enough input channels take the row-product path instead (im2col.RowPlan: kh products over row-shifted
-views of a rows-first copy of the input, expanded over the kernel columns only), forward and backward;
-its input gradient is a full convolution or col2im's, chosen once per shape by their cost.
+samples per product as keep it cache-sized). On the CPU, 2-D convolutions of float arrays with at least
+direct.MIN_TAPS taps per group (not 1x1) take the direct path (direct.py: register-blocked compiled
+kernels over the padded input, no column matrix); stride-1 convolutions of one group with enough
+input channels take the row-product path where it is faster (narrow outputs, or when the direct input
+gradient would be col2im's: im2col.RowPlan, kh products over row-shifted views of a rows-first copy of
+the input, expanded over the kernel columns only), its input gradient a full convolution or col2im's,
+chosen once per shape by their cost.
 Pooling and LRN on C-contiguous float NumPy arrays run the compiled kernels of jit/pooling.py and
 jit/lrn.py (when ``jit.ENABLED``); on a GPU the same functions run the CUDA kernels in kernels/*.cu.
 The NumPy code here (one unit-stride array operation per kernel offset over stride-phase planes, never
