@@ -63,14 +63,15 @@ def usable(dtype, num_spatial: int, group: int, channels: int, kernel) -> bool:
     """Whether the direct path computes a convolution of these properties on NumPy arrays of
     ``dtype``: 2-D, not depthwise (those keep their own kernels), not 1x1 (a matrix product as it
     stands: the column path's products ran ResNet's strided 1x1 layers 1.3-1.5x faster), and with at
-    least MIN_TAPS taps per group."""
+    least MIN_TAPS taps per group. Whether the kernels compile on this CPU is ``compiles``' question,
+    asked last (a layer that takes another path never compiles them)."""
     return (ENABLED and jit.ENABLED and num_spatial == 2 and np.dtype(dtype) in (np.float32, np.float64)
             and not (group > 1 and group == channels) and math.prod(kernel) > 1
-            and channels // group * math.prod(kernel) >= MIN_TAPS and _compiles(np.dtype(dtype)))
+            and channels // group * math.prod(kernel) >= MIN_TAPS)
 
 
 @functools.lru_cache(maxsize=None)
-def _compiles(dtype) -> bool:
+def compiles(dtype) -> bool:
     """Whether this CPU's microkernels compile (llvmlite, which numba brings, generates them); where
     they do not, the column paths compute, and the log says why once."""
     from .jit import microkernels

@@ -251,7 +251,7 @@ class ConvolutionLayer(_ConvolutionBase):
             slow_backward = self.phase == TRAIN and direct.input_gradient(
                 g, self.channels, self.group, self.in_spatial, self.out_spatial, dtype) != "direct"
             rows_better = self._rows_eligible(xp) and (self.out_spatial[1] < direct.ROWS_BELOW_WIDTH or slow_backward)
-            if not rows_better:
+            if not rows_better and direct.compiles(np.dtype(dtype)):
                 return "direct"
         if self._rows_eligible(xp):
             return "rows"

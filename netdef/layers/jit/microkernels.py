@@ -67,7 +67,10 @@ class Kernels:
     pixels: np.ndarray
 
 
+@functools.lru_cache(maxsize=None)
 def _host():
+    """llvmlite's binding, this CPU's name and features (asked once: a layer's reshape, every forward,
+    asks which shape the kernels have, and LLVM's feature query costs tens of microseconds)."""
     import llvmlite.binding as llvm
 
     llvm.initialize_native_target()
@@ -76,6 +79,7 @@ def _host():
     return llvm, llvm.get_host_cpu_name(), features
 
 
+@functools.lru_cache(maxsize=None)
 def shape_for(dtype) -> Shape:
     """The native vector shape for ``dtype`` on this CPU."""
     _, _, features = _host()
