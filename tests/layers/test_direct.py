@@ -11,7 +11,7 @@ from netdef.layers import direct, jit
 from netdef.layers.im2col import Geometry
 from netdef.layers.jit import microkernels
 from tests.helpers import TEST, TRAIN, build, check_gradients, parse_layer
-from tests.layers.test_vision import CONV_GRAD_CONFIGS, NAIVE_CONFIGS, conv_text, naive_conv
+from tests.layers.test_vision import CONV_GRAD_CONFIGS, NAIVE_CONFIGS, conv_text, naive_conv, two_passes
 
 RNG = np.random.default_rng(20261125)
 
@@ -73,16 +73,7 @@ def test_direct_matches_column_path(monkeypatch, fields, shape, dtype):
         monkeypatch.setattr(direct, "ENABLED", enabled)
         lay, bot, tp = build(text, xs, 2, params=params, dtype=dtype)
         assert (lay.algorithm == "direct") == enabled
-        out = []
-        for it in range(2):
-            for b, x in zip(bot, xs):
-                b.data[...] = x * (it + 1)
-            lay.forward(bot, tp)
-            for t, dy in zip(tp, dys):
-                t.diff = dy
-            lay.backward(tp, [True, True], bot)
-            out += [t.data.copy() for t in tp] + [b.diff.copy() for b in bot]
-        return out + [p.diff.copy() for p in lay.blobs]
+        return two_passes(lay, bot, tp, xs, dys)
 
     tolerance = 2e-5 if dtype == np.float32 else 1e-12
     for got, want in zip(run(True), run(False)):

@@ -331,6 +331,22 @@ def test_convolution_fast_paths_agree(column_paths, kind, fields):
         np.testing.assert_array_equal(a, b)
 
 
+def two_passes(layer, bottom, top, xs, dys) -> list:
+    """Two forward and backward passes of a convolution with two bottoms sharing its weights (the
+    inputs scaled by the pass number, so that the parameter gradients accumulate two different
+    sums): the tops and bottom gradients of each pass, then the parameter gradients."""
+    out = []
+    for it in range(2):
+        for b, x in zip(bottom, xs):
+            b.data[...] = x * (it + 1)
+        layer.forward(bottom, top)
+        for t, dy in zip(top, dys):
+            t.diff = dy
+        layer.backward(top, [True] * len(bottom), bottom)
+        out += [t.data.copy() for t in top] + [b.diff.copy() for b in bottom]
+    return out + [p.diff.copy() for p in layer.blobs]
+
+
 # The CPU row-product path (im2col.RowPlan): stride-1 2-D convolutions of one group.
 ROW_CONFIGS = [
     dict(num_output=3, kernel_size=3, pad=1),                        # backward: pad 1, input-sized
@@ -376,18 +392,10 @@ def test_convolution_row_path_matches_column_path(column_paths, fields):
         monkeypatch.setattr(im2col_mod, "ROW_FOLD_BELOW", fold_below)
         lay, bot, tp = build(text, xs, 2, params=params)
         assert lay._rows_eligible(np) == rows
-        out = []
-        for it in range(2):
-            for b, x in zip(bot, xs):
-                b.data[...] = x * (it + 1)
-            lay.forward(bot, tp)
-            for t, dy in zip(tp, dys):
-                t.diff = dy
-            lay.backward(tp, [True, True], bot)
-            out += [t.data.copy() for t in tp] + [b.diff.copy() for b in bot]
+        out = two_passes(lay, bot, tp, xs, dys)
         if rows and budget < vision.ROW_BUDGET:
             assert len(lay._row_chunks(np.float64)) > 2
-        return out + [p.diff.copy() for p in lay.blobs]
+        return out
 
     reference = run(False)
     runs = [run(True), run(True, budget=3000), run(True, fold_below=10**6), run(True, budget=3000, fold_below=0)]
