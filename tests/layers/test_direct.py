@@ -1,6 +1,6 @@
 """The direct convolution path (layers/direct.py, jit/direct_conv.py, jit/microkernels.py): Caffe's
-convolution by definition, its gradients numerically, the column path's results, and the same bits
-whatever the thread count."""
+convolution by definition and as the original Caffe computed its cases, its gradients numerically,
+the column path's results, and the same bits whatever the thread count."""
 from __future__ import annotations
 
 import numba
@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from netdef.layers import direct, jit
+from netdef.layers import im2col as im2col_mod
 from netdef.layers.im2col import Geometry
 from netdef.layers.jit import microkernels
-from tests.helpers import TEST, TRAIN, build, check_gradients, parse_layer
+from tests.helpers import TEST, TRAIN, build, check_gradients, layer_case_names, parse_layer, run_caffe_case
 from tests.layers.test_vision import CONV_GRAD_CONFIGS, NAIVE_CONFIGS, conv_text, naive_conv, two_passes
 
 RNG = np.random.default_rng(20261125)
@@ -44,6 +45,14 @@ def test_direct_matches_naive_reference(fields, stride, pad, dil, group):
 def test_direct_gradients(fields):
     layer = check_gradients(parse_layer(conv_text(**fields)), [RNG.standard_normal((2, 4, 5, 6))])
     assert layer.algorithm in ("direct", "pointwise")
+
+
+@pytest.mark.parametrize("name", layer_case_names(("conv_",)))
+def test_caffe_conv_cases_on_the_direct_path(monkeypatch, name):
+    """What the original Caffe computed for its convolution cases, forward and backward, on the
+    direct path wherever it applies (the row path, which some of these shapes would take, off)."""
+    monkeypatch.setattr(im2col_mod, "ROW_PRODUCTS", False)
+    run_caffe_case(name)
 
 
 # Shapes past one channel block (the kernels compute 32 float channels, 16 double on AVX-512), rows
