@@ -148,6 +148,8 @@ class DirectConvolution:
         self.dtype = np.dtype(dtype)
         self.forward_dir = _Direction(num, group, channels, num_output, in_hw, out_hw, geom.pad, geom.stride,
                                       geom, block)
+        #: How the input gradient is computed for these shapes ("direct" or "col2im"; see input_gradient).
+        self.input_gradient_choice = input_gradient(geom, channels, group, in_hw, out_hw, dtype)
         self.backward_dir = None
         if input_gradient_direct(geom):
             back_pad = tuple(e - 1 - p for p, e in zip(geom.pad, geom.extent))

@@ -422,8 +422,7 @@ class ConvolutionLayer(_ConvolutionBase):
             self._direct = direct.DirectConvolution(self.geom, self.num, self.channels, self.num_output,
                                                     self.group, self.in_spatial, self.out_spatial, dtype)
             self._direct_key = key
-        self.direct_input_gradient = direct.input_gradient(self.geom, self.channels, self.group, self.in_spatial,
-                                                           self.out_spatial, dtype)
+        self.direct_input_gradient = self._direct.input_gradient_choice
 
     def _forward_direct(self, bottom, top):
         bias = self.blobs[1].data if self.bias_term else None
