@@ -22,7 +22,8 @@ PyTorch runs the same net through torch_mirror.py (its own operators, weights co
 Both use the same thread count (--threads, default: all cores). Timed steps alternate netdef and
 PyTorch, so the machine's other load falls on both, each timed step right after untimed runs of the same
 step (warm, as in a training loop); figures are medians after warm-up. Ratios below 1
-mean netdef is faster. --per-layer adds netdef's per-layer-type forward and backward medians and the
+mean netdef is faster. --per-layer adds netdef's per-layer-type forward and backward medians (a BatchNorm chain, trained as
+one step, as one type) and the
 TEST forward's per step type (fused chains as one step, Net.forward_steps); --unfused also times the
 TEST forward with its layers run one by one (Net.fuse_layers off) in the same rounds.
 --column-path runs every convolution through im2col (the CPU row-product path off).
@@ -207,25 +208,32 @@ def torch_test_step(torch, net):
 
 
 def per_layer_type(net, iters: int) -> dict:
-    """{layer type: (forward ms, backward ms)} medians over iterations, summed over the layers of a type."""
+    """{step type: (forward ms, backward ms)} medians over iterations, summed over the steps of a
+    type; a step is a layer or a chain the net trains as one (a BatchNorm chain, typed like
+    "BatchNorm+Scale+ReLU": ``Net.forward_steps``)."""
     totals = collections.defaultdict(lambda: [[], []])
     n = len(net.layers)
+    steps = net.forward_steps()
     for _ in range(iters + 1):
         fwd = collections.Counter()
         bwd = collections.Counter()
-        for li, layer in enumerate(net.layers):
+        for first, last in steps:
             start = clock()
-            net.forward_range(li, li)
-            fwd[layer.type] += clock() - start
+            net.forward_range(first, last)
+            fwd[step_type(net, first, last)] += clock() - start
         net._fill_loss_diffs(0, n - 1)
-        for li in range(n - 1, -1, -1):
+        for first, last in reversed(steps):
             start = clock()
-            net.backward_range(li, li)
-            bwd[net.layers[li].type] += clock() - start
+            net.backward_range(last, first)
+            bwd[step_type(net, first, last)] += clock() - start
         for kind in fwd:
             totals[kind][0].append(fwd[kind])
             totals[kind][1].append(bwd[kind])
     return {kind: (1000 * statistics.median(f[1:]), 1000 * statistics.median(b[1:])) for kind, (f, b) in totals.items()}
+
+
+def step_type(net, first: int, last: int) -> str:
+    return "+".join(layer.type for layer in net.layers[first:last + 1])
 
 
 def per_step_type(net, iters: int) -> dict:
@@ -238,7 +246,7 @@ def per_step_type(net, iters: int) -> dict:
         for first, last in steps:
             start = clock()
             net.forward_range(first, last)
-            spent["+".join(layer.type for layer in net.layers[first:last + 1])] += clock() - start
+            spent[step_type(net, first, last)] += clock() - start
         for kind in spent:
             totals[kind].append(spent[kind])
     return {kind: 1000 * statistics.median(ts[1:]) for kind, ts in totals.items()}
@@ -402,7 +410,7 @@ def main() -> None:
         if args.per_layer and not args.test_only:
             for kind, (f, b) in sorted(per_layer_type(train, max(3, args.iters // 2)).items(),
                                        key=lambda kv: -sum(kv[1])):
-                print(f"    {kind:<18} forward {f:8.2f} ms   backward {b:8.2f} ms")
+                print(f"    {kind:<22} forward {f:8.2f} ms   backward {b:8.2f} ms")
         if args.per_layer:
             test.fuse_layers = True
             print_test_steps(test, max(3, args.iters // 2), "fused")

@@ -24,7 +24,7 @@ import numpy as np
 from . import backend, weights as _weights
 from .blob import Blob
 from .memory import BlobTooLargeError
-from .layers import fusion
+from .layers import batchnorm_chain, fusion
 from .layers.base import TEST, TRAIN, DataSource, LayerError, layer_class
 from .layers.data import MemoryDataLayer
 from .layers.python import PythonLayerPolicy
@@ -222,6 +222,12 @@ class Net:
         self._decide_backward()
         self._compute_hook_points()
         self._chains = fusion.plan_chains(self.layers, self._bottom_vecs, self._top_vecs, self._loss_weights)
+        # BatchNorm chains, trained as one step (layers/batchnorm_chain.py): by first layer, by
+        # last layer (where backward meets them), and by member.
+        self._training_chains = batchnorm_chain.plan(self.layers, self._bottom_vecs, self._top_vecs,
+                                                     self._loss_weights)
+        self._training_chain_ending_at = {c.last: c for c in self._training_chains.values()}
+        self._training_chain_of = {li: c for c in self._training_chains.values() for li in c.members}
 
     @staticmethod
     def _check_top_names(layer_param, where: str) -> None:
@@ -521,9 +527,13 @@ class Net:
         loss = 0.0
         li = start
         while li <= end:
-            last = self._fused_chain_end(li, end)
+            last, training_chain = self._step_end(li, end)
             self._call_hooks([h[0] for h in self._layer_hooks], li, last)
-            if last == li or not self._forward_fused(li, last):
+            if training_chain is not None:
+                if not self._forward_training_chain(training_chain):
+                    for lj in range(li, last + 1):
+                        self._forward_layer(lj)
+            elif last == li or not self._forward_fused(li, last):
                 for lj in range(li, last + 1):
                     self._forward_layer(lj)
             self._call_hooks([h[1] for h in self._layer_hooks], li, last)
@@ -540,9 +550,21 @@ class Net:
         end = len(self.layers) - 1 if end is None else end
         steps, li = [], start
         while li <= end:
-            steps.append((li, self._fused_chain_end(li, end)))
+            steps.append((li, self._step_end(li, end)[0]))
             li = steps[-1][1] + 1
         return steps
+
+    def _step_end(self, li: int, end: int) -> tuple[int, "batchnorm_chain.BatchNormChain | None"]:
+        """(the last layer of the step that starts at ``li`` and ends by ``end``, the BatchNorm
+        chain that step is or None): a fused forward chain, a BatchNorm chain, or layer ``li`` alone."""
+        last = self._fused_chain_end(li, end)
+        if last != li:
+            return last, None
+        chain = self._training_chains.get(li)
+        if (not self.fuse_layers or chain is None or chain.last > end
+                or any(self.layer_need_backward[li:chain.last + 1]) and not self.layer_need_backward[li]):
+            return li, None  # BatchNorm needs no backward but a later member does: Scale's own gradients
+        return chain.last, chain
 
     def _fused_chain_end(self, li: int, end: int) -> int:
         """The last layer of the fused chain that starts at ``li`` and ends by ``end``; ``li`` when none."""
@@ -561,8 +583,21 @@ class Net:
                 for li in range(first, last + 1):
                     hook(li)
 
+    def _forward_training_chain(self, chain) -> bool:
+        """Run a BatchNorm chain as one step; False (nothing computed) where its kernels do not
+        take the arrays."""
+        try:
+            for li in chain.members:
+                self.layers[li].reshape(self._bottom_vecs[li], self._top_vecs[li])
+            return chain.forward(self._bottom_vecs[chain.first], self._top_vecs[chain.last])
+        except BlobTooLargeError as exc:
+            raise self.layers[chain.first].error(str(exc)) from None
+
     def _forward_layer(self, li: int) -> None:
         layer, bottom, top = self.layers[li], self._bottom_vecs[li], self._top_vecs[li]
+        chain = self._training_chain_of.get(li)
+        if chain is not None:
+            chain.forget()  # this layer keeps its own state for backward now
         try:
             layer.reshape(bottom, top)
             for blob in self._own_array_tops[li]:
@@ -576,6 +611,9 @@ class Net:
         False (nothing computed) when the maps do not compose or the first layer cannot."""
         members = range(first, last + 1)
         layer = self.layers[first]
+        for li in members:
+            if li in self._training_chain_of:
+                self._training_chain_of[li].forget()
         try:
             for li in members:
                 self.layers[li].reshape(self._bottom_vecs[li], self._top_vecs[li])
@@ -695,26 +733,52 @@ class Net:
             raise NetError(f"net {self.name!r} is forward_only (as netdef test and Classifier run nets): its "
                            f"forward fuses layers and keeps nothing for backward; set forward_only = False")
         start = len(self.layers) - 1 if start is None else start
-        hooks = self._layer_hooks
-        for li in range(start, end - 1, -1):
-            for _, _, before, _ in hooks:
-                if before:
-                    before(li)
-            if self.layer_need_backward[li]:
-                layer = self.layers[li]
+        li = start
+        while li >= end:
+            chain = self._training_chain_of.get(li)
+            if chain is not None and chain.ran_fused and self.layer_need_backward[li]:
+                if li != chain.last or chain.first < end:
+                    raise NetError(f"backward from layer {self._layer_names[start]!r} to layer "
+                                   f"{self._layer_names[end]!r} cuts the BatchNorm chain "
+                                   f"{self._layer_names[chain.first]!r}..{self._layer_names[chain.last]!r}, "
+                                   f"which ran forward as one step; set net.fuse_layers = False to run "
+                                   f"its layers one by one")
+                members = range(chain.last, chain.first - 1, -1)
+                for lj in members:
+                    for _, _, before, _ in self._layer_hooks:
+                        if before:
+                            before(lj)
                 try:
-                    layer.backward(self._top_vecs[li], self.bottom_need_backward[li], self._bottom_vecs[li])
+                    chain.backward(self._top_vecs[chain.last], self._bottom_vecs[chain.first])
                 except BlobTooLargeError as exc:
-                    raise layer.error(str(exc)) from None
-            for _, _, _, after in hooks:
-                if after:
-                    after(li)
-            if not self.keep_blob_diffs:
-                for blob in self._diff_consumed_at[li]:
-                    blob.release_diff()
-            if self._final_at[li]:
-                for hook in self._backward_hooks:
-                    hook(li, self._final_at[li])
+                    raise self.layers[chain.first].error(str(exc)) from None
+            else:
+                members = [li]
+                for _, _, before, _ in self._layer_hooks:
+                    if before:
+                        before(li)
+                if self.layer_need_backward[li]:
+                    layer = self.layers[li]
+                    try:
+                        layer.backward(self._top_vecs[li], self.bottom_need_backward[li], self._bottom_vecs[li])
+                    except BlobTooLargeError as exc:
+                        raise layer.error(str(exc)) from None
+            for lj in members:
+                self._after_backward(lj)
+            li = members[-1] - 1
+
+    def _after_backward(self, li: int) -> None:
+        """What follows layer ``li``'s backward: the layer hooks, the release of the gradients no
+        one reads any more, the hooks of the parameter gradients that are now final."""
+        for _, _, _, after in self._layer_hooks:
+            if after:
+                after(li)
+        if not self.keep_blob_diffs:
+            for blob in self._diff_consumed_at[li]:
+                blob.release_diff()
+        if self._final_at[li]:
+            for hook in self._backward_hooks:
+                hook(li, self._final_at[li])
 
     def backward(self, diffs=None, start=None, end=None, **kwargs):
         """pycaffe's backward: set top diffs from ``kwargs`` (else loss weights), run, return

@@ -68,25 +68,19 @@ class BatchNormLayer(Layer):
         if top[0] is not bottom[0]:
             top[0].reshape(shape)
 
-    def _view(self, a):
+    def view(self, a):
+        """``a`` (this layer's input or output shape) as N x C x M, M the spatial size (1 for N x C)."""
         return a.reshape(a.shape[0], self.channels, -1)
 
     def forward(self, bottom, top):
         x = bottom[0].data
         out = self._outputs.get("top", like=x, avoid=(x,))
         if self.use_global_stats:
-            mean, std = self._global_statistics(x.dtype)
-            batchnorm.forward_global(self._view(x), mean, std, self._view(out))
+            mean, std = self.global_statistics(x.dtype)
+            batchnorm.forward_global(self.view(x), mean, std, self.view(out))
         else:
-            mean, var, std = batchnorm.forward_batch(self._view(x), self.eps, self._view(out))
-            m = x.size // self.channels
-            correction = m / (m - 1) if m > 1 else 1.0
-            self.blobs[2].data *= self.maf
-            self.blobs[2].data += 1
-            self.blobs[0].data *= self.maf
-            self.blobs[0].data += mean
-            self.blobs[1].data *= self.maf
-            self.blobs[1].data += correction * var
+            mean, var, std = batchnorm.forward_batch(self.view(x), self.eps, self.view(out))
+            self.record_batch_statistics(mean, var, x.size // self.channels)
         # Backward reads the output (batch statistics) or nothing but std (global ones), never the
         # input: the input's array can go as soon as a later layer stops reading it (ResNet-50, batch
         # 8: 323 MiB of convolution outputs). The output stays as it is until the next forward (a
@@ -96,7 +90,19 @@ class BatchNormLayer(Layer):
         self._std = std
         top[0].data = out
 
-    def _global_statistics(self, dtype):
+    def record_batch_statistics(self, mean, var, values_per_channel: int) -> None:
+        """Fold a batch's mean and biased variance (over ``values_per_channel`` values each) into the
+        stored moving sums (the class docstring's rule; layers/batchnorm_chain.py calls it too)."""
+        m = values_per_channel
+        correction = m / (m - 1) if m > 1 else 1.0
+        self.blobs[2].data *= self.maf
+        self.blobs[2].data += 1
+        self.blobs[0].data *= self.maf
+        self.blobs[0].data += mean
+        self.blobs[1].data *= self.maf
+        self.blobs[1].data += correction * var
+
+    def global_statistics(self, dtype):
         """(mean, std) per channel from the stored blobs, in ``dtype``."""
         f = float(self.blobs[2].data.reshape(-1)[0])
         factor = 0.0 if f == 0 else 1.0 / f
@@ -109,7 +115,7 @@ class BatchNormLayer(Layer):
         if not self.use_global_stats:
             return None
         shape = bottom[0].shape
-        mean, std = self._global_statistics(bottom[0].dtype)
+        mean, std = self.global_statistics(bottom[0].dtype)
         return ChannelMap(dims=(shape[0], self.channels, bottom[0].count // (shape[0] * self.channels)),
                           mean=mean, std=std)
 
@@ -119,9 +125,9 @@ class BatchNormLayer(Layer):
         dy = top[0].diff
         dx = self._outputs.get("bottom_diff", like=dy, avoid=(dy, self._y))
         if self.use_global_stats:
-            batchnorm.backward_global(self._view(dy), self._std, self._view(dx))
+            batchnorm.backward_global(self.view(dy), self._std, self.view(dx))
         else:
-            batchnorm.backward_batch(self._view(self._y), self._view(dy), self._std, self._view(dx))
+            batchnorm.backward_batch(self.view(self._y), self.view(dy), self._std, self.view(dx))
         bottom[0].diff = dx
 
 
@@ -225,6 +231,21 @@ class ScaleLayer(Layer):
         bias = None if self.bias_index is None else self.blobs[self.bias_index].data.reshape(-1)
         return ChannelMap(dims=self._dims, scale=self.blobs[0].data.reshape(-1), bias=bias)
 
+    def wanted_parameter_sums(self) -> tuple[bool, bool]:
+        """(the bias's gradient, the learned scale's gradient): whether backward computes each."""
+        return (self.bias_index is not None and self.param_propagate_down[self.bias_index],
+                self.param_propagate_down[0])
+
+    def add_parameter_gradients(self, sum_dy, sum_xdy) -> None:
+        """Add a backward pass's sums (over all but the operand's axes, None where not wanted) to
+        the bias's and the learned scale's gradients (layers/batchnorm_chain.py calls it too)."""
+        if sum_dy is not None:
+            b = self.blobs[self.bias_index]
+            b.diff += sum_dy.reshape(b.shape)
+        if sum_xdy is not None:
+            s = self.blobs[0]
+            s.diff += sum_xdy.reshape(s.shape)
+
     def backward(self, top, propagate_down, bottom):
         dy = top[0].diff
         s_blob = self._scale_blob(bottom)
@@ -236,14 +257,12 @@ class ScaleLayer(Layer):
         sum_dy, sum_xdy = elementwise.scale_backward(self._x.reshape(self._dims) if want_scale else None,
                                                      dy.reshape(self._dims), s_blob.data.reshape(-1),
                                                      None if dx is None else dx.reshape(self._dims))
-        if want_bias:
-            b = self.blobs[self.bias_index]
-            b.diff += sum_dy.reshape(b.shape)
-        if want_scale:
-            if len(bottom) > 1:
+        if len(bottom) > 1:
+            self.add_parameter_gradients(sum_dy if want_bias else None, None)
+            if want_scale:
                 bottom[1].diff = sum_xdy.reshape(s_blob.shape)
-            else:
-                s_blob.diff += sum_xdy.reshape(s_blob.shape)
+        else:
+            self.add_parameter_gradients(sum_dy if want_bias else None, sum_xdy if want_scale else None)
         # Last: in place, bottom[0].diff is top[0].diff, read above.
         if dx is not None:
             bottom[0].diff = dx

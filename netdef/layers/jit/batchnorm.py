@@ -30,7 +30,7 @@ def _squared_deviation(row, center):
 
 
 @njit(nogil=True, fastmath={"reassoc"}, cache=True)
-def _gradient_sums(y, dy):
+def gradient_sums(y, dy):
     """(sum of dy, sum of y * dy) over one row."""
     total_dy = 0.0
     total_ydy = 0.0
@@ -42,7 +42,7 @@ def _gradient_sums(y, dy):
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
-def _normalize_row(x, mean, std, y):
+def normalize_row(x, mean, std, y):
     for j in range(x.shape[0]):
         y[j] = (x[j] - mean) / std
 
@@ -52,20 +52,28 @@ def forward_batch(x, eps, y, mean, var, std):
     """Batch mean and biased variance of each channel into ``mean``, ``var``; ``std`` =
     sqrt(var + eps) (``eps`` of x's dtype); y = (x - mean) / std."""
     n_, c_, m_ = x.shape
-    count = n_ * m_
     for c in prange(c_):
-        total = 0.0
+        channel_statistics(x, c, eps, mean, var, std)
         for n in range(n_):
-            total += row_sum(x[n, c])
-        center = total / count
-        spread = 0.0
-        for n in range(n_):
-            spread += _squared_deviation(x[n, c], center)
-        mean[c] = center
-        var[c] = spread / count
-        std[c] = np.sqrt(var[c] + eps)
-        for n in range(n_):
-            _normalize_row(x[n, c], mean[c], std[c], y[n, c])
+            normalize_row(x[n, c], mean[c], std[c], y[n, c])
+
+
+@njit(inline="always")
+def channel_statistics(x, c, eps, mean, var, std):
+    """mean[c], var[c] (biased) and std[c] = sqrt(var[c] + eps) of channel c of x (N x C x M): its
+    rows summed one after the other, then their squared deviations (jit/batchnorm_chain.py too)."""
+    n_, _, m_ = x.shape
+    count = n_ * m_
+    total = 0.0
+    for n in range(n_):
+        total += row_sum(x[n, c])
+    center = total / count
+    spread = 0.0
+    for n in range(n_):
+        spread += _squared_deviation(x[n, c], center)
+    mean[c] = center
+    var[c] = spread / count
+    std[c] = np.sqrt(var[c] + eps)
 
 
 @njit(nogil=True, parallel=True, error_model="numpy", cache=True)
@@ -75,7 +83,7 @@ def forward_global(x, mean, std, y):
     for plane in prange(n_ * c_):
         n = plane // c_
         c = plane % c_
-        _normalize_row(x[n, c], mean[c], std[c], y[n, c])
+        normalize_row(x[n, c], mean[c], std[c], y[n, c])
 
 
 @njit(nogil=True, parallel=True, error_model="numpy", cache=True)
@@ -87,7 +95,7 @@ def backward_batch(y, dy, std, dx):
         total_dy = 0.0
         total_ydy = 0.0
         for n in range(n_):
-            a, b = _gradient_sums(y[n, c], dy[n, c])
+            a, b = gradient_sums(y[n, c], dy[n, c])
             total_dy += a
             total_ydy += b
         mean_dy = y.dtype.type(total_dy / count)

@@ -203,7 +203,7 @@ def row_sum(row):
 
 
 @njit(nogil=True, fastmath={"reassoc"}, cache=True)
-def _sums(x, dy):
+def scale_gradient_sums(x, dy):
     """(sum of dy, sum of dy * x) of one row."""
     total = 0.0
     weighted = 0.0
@@ -228,7 +228,7 @@ def scale_backward(x, dy, s, dx, sums):
         if x is None:
             partial[0, o * chunks + chunk, d] = row_sum(grad)
         else:
-            total, weighted = _sums(x[o, d, lo:hi], grad)
+            total, weighted = scale_gradient_sums(x[o, d, lo:hi], grad)
             partial[0, o * chunks + chunk, d] = total
             partial[1, o * chunks + chunk, d] = weighted
         if dx is not None:
