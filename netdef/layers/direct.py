@@ -30,9 +30,12 @@ from . import jit
 from .im2col import Geometry
 
 ENABLED = True
-# Fewer taps per group than this leave each kernel call too little work against its layout passes:
-# VGG's and SqueezeNet's first layers (3 channels x 3 x 3) ran 1.2-1.3x slower than the column path,
-# CIFAR-10's (3 x 5 x 5) 1.4x faster (one thread).
+# Fewer taps per group than this leave each kernel call too little work against the pass that
+# copies blocked sums out (output planes of a multiple of 4 KiB, ``scatters_to_nchw``): VGG's first
+# layer (3 channels x 3 x 3 into 224 x 224 planes) ran 14.9 ms direct against 10.5 by the column
+# path. Where the kernels scatter into the output itself they won with any number of taps: LeNet's
+# first layer (1 x 5 x 5) 0.95 against 1.63 ms, SqueezeNet's (3 x 3 x 3, stride 2) 7.4 against 11.6,
+# VGG's first layer without its padding 6.7 against 10.0 (forward, one thread, CPU time).
 MIN_TAPS = 32
 # The input gradient is the direct forward of the padded top gradient where that costs at most this
 # many times the multiply-adds of col2im's product (the kernels compute whole channel blocks, and
@@ -59,15 +62,23 @@ WEIGHT_GRADIENT_STEP_BYTES = 1 << 20
 SCATTER_ALIASING_BYTES = 4096
 
 
-def usable(dtype, num_spatial: int, group: int, channels: int, kernel) -> bool:
+def usable(dtype, num_spatial: int, group: int, channels: int, kernel, out_spatial) -> bool:
     """Whether the direct path computes a convolution of these properties on NumPy arrays of
     ``dtype``: 2-D, not depthwise (those keep their own kernels), not 1x1 (a matrix product as it
     stands: the column path's products ran ResNet's strided 1x1 layers 1.3-1.5x faster), and with at
-    least MIN_TAPS taps per group. Whether the kernels compile on this CPU is ``compiles``' question,
-    asked last (a layer that takes another path never compiles them)."""
+    least MIN_TAPS taps per group unless its output planes are written in place. Whether the kernels
+    compile on this CPU is ``compiles``' question, asked last (a layer that takes another path never
+    compiles them)."""
     return (ENABLED and jit.ENABLED and num_spatial == 2 and np.dtype(dtype) in (np.float32, np.float64)
             and not (group > 1 and group == channels) and math.prod(kernel) > 1
-            and channels // group * math.prod(kernel) >= MIN_TAPS)
+            and (channels // group * math.prod(kernel) >= MIN_TAPS or scatters_to_nchw(out_spatial, dtype)))
+
+
+def scatters_to_nchw(out_spatial, dtype) -> bool:
+    """Whether the forward kernels write the output's channel planes themselves: one vector lane per
+    plane, so not where a plane is a multiple of 4 KiB, where every lane would fall in one L1 set
+    (CIFAR-10's 32 x 32 planes, VGG's 224 x 224): those layers write blocked sums and copy them out."""
+    return math.prod(out_spatial) * np.dtype(dtype).itemsize % SCATTER_ALIASING_BYTES != 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -191,10 +202,7 @@ class DirectConvolution:
         padded_bias = scratch.get("direct_bias", (g, b * block), self.dtype, np, clear=True)
         if bias is not None:
             padded_bias[:, :d.out_per_group] = bias.reshape(g, d.out_per_group)
-        # The kernels scatter their results into the output's channel planes, one vector lane per
-        # plane; where a plane is a multiple of 4 KiB every lane falls in the same L1 set, and those
-        # layers (CIFAR-10's 32 x 32) write blocked sums and copy them out instead.
-        to_nchw = math.prod(d.blocked_shape[3:5]) * self.dtype.itemsize % SCATTER_ALIASING_BYTES != 0
+        to_nchw = scatters_to_nchw(d.blocked_shape[3:5], self.dtype)
         # Partial sums only where the taps take more than one chunk (or the copy needs them).
         part = (scratch.get("direct_part", d.blocked_shape, self.dtype, np)
                 if d.taps > self.chunk_taps or not to_nchw else padded_bias)

@@ -1,8 +1,9 @@
 """Vision layers: Convolution, Deconvolution, Im2col, Pooling, LRN and SPP, with Caffe's semantics.
 
 Convolutions are matrix products over chunks of the batch on the column matrix of im2col.py (as many
-samples per product as keep it cache-sized). On the CPU, 2-D convolutions of float arrays with at least
-direct.MIN_TAPS taps per group (not 1x1) take the direct path (direct.py: register-blocked compiled
+samples per product as keep it cache-sized). On the CPU, 2-D convolutions of float arrays (not 1x1,
+not depthwise; with at least direct.MIN_TAPS taps per group where the output planes are multiples of
+4 KiB) take the direct path (direct.py: register-blocked compiled
 kernels over the padded input, no column matrix); stride-1 convolutions of one group with enough
 input channels take the row-product path where it is faster (narrow outputs, or when the direct input
 gradient would be col2im's: im2col.RowPlan, kh products over row-shifted views of a rows-first copy of
@@ -246,7 +247,7 @@ class ConvolutionLayer(_ConvolutionBase):
             return "depthwise"
         if self.group == 1 and all(k == 1 for k in g.kernel) and all(s == 1 for s in g.stride) and not any(g.pad):
             return "pointwise"
-        if xp is np and direct.usable(dtype, self.num_spatial, self.group, self.channels, g.kernel):
+        if xp is np and direct.usable(dtype, self.num_spatial, self.group, self.channels, g.kernel, self.out_spatial):
             # A TEST net's layers run forward only (a backward still works, by either path).
             slow_backward = self.phase == TRAIN and direct.input_gradient(
                 g, self.channels, self.group, self.in_spatial, self.out_spatial, dtype) != "direct"

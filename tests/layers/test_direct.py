@@ -148,15 +148,20 @@ def test_direct_results_do_not_depend_on_the_thread_count():
 
 def test_direct_only_where_it_applies(monkeypatch):
     monkeypatch.setattr(direct, "MIN_TAPS", 32)
-    assert direct.usable(np.float32, 2, 1, 3, (5, 5))      # CIFAR-10's first layer: 75 taps
-    assert direct.usable(np.float64, 2, 2, 16, (3, 3))     # 8 channels per group: 72 taps
-    assert not direct.usable(np.float32, 2, 1, 3, (3, 3))  # 27 taps: the column path
-    assert not direct.usable(np.float32, 2, 1, 64, (1, 1))  # 1x1: a matrix product
-    assert not direct.usable(np.float16, 2, 1, 8, (5, 5))
-    assert not direct.usable(np.float32, 3, 1, 8, (5, 5))   # 3-D convolutions: the column path
-    assert not direct.usable(np.float32, 2, 8, 8, (5, 5))   # depthwise: its own kernels
+    planes = (32, 32)  # 4 KiB of float32: blocked sums, copied out
+    assert direct.usable(np.float32, 2, 1, 3, (5, 5), planes)      # CIFAR-10's first layer: 75 taps
+    assert direct.usable(np.float64, 2, 2, 16, (3, 3), planes)     # 8 channels per group: 72 taps
+    assert not direct.usable(np.float32, 2, 1, 3, (3, 3), planes)  # 27 taps: the column path
+    assert not direct.usable(np.float32, 2, 1, 3, (3, 3), (224, 224))  # VGG's first layer
+    assert direct.usable(np.float32, 2, 1, 3, (3, 3), (113, 113))  # SqueezeNet's: written in place
+    assert direct.usable(np.float32, 2, 1, 1, (5, 5), (24, 24))    # LeNet's: 25 taps
+    assert not direct.usable(np.float64, 2, 1, 3, (3, 3), (32, 32))  # 8 KiB float64 planes too
+    assert not direct.usable(np.float32, 2, 1, 64, (1, 1), planes)  # 1x1: a matrix product
+    assert not direct.usable(np.float16, 2, 1, 8, (5, 5), planes)
+    assert not direct.usable(np.float32, 3, 1, 8, (5, 5), planes)   # 3-D convolutions: the column path
+    assert not direct.usable(np.float32, 2, 8, 8, (5, 5), planes)   # depthwise: its own kernels
     monkeypatch.setattr(jit, "ENABLED", False)
-    assert not direct.usable(np.float32, 2, 1, 8, (5, 5))
+    assert not direct.usable(np.float32, 2, 1, 8, (5, 5), planes)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
