@@ -209,7 +209,8 @@ class DirectConvolution:
         direct_conv.taps(xp, packed, d.offsets, part, y, padded_bias, self.kernels.taps, *d.stride,
                          self.kernels.shape.widest_pixels, self.chunk_taps, BLOCK_ROWS, to_nchw)
         if not to_nchw:
-            direct_conv.from_blocks(part, bias if bias is not None else np.empty(0, self.dtype), y)
+            direct_conv.from_blocks(part, bias if bias is not None else np.empty(0, self.dtype), y,
+                                     self.kernels.transpose[1], self.kernels.shape.lanes)
 
     def weight_gradient(self, x, dy, dw, scratch):
         """dw (O x Cg x kh x kw) += the weight gradient of x (N x C x H x W) and dy (N x O x Ho x Wo)."""
@@ -218,7 +219,7 @@ class DirectConvolution:
         d = self.forward_dir
         xp = self._padded(x, d, scratch, "direct_x")
         dyb = scratch.get("direct_dy", d.blocked_shape, self.dtype, np)
-        direct_conv.to_blocks(dy, dyb)
+        direct_conv.to_blocks(dy, dyb, self.kernels.transpose[0], self.kernels.shape.lanes)
         part = scratch.get("direct_dw", d.packed_shape, self.dtype, np)
         part[...] = 0
         image_bytes = (math.prod(d.padded_shape[1:]) + math.prod(d.blocked_shape[1:])) * self.dtype.itemsize

@@ -205,3 +205,34 @@ def test_microkernels_compute_their_sums(dtype):
                               off.ctypes.data, rows, cols, stride, row_stride, cols * block)
     close(dw, start + np.array([sum(x[off[t] + r * row_stride + p * stride] * dy[r, p]
                                     for r in range(rows) for p in range(cols)) for t in range(taps)]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("groups, per_group, height, width", [
+    (1, 20, 9, 7),    # a partial channel tile and 63 cells: a partial cell tile
+    (2, 40, 16, 16),  # groups, a second channel block, whole tiles of cells
+    (1, 3, 11, 13),   # fewer channels than a tile
+], ids=["tails", "groups", "narrow"])
+def test_layout_changes_move_every_value_and_add_the_bias(dtype, groups, per_group, height, width):
+    """to_blocks and from_blocks (tiles of the transpose kernel, their tails one value at a time)
+    against NumPy's reshapes: the values, zeros past a group's channels, the bias added (and +0
+    where there is none, as every element gets the same addition)."""
+    from netdef.layers.jit import direct_conv
+
+    kernels = microkernels.kernels_for(np.dtype(dtype))
+    block, lanes = kernels.shape.channels, kernels.shape.lanes
+    blocks = -(-per_group // block)
+    y = RNG.standard_normal((3, groups * per_group, height, width)).astype(dtype)
+    y.reshape(-1)[:2] = [-0.0, 0.0]
+    blocked = np.full((3, groups, blocks, height, width, block), np.nan, dtype)
+    direct_conv.to_blocks(y, blocked, kernels.transpose[0], lanes)
+    padded = np.zeros((3, groups, blocks * block, height, width), dtype)
+    padded[:, :, :per_group] = y.reshape(3, groups, per_group, height, width)
+    expected = padded.reshape(3, groups, blocks, block, height, width).transpose(0, 1, 2, 4, 5, 3)
+    assert np.array_equal(blocked, expected) and np.array_equal(np.signbit(blocked), np.signbit(expected))
+    for bias in (RNG.standard_normal(groups * per_group).astype(dtype), np.empty(0, dtype)):
+        back = np.full_like(y, np.nan)
+        direct_conv.from_blocks(blocked, bias, back, kernels.transpose[1], lanes)
+        shift = bias if bias.size else np.zeros(y.shape[1], dtype)
+        assert np.array_equal(back, y + shift[:, None, None])
+        assert np.array_equal(np.signbit(back), np.signbit(y + shift[:, None, None]))  # -0 + 0 is +0

@@ -6,6 +6,9 @@ Blocked layouts (``block`` = the kernels' channels per block, trailing channels 
 - blocked outputs and top gradients (N x G x B x H x W x block): pixel-major, a block's channels
   contiguous, what the kernels read and write with one vector load per pixel.
 
+The layout changes between NCHW and blocked (``to_blocks``, ``from_blocks``) move square tiles of
+lanes x lanes values through the microkernels' ``transpose``, what is left over one value at a time.
+
 The padded input xp (N x C x Hp x Wp) is read through a table of tap offsets (within one group's
 channels): off[t] = ci*Hp*Wp + i*dh*Wp + j*dw. A row of output pixels is cut into near-equal spans of
 at most ``widest``, a group's taps likewise for the weight gradient; work is split over blocks of
@@ -47,6 +50,11 @@ def _call10(typingctx, address, a, b, c, d, e, f, g, h, i, j):
 @intrinsic
 def _call9(typingctx, address, a, b, c, d, e, f, g, h, i):
     return _signature_and_call(9)
+
+
+@intrinsic
+def _call5(typingctx, address, a, b, c, d, e):
+    return _signature_and_call(5)
 
 
 @njit(inline="always")
@@ -225,18 +233,31 @@ def _tile_items(blocked_shape):
 
 
 @njit(parallel=True, **OPTIONS)
-def to_blocks(y, out):
-    """out (N x G x B x H x W x block) from y (N x G*Og x H x W); channels past Og are zero."""
-    block = out.shape[5]
+def to_blocks(y, out, transpose, lanes):
+    """out (N x G x B x H x W x block) from y (N x G*Og x H x W); channels past Og are zero. Square
+    tiles of ``lanes`` channels x ``lanes`` cells by the ``transpose`` kernel (jit/microkernels.py), the
+    channels and cells past the last whole tile one value at a time."""
+    g_, b_, block = out.shape[1], out.shape[2], out.shape[5]
     cells = out.shape[3] * out.shape[4]
-    per_group = y.shape[1] // out.shape[1]
+    per_group = y.shape[1] // g_
+    size = y.itemsize
+    y0 = np.int64(y.ctypes.data)
+    out0 = np.int64(out.ctypes.data)
     for item in prange(_tile_items(out.shape)):
         n, g, b, first, last = _tile_item(item, out.shape)
         dst = out[n, g, b].reshape(cells, block)
+        dst0 = out0 + size * (((n * g_ + g) * b_ + b) * cells * block)
         present = min(block, per_group - b * block)
+        whole_channels = present - present % lanes
+        whole_cells = last - (last - first) % lanes
+        for c0 in range(0, whole_channels, lanes):
+            src0 = y0 + size * ((n * y.shape[1] + g * per_group + b * block + c0) * cells)
+            for q in range(first, whole_cells, lanes):
+                _call5(transpose, src0 + size * q, np.int64(cells), dst0 + size * (q * block + c0), np.int64(block),
+                       src0)
         for c in range(present):
             src = y[n, g * per_group + b * block + c].reshape(cells)
-            for q in range(first, last):
+            for q in range(whole_cells if c < whole_channels else first, last):
                 dst[q, c] = src[q]
         for q in range(first, last):
             for c in range(present, block):
@@ -244,18 +265,35 @@ def to_blocks(y, out):
 
 
 @njit(parallel=True, **OPTIONS)
-def from_blocks(blocked, bias, y):
-    """y (N x G*Og x H x W) = the blocked (N x G x B x H x W x block) plus bias[channel] (if bias.size)."""
-    block = blocked.shape[5]
+def from_blocks(blocked, bias, y, transpose_add, lanes):
+    """y (N x G*Og x H x W) = the blocked (N x G x B x H x W x block) plus bias[channel] (+0 where
+    bias is empty: the same additions either way). Square tiles by ``transpose_add``, as to_blocks."""
+    g_, b_, block = blocked.shape[1], blocked.shape[2], blocked.shape[5]
     cells = blocked.shape[3] * blocked.shape[4]
-    per_group = y.shape[1] // blocked.shape[1]
+    per_group = y.shape[1] // g_
+    size = y.itemsize
     with_bias = bias.shape[0] > 0
+    zeros = np.zeros(lanes, y.dtype)
+    y0 = np.int64(y.ctypes.data)
+    blocked0 = np.int64(blocked.ctypes.data)
+    bias0 = np.int64(bias.ctypes.data) if with_bias else np.int64(zeros.ctypes.data)
     for item in prange(_tile_items(blocked.shape)):
         n, g, b, first, last = _tile_item(item, blocked.shape)
         src = blocked[n, g, b].reshape(cells, block)
-        for c in range(min(block, per_group - b * block)):
+        src0 = blocked0 + size * (((n * g_ + g) * b_ + b) * cells * block)
+        present = min(block, per_group - b * block)
+        whole_channels = present - present % lanes
+        whole_cells = last - (last - first) % lanes
+        for c0 in range(0, whole_channels, lanes):
+            channel = g * per_group + b * block + c0
+            dst0 = y0 + size * ((n * y.shape[1] + channel) * cells)
+            shifts = bias0 + size * channel if with_bias else bias0
+            for q in range(first, whole_cells, lanes):
+                _call5(transpose_add, src0 + size * (q * block + c0), np.int64(block), dst0 + size * q,
+                       np.int64(cells), shifts)
+        for c in range(present):
             channel = g * per_group + b * block + c
             dst = y[n, channel].reshape(cells)
-            shift = bias[channel] if with_bias else 0
-            for q in range(first, last):
+            shift = bias[channel] if with_bias else zeros[0]
+            for q in range(whole_cells if c < whole_channels else first, last):
                 dst[q] = src[q, c] + shift

@@ -15,6 +15,11 @@ Two families, both over float or double vectors of the CPU's native width (``Sha
   acc[k][v] += sum over rows r and columns p of x[off[k] + r*xrs + p*ps] * dy[r*dyrs + p*block + v],
   loaded from and stored back to dw[k][v], so that the sum goes on across calls (images).
 
+A third, ``transpose`` (with and without a bias added), moves a square tile of lanes x lanes values
+between the NCHW layout (a row per channel) and the blocked one (a row per pixel) with vector loads,
+shuffles and stores, where numba's loops stored one value at a time (jit/direct_conv.py's to_blocks
+and from_blocks ran at a third of a copy's speed).
+
 Each output or gradient element is one accumulator, summed in a fixed order (taps in order; images,
 rows and columns in order) with fused multiply-adds: the result is the same whatever the blocking, the
 thread count or the vector width, so runs and resumes are bit-exact. The kernels are called from numba
@@ -65,6 +70,7 @@ class Kernels:
     shape: Shape
     taps: np.ndarray  # int64 addresses
     pixels: np.ndarray
+    transpose: np.ndarray  # [plain, with the bias added]
 
 
 @functools.lru_cache(maxsize=None)
@@ -283,6 +289,43 @@ def pixels_kernel_ir(e: _Emitter, name: str, count: int) -> None:
     e("}")
 
 
+def transpose_kernel_ir(e: _Emitter, name: str, add_bias: bool) -> None:
+    """dst[i*ds + r] = src[r*ss + i] (+ bias[i]) for r, i < lanes: the tile's rows become its columns,
+    by log2(lanes) rounds of two-vector shuffles, each exchanging one bit of the row index with the
+    same bit of the column index. Arguments (all i64): src, ss, dst, ds, bias (read with ``add_bias``)."""
+    s, v = e.s, e.vec
+    n = s.lanes
+    e(f"define void @{name}(i64 %srca, i64 %ss, i64 %dsta, i64 %ds, i64 %biasa) {{")
+    e("entry:")
+    e.pointers("src", "dst", "bias")
+    for r in range(n):
+        e(f"%so{r} = mul i64 %ss, {r}")
+        e.load_vector(f"t0.{r}", "%src", f"%so{r}")
+    stage, bit = 0, 1
+    while bit < n:
+        for i in range(n):
+            if i & bit:
+                continue
+            low = ", ".join(f"i32 {c if not c & bit else n + c - bit}" for c in range(n))
+            high = ", ".join(f"i32 {c + bit if not c & bit else n + c}" for c in range(n))
+            e(f"%t{stage + 1}.{i} = shufflevector {v} %t{stage}.{i}, {v} %t{stage}.{i + bit}, <{n} x i32> <{low}>")
+            e(f"%t{stage + 1}.{i + bit} = shufflevector {v} %t{stage}.{i}, {v} %t{stage}.{i + bit}, "
+              f"<{n} x i32> <{high}>")
+        stage, bit = stage + 1, bit * 2
+    for i in range(n):
+        value = f"%t{stage}.{i}"
+        if add_bias:
+            e(f"%bias{i}.p = getelementptr {s.element}, ptr %bias, i64 {i}")
+            e.broadcast(f"b{i}", f"%bias{i}.p")
+            e(f"%u{i} = fadd {v} {value}, %b{i}")
+            value = f"%u{i}"
+        e(f"%do{i} = mul i64 %ds, {i}")
+        e(f"%dp{i} = getelementptr {s.element}, ptr %dst, i64 %do{i}")
+        e(f"store {v} {value}, ptr %dp{i}, align {e.align}")
+    e("ret void")
+    e("}")
+
+
 _ENGINES = []  # the compiled code must outlive every call: one engine per element type, never freed
 
 
@@ -297,6 +340,8 @@ def kernels_for(dtype) -> Kernels:
             taps_kernel_ir(e, f"taps_{variant}_{w}", w, start, finish)
     for k in range(1, shape.widest_taps + 1):
         pixels_kernel_ir(e, f"pixels_{k}", k)
+    for add_bias in (False, True):
+        transpose_kernel_ir(e, f"transpose_{int(add_bias)}", add_bias)
     module = llvm.parse_assembly(e.declaration() + "\n" + "\n".join(e.lines))
     module.verify()
     machine = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features.flatten(), opt=3)
@@ -308,7 +353,8 @@ def kernels_for(dtype) -> Kernels:
     taps = np.array([[engine.get_function_address(f"taps_{variant}_{w}") for w in range(1, shape.widest_pixels + 1)]
                      for variant in range(len(TAPS_VARIANTS))], np.int64)
     pixels = np.array([engine.get_function_address(f"pixels_{k}") for k in range(1, shape.widest_taps + 1)], np.int64)
-    return Kernels(shape, taps, pixels)
+    transpose = np.array([engine.get_function_address(f"transpose_{k}") for k in (0, 1)], np.int64)
+    return Kernels(shape, taps, pixels, transpose)
 
 
 def call_address(address: int, *args: int) -> None:
