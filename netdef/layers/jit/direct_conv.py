@@ -236,7 +236,7 @@ def _tile_items(blocked_shape):
 def to_blocks(y, out, transpose, lanes):
     """out (N x G x B x H x W x block) from y (N x G*Og x H x W); channels past Og are zero. Square
     tiles of ``lanes`` channels x ``lanes`` cells by the ``transpose`` kernel (jit/microkernels.py), the
-    channels and cells past the last whole tile one value at a time."""
+    cells past the last whole tile one value at a time."""
     g_, b_, block = out.shape[1], out.shape[2], out.shape[5]
     cells = out.shape[3] * out.shape[4]
     per_group = y.shape[1] // g_
@@ -248,20 +248,28 @@ def to_blocks(y, out, transpose, lanes):
         dst = out[n, g, b].reshape(cells, block)
         dst0 = out0 + size * (((n * g_ + g) * b_ + b) * cells * block)
         present = min(block, per_group - b * block)
-        whole_channels = present - present % lanes
         whole_cells = last - (last - first) % lanes
-        for c0 in range(0, whole_channels, lanes):
-            src0 = y0 + size * ((n * y.shape[1] + g * per_group + b * block + c0) * cells)
+        # A tile of the last channels present and zeros (a block's channels past the group's), the
+        # present ones copied in row by row and transposed from there.
+        tile = np.zeros((lanes, lanes), y.dtype)
+        tile0 = np.int64(tile.ctypes.data)
+        for c0 in range(0, block, lanes):
+            rows = max(0, min(lanes, present - c0))
+            channel = g * per_group + b * block + c0
+            src0 = y0 + size * ((n * y.shape[1] + channel) * cells)
             for q in range(first, whole_cells, lanes):
-                _call5(transpose, src0 + size * q, np.int64(cells), dst0 + size * (q * block + c0), np.int64(block),
-                       src0)
-        for c in range(present):
-            src = y[n, g * per_group + b * block + c].reshape(cells)
-            for q in range(whole_cells if c < whole_channels else first, last):
-                dst[q, c] = src[q]
-        for q in range(first, last):
-            for c in range(present, block):
-                dst[q, c] = 0
+                if rows == lanes:
+                    _call5(transpose, src0 + size * q, np.int64(cells), dst0 + size * (q * block + c0),
+                           np.int64(block), src0)
+                elif rows > 0:
+                    for r in range(rows):
+                        tile[r] = y[n, channel + r].reshape(cells)[q:q + lanes]
+                    _call5(transpose, tile0, np.int64(lanes), dst0 + size * (q * block + c0), np.int64(block), tile0)
+                else:
+                    dst[q:q + lanes, c0:c0 + lanes] = 0
+            for q in range(whole_cells, last):
+                for c in range(c0, c0 + lanes):
+                    dst[q, c] = y[n, g * per_group + b * block + c].reshape(cells)[q] if c < present else 0
 
 
 @njit(parallel=True, **OPTIONS)
