@@ -24,7 +24,7 @@ import numpy as np
 from . import backend, weights as _weights
 from .blob import Blob
 from .memory import BlobTooLargeError
-from .layers import batchnorm_chain, fusion
+from .layers import batchnorm_chain, fusion, sum_chain
 from .layers.base import TEST, TRAIN, DataSource, LayerError, layer_class
 from .layers.data import MemoryDataLayer
 from .layers.python import PythonLayerPolicy
@@ -222,10 +222,10 @@ class Net:
         self._decide_backward()
         self._compute_hook_points()
         self._chains = fusion.plan_chains(self.layers, self._bottom_vecs, self._top_vecs, self._loss_weights)
-        # BatchNorm chains, trained as one step (layers/batchnorm_chain.py): by first layer, by
-        # last layer (where backward meets them), and by member.
-        self._training_chains = batchnorm_chain.plan(self.layers, self._bottom_vecs, self._top_vecs,
-                                                     self._loss_weights)
+        # Chains trained as one step (layers/batchnorm_chain.py, layers/sum_chain.py): by first
+        # layer, by last layer (where backward meets them), and by member.
+        plan_args = (self.layers, self._bottom_vecs, self._top_vecs, self._loss_weights)
+        self._training_chains = {**batchnorm_chain.plan(*plan_args), **sum_chain.plan(*plan_args)}
         self._training_chain_ending_at = {c.last: c for c in self._training_chains.values()}
         self._training_chain_of = {li: c for c in self._training_chains.values() for li in c.members}
 
@@ -554,16 +554,17 @@ class Net:
             li = steps[-1][1] + 1
         return steps
 
-    def _step_end(self, li: int, end: int) -> tuple[int, "batchnorm_chain.BatchNormChain | None"]:
-        """(the last layer of the step that starts at ``li`` and ends by ``end``, the BatchNorm
-        chain that step is or None): a fused forward chain, a BatchNorm chain, or layer ``li`` alone."""
+    def _step_end(self, li: int, end: int) -> tuple[int, object]:
+        """(the last layer of the step that starts at ``li`` and ends by ``end``, the chain trained as
+        one step that step is, or None): a fused forward chain, a BatchNorm chain or a sum chain
+        (layers/batchnorm_chain.py, layers/sum_chain.py), or layer ``li`` alone."""
         last = self._fused_chain_end(li, end)
         if last != li:
             return last, None
         chain = self._training_chains.get(li)
         if (not self.fuse_layers or chain is None or chain.last > end
                 or any(self.layer_need_backward[li:chain.last + 1]) and not self.layer_need_backward[li]):
-            return li, None  # BatchNorm needs no backward but a later member does: Scale's own gradients
+            return li, None  # the first needs no backward but a later member does (Scale's parameters)
         return chain.last, chain
 
     def _fused_chain_end(self, li: int, end: int) -> int:
@@ -584,8 +585,8 @@ class Net:
                     hook(li)
 
     def _forward_training_chain(self, chain) -> bool:
-        """Run a BatchNorm chain as one step; False (nothing computed) where its kernels do not
-        take the arrays."""
+        """Run a chain trained as one step; False (nothing computed) where its kernels do not take
+        the arrays."""
         try:
             for li in chain.members:
                 self.layers[li].reshape(self._bottom_vecs[li], self._top_vecs[li])
@@ -739,7 +740,7 @@ class Net:
             if chain is not None and chain.ran_fused and self.layer_need_backward[li]:
                 if li != chain.last or chain.first < end:
                     raise NetError(f"backward from layer {self._layer_names[start]!r} to layer "
-                                   f"{self._layer_names[end]!r} cuts the BatchNorm chain "
+                                   f"{self._layer_names[end]!r} cuts the chain "
                                    f"{self._layer_names[chain.first]!r}..{self._layer_names[chain.last]!r}, "
                                    f"which ran forward as one step; set net.fuse_layers = False to run "
                                    f"its layers one by one")
@@ -749,7 +750,8 @@ class Net:
                         if before:
                             before(lj)
                 try:
-                    chain.backward(self._top_vecs[chain.last], self._bottom_vecs[chain.first])
+                    chain.backward(self._top_vecs[chain.last], self._bottom_vecs[chain.first],
+                                   self.bottom_need_backward[chain.first])
                 except BlobTooLargeError as exc:
                     raise self.layers[chain.first].error(str(exc)) from None
             else:

@@ -92,9 +92,10 @@ class BatchNormChain:
         self._saved = (x, out, mean, std, inv_std)
         return True
 
-    def backward(self, top, bottom) -> None:
+    def backward(self, top, bottom, propagate_down) -> None:
         """The gradient of the chain's output (``top``'s diff) to BatchNorm's input (``bottom``'s
-        diff) and Scale's parameters, as the layers' backward passes would compute them."""
+        diff) and Scale's parameters, as the layers' backward passes would compute them (the net runs
+        a chain as one step only where BatchNorm's input wants its gradient: ``propagate_down``)."""
         x, out, mean, std, inv_std = self._saved
         dy = top[0].diff
         dx = self._outputs.get("bottom_diff", like=dy, avoid=(dy, x, out))

@@ -196,7 +196,7 @@ def test_a_backward_range_that_cuts_a_fused_chain_is_refused_and_runs_layered_wh
     net = netdef.Net(chain_net(), netdef.TRAIN)
     net.blobs["data"].data[...] = RNG.standard_normal(net.blobs["data"].shape)
     net.forward()
-    with pytest.raises(NetError, match=r"cuts the BatchNorm chain 'bn'..'relu'.*fuse_layers = False"):
+    with pytest.raises(NetError, match=r"cuts the chain 'bn'..'relu'.*fuse_layers = False"):
         net.backward(start="sc")
     net.fuse_layers = False
     net.forward()

@@ -81,3 +81,20 @@ def weighted_sum_rectified(xs, coeffs, negative_slope, y):
         weighted_sum_block(xs, coeffs, lo, hi, out)
         for i in range(hi - lo):
             out[i] = _rectify(out[i], negative_slope)
+
+
+@njit(nogil=True, parallel=True, cache=True)
+def summed_rectified_gradient(dys, coeffs, y, negative_slope, dx):
+    """dx = ReLU's input gradient (y its output) of sum_k coeffs[k] * dys[k], summed as
+    ``weighted_sum`` adds (Split's backward), each block masked while it is still in cache (the
+    backward of Eltwise SUM + ReLU + Split in layers/sum_chain.py); as relu_backward: g where y > 0,
+    else g * slope."""
+    size = dx.shape[0]
+    for block in prange(block_count(size)):
+        lo, hi = block_bounds(block, size)
+        out = dx[lo:hi]
+        weighted_sum_block(dys, coeffs, lo, hi, out)
+        sign = y[lo:hi]
+        for i in range(hi - lo):
+            g = out[i]
+            out[i] = g if sign[i] > 0 else g * negative_slope
