@@ -30,7 +30,7 @@ import numpy as np
 from . import fusion, jit
 from .activation import ReLULayer
 from .normalization import BatchNormLayer, ScaleLayer
-from .reused import ReusedArrays
+from .trained_chain import TrainedChain
 
 
 def _kernels():
@@ -39,31 +39,15 @@ def _kernels():
     return batchnorm_chain
 
 
-class BatchNormChain:
+class BatchNormChain(TrainedChain):
     """Layers ``first``..``last`` of a net: a BatchNorm layer, then a Scale layer and/or a ReLU
-    layer in place on its top. ``forward`` and ``backward`` run them as one step; the state
-    ``forward`` keeps for ``backward`` goes when the layers are next run one by one (``forget``)."""
+    layer in place on its top, run as one step (trained_chain.py)."""
 
     def __init__(self, first: int, batchnorm: BatchNormLayer, scale: ScaleLayer | None, scale_bottom,
                  relu: ReLULayer | None):
-        self.first = first
-        self.last = first + (scale is not None) + (relu is not None)
+        super().__init__(first, first + (scale is not None) + (relu is not None))
         self.batchnorm, self.scale, self.relu = batchnorm, scale, relu
         self._scale_bottom = scale_bottom
-        self._outputs = ReusedArrays()
-        self._saved = None
-
-    @property
-    def members(self) -> range:
-        return range(self.first, self.last + 1)
-
-    @property
-    def ran_fused(self) -> bool:
-        """Whether the last forward of these layers ran as this chain (so backward must too)."""
-        return self._saved is not None
-
-    def forget(self) -> None:
-        self._saved = None
 
     def forward(self, bottom, top) -> bool:
         """BatchNorm's ``bottom`` to the last layer's ``top`` (the layers reshaped already); False,

@@ -21,32 +21,18 @@ import numpy as np
 from ..proto import netdef_pb2 as pb
 from . import elementwise, fusion, jit
 from .activation import ReLULayer
-from .reused import ReusedArrays
+from .trained_chain import TrainedChain
 from .shape import EltwiseLayer, SplitLayer
 
 
-class SumChain:
-    """Layers ``first``..``last``: Eltwise SUM, ReLU in place on its top, and maybe a Split of it.
-    The protocol of batchnorm_chain.BatchNormChain (``forward``, ``backward``, ``forget``)."""
+class SumChain(TrainedChain):
+    """Layers ``first``..``last``: Eltwise SUM, ReLU in place on its top, and maybe a Split of it,
+    run as one step (trained_chain.py)."""
 
     def __init__(self, first: int, eltwise: EltwiseLayer, relu: ReLULayer, split: SplitLayer | None, blob):
-        self.first = first
-        self.last = first + 1 + (split is not None)
+        super().__init__(first, first + 1 + (split is not None))
         self.eltwise, self.relu, self.split = eltwise, relu, split
         self._sum_blob = blob  # the Eltwise's top, which the ReLU rectifies in place
-        self._outputs = ReusedArrays()
-        self._saved = None
-
-    @property
-    def members(self) -> range:
-        return range(self.first, self.last + 1)
-
-    @property
-    def ran_fused(self) -> bool:
-        return self._saved is not None
-
-    def forget(self) -> None:
-        self._saved = None
 
     def forward(self, bottom, top) -> bool:
         """The Eltwise's ``bottom`` to the last layer's ``top``; False, nothing computed, where the
