@@ -214,6 +214,8 @@ class DirectConvolution:
 
     def weight_gradient(self, x, dy, dw, scratch):
         """dw (O x Cg x kh x kw) += the weight gradient of x (N x C x H x W) and dy (N x O x Ho x Wo)."""
+        from numba import get_num_threads
+
         from .jit import direct_conv
 
         d = self.forward_dir
@@ -224,7 +226,7 @@ class DirectConvolution:
         part[...] = 0
         image_bytes = (math.prod(d.padded_shape[1:]) + math.prod(d.blocked_shape[1:])) * self.dtype.itemsize
         direct_conv.pixels(xp, dyb, d.offsets, part, self.kernels.pixels, *d.stride, self.kernels.shape.widest_taps,
-                           max(1, WEIGHT_GRADIENT_STEP_BYTES // image_bytes))
+                           max(1, WEIGHT_GRADIENT_STEP_BYTES // image_bytes), get_num_threads())
         direct_conv.add_unpacked(part, dw)
 
     def input_gradient(self, dy, w, dx, scratch):
