@@ -223,10 +223,9 @@ class Net:
         self._compute_hook_points()
         self._chains = fusion.plan_chains(self.layers, self._bottom_vecs, self._top_vecs, self._loss_weights)
         # Chains trained as one step (layers/batchnorm_chain.py, layers/sum_chain.py): by first
-        # layer, by last layer (where backward meets them), and by member.
+        # layer, and by member.
         plan_args = (self.layers, self._bottom_vecs, self._top_vecs, self._loss_weights)
         self._training_chains = {**batchnorm_chain.plan(*plan_args), **sum_chain.plan(*plan_args)}
-        self._training_chain_ending_at = {c.last: c for c in self._training_chains.values()}
         self._training_chain_of = {li: c for c in self._training_chains.values() for li in c.members}
 
     @staticmethod
@@ -594,11 +593,16 @@ class Net:
         except BlobTooLargeError as exc:
             raise self.layers[chain.first].error(str(exc)) from None
 
-    def _forward_layer(self, li: int) -> None:
-        layer, bottom, top = self.layers[li], self._bottom_vecs[li], self._top_vecs[li]
+    def _forget_training_chain(self, li: int) -> None:
+        """Layer ``li`` runs forward other than as its chain trained as one step (if it has one): the
+        chain's state goes, and backward runs layer by layer."""
         chain = self._training_chain_of.get(li)
         if chain is not None:
-            chain.forget()  # this layer keeps its own state for backward now
+            chain.forget()
+
+    def _forward_layer(self, li: int) -> None:
+        layer, bottom, top = self.layers[li], self._bottom_vecs[li], self._top_vecs[li]
+        self._forget_training_chain(li)
         try:
             layer.reshape(bottom, top)
             for blob in self._own_array_tops[li]:
@@ -613,8 +617,7 @@ class Net:
         members = range(first, last + 1)
         layer = self.layers[first]
         for li in members:
-            if li in self._training_chain_of:
-                self._training_chain_of[li].forget()
+            self._forget_training_chain(li)
         try:
             for li in members:
                 self.layers[li].reshape(self._bottom_vecs[li], self._top_vecs[li])
