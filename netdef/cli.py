@@ -219,23 +219,30 @@ def cmd_time(args) -> int:
     log.info("Testing for %d iterations.", args.iterations)
     total_start = time.perf_counter()
     total_forward = total_backward = 0.0
+    # Timed as the net runs: by steps, a chain the net runs as one (layers/fusion.py, layers/
+    # trained_chain.py) as one step, its time on the member that runs first in each direction (its
+    # first layer forward, its last backward, where the gradients it hands on become ready).
+    steps = net.forward_steps()
     for it in progress_bar("time", range(1, args.iterations + 1)):
         iter_start = time.perf_counter()
-        for li in range(n_layers):
+        for first, last in steps:
             start = time.perf_counter()
-            net.forward_range(li, li)
-            forward_ms[li] += (time.perf_counter() - start) * 1000
+            net.forward_range(first, last)
+            forward_ms[first] += (time.perf_counter() - start) * 1000
         mid = time.perf_counter()
         total_forward += (mid - iter_start) * 1000
         net._fill_loss_diffs(0, n_layers - 1)
-        for li in range(n_layers - 1, -1, -1):
+        for first, last in reversed(steps):
             start = time.perf_counter()
-            net.backward_range(li, li)
-            backward_ms[li] += (time.perf_counter() - start) * 1000
+            net.backward_range(last, first)
+            backward_ms[last] += (time.perf_counter() - start) * 1000
         end = time.perf_counter()
         total_backward += (end - mid) * 1000
         log.info("Iteration: %d forward-backward time: %d ms.", it, round((end - iter_start) * 1000))
     log.info("Average time per layer: ")
+    if len(steps) < n_layers:
+        log.info("(layers run as one step: %s; each step's time is on its first layer forward, its last "
+                 "backward)", ", ".join(f"{net.layers[a].name}..{net.layers[b].name}" for a, b in steps if b > a))
     for li, layer in enumerate(net.layers):
         log.info("%10s\tforward: %g ms.", layer.name, forward_ms[li] / args.iterations)
         log.info("%10s\tbackward: %g ms.", layer.name, backward_ms[li] / args.iterations)

@@ -144,6 +144,31 @@ def test_time_verb_prints_per_layer_and_averages(workdir):
     assert "Average Forward-Backward:" in log and "*** Benchmark ends ***" in log
 
 
+def test_time_verb_times_a_chain_trained_as_one_step_as_the_net_runs_it(workdir):
+    """A BatchNorm chain runs as one step in training (layers/batchnorm_chain.py): netdef time runs and
+    times it so, its time on BatchNorm forward and on the ReLU backward, the others' zero."""
+    (workdir / "bn.prototxt").write_text("""
+        name: "bn"
+        layer { name: "data" type: "Input" top: "data" top: "target"
+                input_param { shape { dim: 4 dim: 3 dim: 8 dim: 8 } shape { dim: 4 dim: 2 } } }
+        layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+                convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+        layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c" }
+        layer { name: "scale" type: "Scale" bottom: "c" top: "c" scale_param { bias_term: true } }
+        layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }
+        layer { name: "ip" type: "InnerProduct" bottom: "c" top: "ip" inner_product_param { num_output: 2 } }
+        layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "loss" }
+    """)
+    log = netdef("time", "--model=bn.prototxt", "--iterations=2", cwd=workdir).stderr
+    assert "layers run as one step: bn..relu" in log
+
+    def ms(layer, direction):
+        return float(re.search(rf"\] +{layer}\t{direction}: ([\d.e+-]+) ms\.$", log, re.M).group(1))
+
+    assert ms("bn", "forward") > 0 and ms("scale", "forward") == 0 and ms("relu", "forward") == 0
+    assert ms("relu", "backward") > 0 and ms("scale", "backward") == 0 and ms("bn", "backward") == 0
+
+
 def test_errors_are_one_clear_line_and_exit_nonzero(workdir):
     (workdir / "bad.prototxt").write_text(NET.replace('bottom: "ip1" top: "ip2"', 'bottom: "nope" top: "ip2"'))
     done = netdef("time", "--model=bad.prototxt", cwd=workdir, check=False)
