@@ -240,9 +240,11 @@ def cmd_time(args) -> int:
         total_backward += (end - mid) * 1000
         log.info("Iteration: %d forward-backward time: %d ms.", it, round((end - iter_start) * 1000))
     log.info("Average time per layer: ")
-    if len(steps) < n_layers:
+    chains = [f"{net.layers[a].name}..{net.layers[b].name}" for a, b in steps if b > a]
+    if chains:
+        named = ", ".join(chains[:3]) + (f" and {len(chains) - 3} more" if len(chains) > 3 else "")
         log.info("(layers run as one step: %s; each step's time is on its first layer forward, its last "
-                 "backward)", ", ".join(f"{net.layers[a].name}..{net.layers[b].name}" for a, b in steps if b > a))
+                 "backward)", named)
     for li, layer in enumerate(net.layers):
         log.info("%10s\tforward: %g ms.", layer.name, forward_ms[li] / args.iterations)
         log.info("%10s\tbackward: %g ms.", layer.name, backward_ms[li] / args.iterations)
