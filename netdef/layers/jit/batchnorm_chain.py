@@ -9,10 +9,10 @@ Every value is computed by the expressions of the layers' own kernels, in their 
 by their own row functions over the same rows in the same order (jit/batchnorm.py, jit/elementwise.py,
 jit/fusion.py), so the chain gives the bits the layers give one by one (tests/layers/test_batchnorm_chain.py
 compares them). What changes is the memory traffic: the normalized values, Scale's output and the
-gradients between the layers are never written out. Backward recomputes a row's normalized values
-from x, and its ReLU and Scale gradients from y and dy, into three row buffers (M values each, in L1
-or L2), once for the sums and once for BatchNorm's output; a channel's rows are read from memory the
-first time and mostly from L2 the second.
+gradients between the layers are never written out. Backward computes a channel's normalized values
+(from x) and its ReLU and Scale gradients (from y and dy) once, for the sums, into buffers of the
+channel's size that its output pass then reads from L2 (with global statistics there is no second
+pass: a row at a time).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from numba import njit, prange  # noqa: E402 (after the wait policy)
 
 from .batchnorm import channel_statistics, gradient_sums, normalize_row  # noqa: E402
 from .elementwise import block_bounds, block_count, row_sum, scale_gradient_sums  # noqa: E402
-from .fusion import _mapped  # noqa: E402
+from .fusion import mapped_value  # noqa: E402
 
 # Which of Scale's sums the chain's Scale layer wants (its parameters' propagate_down): none, the
 # bias's alone (the sum of its top gradient, as Scale's kernel sums it without x), or both.
@@ -43,7 +43,7 @@ def forward_batch(x, eps, scale, bias, negative_slope, y, mean, var, std):
             src = x[n, c]
             dst = y[n, c]
             for j in range(m_):
-                dst[j] = _mapped(src[j], c, None, mean, std, scale, bias, negative_slope)
+                dst[j] = mapped_value(src[j], c, None, mean, std, scale, bias, negative_slope)
 
 
 @njit(inline="always", error_model="numpy")

@@ -28,7 +28,8 @@ def _rectify(v, negative_slope):
 
 
 @njit(inline="always", error_model="numpy")
-def _mapped(v, d, shift, mean, std, scale, bias, negative_slope):
+def mapped_value(v, d, shift, mean, std, scale, bias, negative_slope):
+    """One value of channel d through the map's stages (jit/batchnorm_chain.py's forward too)."""
     if shift is not None:
         v = v + shift[d]
     if mean is not None:
@@ -54,7 +55,7 @@ def channel_map(x, shift, mean, std, scale, bias, negative_slope, y):
         src = x[o, d, lo:hi]
         dst = y[o, d, lo:hi]
         for i in range(hi - lo):
-            dst[i] = _mapped(src[i], d, shift, mean, std, scale, bias, negative_slope)
+            dst[i] = mapped_value(src[i], d, shift, mean, std, scale, bias, negative_slope)
 
 
 @njit(nogil=True, parallel=True, error_model="numpy", cache=True)
@@ -67,7 +68,7 @@ def channel_map_in_place(y, shift, mean, std, scale, bias, negative_slope):
         o, d, _, lo, hi = channel_block(item, chunks, d_, i_)
         row = y[o, d, lo:hi]
         for i in range(hi - lo):
-            row[i] = _mapped(row[i], d, shift, mean, std, scale, bias, negative_slope)
+            row[i] = mapped_value(row[i], d, shift, mean, std, scale, bias, negative_slope)
 
 
 @njit(nogil=True, parallel=True, cache=True)
