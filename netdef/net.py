@@ -529,10 +529,10 @@ class Net:
             last, training_chain = self._step_end(li, end)
             self._call_hooks([h[0] for h in self._layer_hooks], li, last)
             if training_chain is not None:
-                if not self._forward_training_chain(training_chain):
-                    for lj in range(li, last + 1):
-                        self._forward_layer(lj)
-            elif last == li or not self._forward_fused(li, last):
+                ran_as_one = self._forward_training_chain(training_chain)
+            else:
+                ran_as_one = last > li and self._forward_fused(li, last)
+            if not ran_as_one:
                 for lj in range(li, last + 1):
                     self._forward_layer(lj)
             self._call_hooks([h[1] for h in self._layer_hooks], li, last)
@@ -562,7 +562,7 @@ class Net:
             return last, None
         chain = self._training_chains.get(li)
         if (not self.fuse_layers or chain is None or chain.last > end
-                or any(self.layer_need_backward[li:chain.last + 1]) and not self.layer_need_backward[li]):
+                or (any(self.layer_need_backward[li:chain.last + 1]) and not self.layer_need_backward[li])):
             return li, None  # the first needs no backward but a later member does (Scale's parameters)
         return chain.last, chain
 
