@@ -60,17 +60,19 @@ def _flag(parser, name: str, **kwargs):
     parser.add_argument(f"--{name}", f"-{name}", **kwargs)
 
 
-def _set_device(gpu: str | None) -> None:
+def _set_device(gpu: str | None) -> int | None:
+    """Put new blobs on the GPU that --gpu names; returns its id (None without --gpu)."""
     import netdef
 
     if gpu in (None, ""):
-        return
+        return None
     if gpu == "all":
         gpu = "0"
     ids = [int(g) for g in gpu.split(",")]
     if len(ids) > 1:
         log.warning("several GPUs in one process are not supported; use MPI ranks (mpiexec -n N). Using GPU %d", ids[0])
     netdef.set_device("gpu", ids[0])
+    return ids[0]
 
 
 def _stages(args) -> list[str]:
@@ -129,7 +131,12 @@ def _train(args, param, path, comm, options) -> int:
     from netdef.comm.distributed import create_solver
     from netdef.solver.solver import install_signal_handlers
 
-    _set_device(args.gpu)
+    gpu = _set_device(args.gpu)
+    if gpu is not None:
+        # As in Caffe, --gpu overrides the solver file's solver_mode and device_id (the zoo's files say
+        # CPU): the solver would otherwise move the blobs back to the CPU as it starts.
+        param.solver_mode = param.GPU
+        param.device_id = gpu
     solver = create_solver(param, comm=comm, options=options, solver_file=path)
     solver.net.keep_blob_diffs = False  # no one can read them here (see Net)
     if args.weights:

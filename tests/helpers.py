@@ -3,6 +3,7 @@ single-layer Caffe oracles in ../shared/fixtures/caffe-ref/layers/."""
 from __future__ import annotations
 
 import contextlib
+import os
 import pathlib
 
 import numpy as np
@@ -15,7 +16,8 @@ from netdef.layers.base import TEST, TRAIN, layer_class
 from netdef.proto import netdef_pb2 as pb
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+# NETDEF_SHARED names a copy of ../shared elsewhere (a GPU machine gets the fixtures it needs that way).
+SHARED = pathlib.Path(os.environ.get("NETDEF_SHARED", REPO.parent / "shared"))
 CAFFE_REF = SHARED / "fixtures" / "caffe-ref"
 LAYER_CASES = CAFFE_REF / "layers"
 
@@ -56,7 +58,7 @@ def blobs_from(arrays, dtype) -> list[Blob]:
     out = []
     for i, a in enumerate(arrays):
         b = Blob(np.shape(a), dtype=dtype, name=f"x{i}")
-        b.data[...] = np.asarray(a, dtype=dtype)
+        b.data[...] = backend.to_device(np.asarray(a, dtype=dtype), like=b.data)
         out.append(b)
     return out
 
@@ -72,7 +74,7 @@ def build(layer_param, bottoms, num_tops: int, dtype=np.float64, params=None):
             assert len(params) == len(layer.blobs), f"layer has {len(layer.blobs)} blobs, {len(params)} given"
             for blob, value in zip(layer.blobs, params):
                 assert blob.shape == np.shape(value), f"param shape {blob.shape} != {np.shape(value)}"
-                blob.data[...] = value
+                blob.data[...] = backend.to_device(np.asarray(value, dtype=dtype), like=blob.data)
     return layer, bottom, top
 
 
@@ -153,7 +155,8 @@ def layer_case_names(prefixes: tuple[str, ...] = ()) -> list[str]:
 
 def run_caffe_case(name: str, rtol=1e-4, atol=1e-5):
     """Run one oracle case through netdef (float32) and compare every output, gradient and
-    updated stored blob with what Caffe computed."""
+    updated stored blob with what Caffe computed, on whichever device new blobs live (read back to
+    the host for the comparison)."""
     path = shared_path("fixtures", "caffe-ref", "layers", f"{name}.npz")
     case = np.load(path)
     phase = TEST if str(case["phase"]) == "TEST" else TRAIN
@@ -165,10 +168,10 @@ def run_caffe_case(name: str, rtol=1e-4, atol=1e-5):
     layer, bottom, top = build(param, bottoms, nt, np.float32, params if params else None)
     layer.forward(bottom, top)
     for i in range(nt):
-        np.testing.assert_allclose(top[i].data, case[f"top/{i}"], rtol=rtol, atol=atol, err_msg=f"{name}: top {i}")
+        np.testing.assert_allclose(backend.to_host(top[i].data), case[f"top/{i}"], rtol=rtol, atol=atol, err_msg=f"{name}: top {i}")
     for j in range(len(params)):
         if f"param_after/{j}" in case.files:
-            np.testing.assert_allclose(layer.blobs[j].data, case[f"param_after/{j}"], rtol=rtol, atol=atol,
+            np.testing.assert_allclose(backend.to_host(layer.blobs[j].data), case[f"param_after/{j}"], rtol=rtol, atol=atol,
                                        err_msg=f"{name}: stored blob {j} after forward")
     if str(case["mode"]) == "forward":
         return layer
@@ -180,10 +183,35 @@ def run_caffe_case(name: str, rtol=1e-4, atol=1e-5):
     layer.backward(top, propagate, bottom)
     for i in range(nb):
         if propagate[i]:
-            np.testing.assert_allclose(bottom[i].diff, case[f"bottom_diff/{i}"], rtol=rtol, atol=atol,
+            np.testing.assert_allclose(backend.to_host(bottom[i].diff), case[f"bottom_diff/{i}"], rtol=rtol, atol=atol,
                                        err_msg=f"{name}: bottom {i} gradient")
     for j in range(len(params)):
         if f"param_diff/{j}" in case.files:
-            np.testing.assert_allclose(layer.blobs[j].diff, case[f"param_diff/{j}"], rtol=rtol, atol=atol,
+            np.testing.assert_allclose(backend.to_host(layer.blobs[j].diff), case[f"param_diff/{j}"], rtol=rtol, atol=atol,
                                        err_msg=f"{name}: param {j} gradient")
     return layer
+
+
+def compare_with_caffe_blobs(net, ref, rtol: float, atol: float) -> None:
+    """Run one forward and backward of ``net`` on the input and labels of a Caffe blob dump
+    (``{prefix}_blobs.npz``) and compare every blob, diff and parameter gradient it holds, on
+    whichever device the net lives (read back to the host)."""
+    net.forward(data=ref["input"], label=ref["label"])
+    net.clear_param_diffs()
+    net.backward()
+    checked = 0
+    for key in ref.files:
+        kind, _, name = key.partition("/")
+        if kind == "blob" and name in net.blobs and name != "prob":
+            got = net.blobs[name].data
+        elif kind == "diff" and name in net.blobs:
+            got = net.blobs[name].diff
+        elif kind == "pdiff":
+            layer, i = name.split("/")
+            got = net.params[layer][int(i)].diff
+        else:
+            continue
+        scale = max(1.0, float(np.abs(ref[key]).max()))
+        np.testing.assert_allclose(backend.to_host(got), ref[key], rtol=rtol, atol=atol * scale, err_msg=key)
+        checked += 1
+    assert checked >= 20

@@ -6,7 +6,7 @@ import pytest
 
 import netdef
 from netdef.data.idx import read_idx
-from tests.helpers import shared_path
+from tests.helpers import compare_with_caffe_blobs, shared_path
 
 
 def _compare_whole_net(prefix, weights, rtol, atol):
@@ -18,25 +18,7 @@ def _compare_whole_net(prefix, weights, rtol, atol):
         if key.startswith("param/"):
             _, layer, i = key.split("/")
             np.testing.assert_array_equal(net.params[layer][int(i)].data, ref[key], err_msg=key)
-    net.forward(data=ref["input"], label=ref["label"])
-    net.clear_param_diffs()
-    net.backward()
-    checked = 0
-    for key in ref.files:
-        kind, _, name = key.partition("/")
-        if kind == "blob" and name in net.blobs and name != "prob":
-            got = net.blobs[name].data
-        elif kind == "diff" and name in net.blobs:
-            got = net.blobs[name].diff
-        elif kind == "pdiff":
-            layer, i = name.split("/")
-            got = net.params[layer][int(i)].diff
-        else:
-            continue
-        scale = max(1.0, float(np.abs(ref[key]).max()))
-        np.testing.assert_allclose(got, ref[key], rtol=rtol, atol=atol * scale, err_msg=key)
-        checked += 1
-    assert checked >= 20
+    compare_with_caffe_blobs(net, ref, rtol, atol)
     deploy_net = netdef.Net(str(deploy), netdef.TEST, weights=str(weights))
     probs = deploy_net.forward(data=ref["input"])["prob"]
     np.testing.assert_allclose(probs, ref["blob/prob"], rtol=1e-4, atol=1e-6)
