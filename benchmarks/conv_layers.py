@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as cpu_forward_backward.py, before torch loads
+from netdef.threads import let_idle_kernel_threads_sleep  # noqa: E402
+
+let_idle_kernel_threads_sleep()  # for both frameworks, as cpu_forward_backward.py, before torch loads
 
 import argparse  # noqa: E402
 import math

@@ -32,12 +32,16 @@ from __future__ import annotations
 
 import os
 
-# Idle OpenMP threads sleep in both frameworks: netdef's default for its kernels (netdef/threads.py),
-# and set here, before torch loads its own OpenMP runtime, because the steps alternate: torch's
-# threads spinning after each of its steps took the cores from netdef's next one (ResNet-50 2.0x
-# PyTorch's time with torch's spinning threads around, 0.98x without). OMP_WAIT_POLICY=ACTIVE in the
-# environment measures both with spinning threads.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Idle OpenMP threads wait alike in both frameworks: netdef's default for its kernels, a short spin then
+# sleep (netdef/threads.py, KERNEL_SPIN), set here before torch loads its own OpenMP runtime (GNU libgomp
+# too), because the steps alternate: torch's default 3 ms spin after each of its steps took the cores
+# from netdef's next one (ResNet-50 2.0x PyTorch's time with torch's spinning threads around, 0.98x
+# without), and sleeping at once (OMP_WAIT_POLICY=PASSIVE, this benchmark's choice until 2026-11-26)
+# charged both frameworks a thread wake-up per parallel loop, which neither pays with its defaults.
+# OMP_WAIT_POLICY or GOMP_SPINCOUNT in the environment applies to both instead.
+from netdef.threads import let_idle_kernel_threads_sleep  # noqa: E402
+
+let_idle_kernel_threads_sleep()
 
 # netdef before NumPy, as `netdef` itself starts: it makes OpenBLAS's idle threads sleep at once, which
 # OpenBLAS reads only when NumPy loads it (netdef/threads.py, BLAS_WAIT_POLICY).
@@ -373,7 +377,7 @@ def main() -> None:
         print(f"# numpy BLAS: {pool.get('internal_api')} {pool.get('version')} threads={pool.get('num_threads')}")
     gflops = sgemm_gflops()
     print(f"# torch {torch.__version__} threads={torch.get_num_threads()}; sgemm {gflops:.0f} GFLOP/s; "
-          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', 'unset')}; "
           f"OPENBLAS_THREAD_TIMEOUT={os.environ.get('OPENBLAS_THREAD_TIMEOUT', 'unset')}; clock {args.clock}; load average {os.getloadavg()[0]:.2f}; "
           f"{time.strftime('%Y-%m-%d %H:%M')}")
     print(f"{'net':<15}{'batch':>6} | {'fwd+bwd ms':>10}{'torch':>9}{'ratio':>7} | {'fwd ms':>8}{'torch':>8}"

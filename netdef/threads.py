@@ -98,11 +98,20 @@ def apply_thread_plan(plan: ThreadPlan):
 
 
 # What the compiled kernels' idle threads do between kernels. numba's OpenMP pool (GNU libgomp) spins
-# after each parallel loop by default, and OpenBLAS's threads spin after each matrix product: on 2
-# cores the two pools took turns, and a ReLU right after a product ran in 12.5 ms instead of 0.29.
-# Sleeping at once (measured, 2 cores, forward+backward against PyTorch in the same run): ResNet-50
-# batch 8 2534 -> 1483 ms, MobileNet v1 897 -> 443 ms, LeNet 48 -> 18 ms.
-KERNEL_WAIT_POLICY = ("OMP_WAIT_POLICY", "PASSIVE")
+# about 3 ms (300,000 spins) after each parallel loop by default, and OpenBLAS's threads spin after each
+# matrix product: on 2 cores the two pools took turns, and a ReLU right after a product ran in 12.5 ms
+# instead of 0.29 (ResNet-50 batch 8 forward+backward 2534 ms spinning, 1483 sleeping at once). But a
+# thread that sleeps at once (OMP_WAIT_POLICY=PASSIVE, netdef's choice until 2026-11-26) must be woken
+# for the next loop: a parallel loop over 2,048 floats took 72 us on this 2-core VM against 2.3 us with
+# the thread still spinning (benchmarks/parallel_wakeup.py), and LeNet's iteration runs dozens of
+# loops. A short spin, 3,000 spins (20-50 us here: libgomp counts ~100,000 per ms), catches the loops
+# that follow each other and leaves the cores to OpenBLAS soon after: LeNet training 75.5 -> 85.6
+# iterations/s, and forward+backward faster on every net measured (ResNet-50, SqueezeNet, MobileNet v2,
+# CIFAR-10 quick; benchmarks/README, "Idle threads spin briefly"). 10,000 and 30,000 spins: 87.9 and
+# 81.6 iterations/s.
+KERNEL_SPIN = ("GOMP_SPINCOUNT", "3000")
+# Either of these set by the user decides how libgomp's idle threads wait; netdef then sets nothing.
+USER_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
 # OpenBLAS's threads spin for 2^THREAD_TIMEOUT cycles after each matrix product (default 28: ~0.1 s),
@@ -125,12 +134,14 @@ def let_idle_blas_threads_sleep(environ=None) -> bool:
 
 
 def let_idle_kernel_threads_sleep(environ=None) -> None:
-    """Make the kernels' OpenMP threads sleep when idle (``KERNEL_WAIT_POLICY``), unless the user set
-    OMP_WAIT_POLICY. libgomp reads it once, when numba first starts its pool: every module of
-    compiled kernels calls this before it imports numba."""
+    """Make the kernels' OpenMP threads spin briefly when idle, then sleep (``KERNEL_SPIN``), unless the
+    user set OMP_WAIT_POLICY or GOMP_SPINCOUNT. libgomp reads them once, when numba first starts its
+    pool: every module of compiled kernels calls this before it imports numba."""
     env = os.environ if environ is None else environ
-    name, value = KERNEL_WAIT_POLICY
-    env.setdefault(name, value)
+    if any(env.get(name, "").strip() for name in USER_WAIT_VARIABLES):
+        return
+    name, value = KERNEL_SPIN
+    env[name] = value
 
 
 def set_kernel_threads(count: int) -> int:

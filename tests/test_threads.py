@@ -86,10 +86,10 @@ def test_a_data_thread_yields_to_compute_and_the_rest_of_the_process_does_not():
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
 
 
-def _output_of_fresh_process(code: str, variable: str, user: str | None) -> str:
+def _output_of_fresh_process(code: str, variable: str, user: str | None, also_unset: tuple = ()) -> str:
     """What ``python -c code`` prints in a fresh process whose environment holds ``variable`` only when
-    the user set it (``user``); the process must succeed."""
-    env = {k: v for k, v in os.environ.items() if k != variable}
+    the user set it (``user``), and none of ``also_unset``; the process must succeed."""
+    env = {k: v for k, v in os.environ.items() if k != variable and k not in also_unset}
     if user:
         env[variable] = user
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -97,24 +97,29 @@ def _output_of_fresh_process(code: str, variable: str, user: str | None) -> str:
     return done.stdout
 
 
-def test_idle_kernel_threads_sleep_unless_the_user_chose():
+def test_idle_kernel_threads_spin_briefly_unless_the_user_chose():
     env = {}
     let_idle_kernel_threads_sleep(env)
-    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
-    env = {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert env == {"GOMP_SPINCOUNT": "3000"}
+    for chosen in ({"OMP_WAIT_POLICY": "PASSIVE"}, {"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "0"}):
+        env = dict(chosen)
+        let_idle_kernel_threads_sleep(env)
+        assert env == chosen
+    env = {"OMP_WAIT_POLICY": " "}  # blank: not a choice
     let_idle_kernel_threads_sleep(env)
-    assert env == {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert env["GOMP_SPINCOUNT"] == "3000"
 
 
-@pytest.mark.parametrize("user", [None, "ACTIVE"])
-def test_the_wait_policy_is_set_before_the_kernels_pool_starts(user):
+@pytest.mark.parametrize("user", [None, "100"])
+def test_the_spin_count_is_set_before_the_kernels_pool_starts(user):
     # A fresh process: libgomp reads the variable when numba first starts its pool.
     code = ("import os, numpy as np\n"
             "from netdef.layers.jit import elementwise\n"
             "import numba\n"
             "numba.njit(parallel=True)(lambda a: a.sum())(np.ones(4))\n"
-            "print(os.environ['OMP_WAIT_POLICY'], numba.threading_layer())\n")
-    assert _output_of_fresh_process(code, "OMP_WAIT_POLICY", user).split()[0] == (user or "PASSIVE")
+            "print(os.environ['GOMP_SPINCOUNT'], os.environ.get('OMP_WAIT_POLICY', 'unset'), numba.threading_layer())\n")
+    printed = _output_of_fresh_process(code, "GOMP_SPINCOUNT", user, also_unset=("OMP_WAIT_POLICY",)).split()
+    assert printed[:2] == [user or "3000", "unset"]
 
 
 def test_idle_blas_threads_sleep_unless_the_user_chose():
