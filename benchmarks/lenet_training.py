@@ -53,12 +53,17 @@ DISPLAY = 50
 IMAGES_PER_ITERATION = 64
 LAUNCHER_VARIABLES = ("PMI_", "OMPI_", "PMIX_", "MPI_LOCAL", "HYDRA_", "MPIR_CVAR")
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
+# The environment as the user started this script, before ``prepare`` imports netdef, which sets its
+# own idle-thread waits in os.environ (netdef/threads.py): every configuration starts from this one, so
+# that PyTorch's loop runs with its own defaults (until 2026-11-26 it inherited netdef's
+# OMP_WAIT_POLICY=PASSIVE, a thread wake-up per parallel loop), and netdef's processes set theirs.
+USER_ENVIRONMENT = dict(os.environ)
 
 
 def clean_environment(netdef_root: pathlib.Path = REPO) -> dict:
     """This environment without launcher variables and without user thread settings, importing
     netdef from ``netdef_root``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARIABLES) and k not in THREAD_VARIABLES}
+    env = {k: v for k, v in USER_ENVIRONMENT.items() if not k.startswith(LAUNCHER_VARIABLES) and k not in THREAD_VARIABLES}
     env["PYTHONPATH"] = os.pathsep.join([str(netdef_root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 
