@@ -116,14 +116,19 @@ USER_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 # OpenBLAS's threads spin for 2^THREAD_TIMEOUT cycles after each matrix product (default 28: ~0.1 s),
 # while numba's kernels that follow want both cores: measured on 2 cores, forward+backward against
-# PyTorch in the same run, quiet machine, sleeping at once (4, OpenBLAS's minimum) against the
-# default: ResNet-50 batch 8 1646 -> 1401 ms, MobileNet v2 561 -> 402 ms, CIFAR-10 quick 88 -> 83 ms;
-# 2^18 cycles measured the same as 2^4. OpenBLAS reads it once, when it loads (with NumPy).
-BLAS_WAIT_POLICY = ("OPENBLAS_THREAD_TIMEOUT", "4")
+# PyTorch in the same run, quiet machine, with the kernels' threads sleeping at once, sleeping at once
+# too (4, OpenBLAS's minimum) against the default: ResNet-50 batch 8 1646 -> 1401 ms, MobileNet v2
+# 561 -> 402 ms, CIFAR-10 quick 88 -> 83 ms. But then every product wakes a sleeping thread (50-70 us
+# here, as for the kernels' pool above), and SqueezeNet's 1x1 layers run one product per image: with
+# the kernels' short spin, 2^18 cycles (~0.1 ms; OpenBLAS's idle loop yields the core to any thread
+# that wants it) against 2^4, same run order, 2026-11-26: SqueezeNet 176 -> 167 ms, MobileNet v2
+# 301 -> 280, LeNet 10.3 -> 9.5, ResNet-50 1056 -> 1066 (noise). OpenBLAS reads it once, when it loads
+# (with NumPy).
+BLAS_WAIT_POLICY = ("OPENBLAS_THREAD_TIMEOUT", "18")
 
 
 def let_idle_blas_threads_sleep(environ=None) -> bool:
-    """Make OpenBLAS's idle threads sleep at once (``BLAS_WAIT_POLICY``) unless the user set
+    """Make OpenBLAS's idle threads sleep after ~0.1 ms of spinning (``BLAS_WAIT_POLICY``) unless the user set
     OPENBLAS_THREAD_TIMEOUT. Only takes effect before NumPy loads its BLAS, so ``netdef/__init__``
     calls it before importing anything else; returns False when NumPy was loaded first (a script that
     imports numpy before netdef keeps OpenBLAS's spinning threads unless it sets the variable)."""

@@ -125,7 +125,7 @@ def test_the_spin_count_is_set_before_the_kernels_pool_starts(user):
 def test_idle_blas_threads_sleep_unless_the_user_chose():
     env = {}
     let_idle_blas_threads_sleep(env)
-    assert env == {"OPENBLAS_THREAD_TIMEOUT": "4"}
+    assert env == {"OPENBLAS_THREAD_TIMEOUT": "18"}
     env = {"OPENBLAS_THREAD_TIMEOUT": "28"}
     let_idle_blas_threads_sleep(env)
     assert env == {"OPENBLAS_THREAD_TIMEOUT": "28"}
@@ -141,4 +141,4 @@ def test_importing_netdef_sets_the_blas_wait_before_numpy_loads(user):
             "            print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))\n"
             "sys.meta_path.insert(0, Watch())\n"
             "import netdef\n")
-    assert _output_of_fresh_process(code, "OPENBLAS_THREAD_TIMEOUT", user).split() == [user or "4"]
+    assert _output_of_fresh_process(code, "OPENBLAS_THREAD_TIMEOUT", user).split() == [user or "18"]
