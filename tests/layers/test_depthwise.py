@@ -112,12 +112,15 @@ def test_convolution_algorithm_choice(monkeypatch):
     assert algorithm(3, num_output=8, kernel_size=3, pad=1) == "columns"
 
 
+@pytest.mark.parametrize("shape, stacked", [((3, 4, 5, 6), True), ((2, 3, 12, 11), False), ((1, 4, 5, 6), False)],
+                         ids=["small-planes-one-product", "per-image", "one-image"])
 @pytest.mark.parametrize("fields", [dict(num_output=5, kernel_size=1), dict(num_output=2, kernel_size=1, bias_term=False)],
                          ids=["bias", "no-bias"])
-def test_pointwise_matches_naive_reference_and_gradients(fields):
-    x = RNG.standard_normal((3, 4, 5, 6))
+def test_pointwise_matches_naive_reference_and_gradients(fields, shape, stacked):
+    x = RNG.standard_normal(shape)
     layer = check_gradients(parse_layer(conv_text(**fields)), [x])
     assert layer.algorithm == "pointwise"
+    assert layer._pointwise_stacked() == stacked
     w = layer.blobs[0].data
     b = layer.blobs[1].data if len(layer.blobs) > 1 else np.zeros(fields["num_output"])
     layer2, bottom, top = build(parse_layer(conv_text(**fields)), [x], 1, params=[p.data for p in layer.blobs])
