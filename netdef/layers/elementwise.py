@@ -60,6 +60,20 @@ def relu_backward_reference(x, dy, negative_slope: float, out):
     return out
 
 
+# ---------------------------------------------------------------------------------------- channel sums
+def add_channel_sums(x3, out):
+    """out (C) += the sum of x3 (N x C x S) over samples and positions (a convolution's bias gradient)."""
+    if jit.usable(x3, out) and x3.ndim == 3:
+        _kernels().add_channel_sums(x3, out)
+        return out
+    return add_channel_sums_reference(x3, out)
+
+
+def add_channel_sums_reference(x3, out):
+    out += x3.sum(axis=(0, 2))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- sums
 def weighted_sum(xs, coeffs, out):
     """out = sum_k coeffs[k] * xs[k], added in order (Eltwise SUM; Split's backward with coeffs 1)."""

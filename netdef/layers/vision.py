@@ -25,7 +25,7 @@ from .. import backend
 from ..blob import Blob
 from ..fillers import fill
 from ..proto import netdef_pb2 as pb
-from . import depthwise, direct, fusion
+from . import depthwise, direct, elementwise, fusion
 from . import im2col as _cols
 from . import jit, kernels
 from .base import TRAIN, Layer, register_layer
@@ -368,7 +368,8 @@ class ConvolutionLayer(_ConvolutionBase):
     def _bias_gradient(self, dy):
         """Adds sum over samples and positions of ``dy`` (num x O x S) to the bias gradient."""
         if self.bias_term and self.param_propagate_down[1]:
-            self.blobs[1].diff += dy.sum(axis=(0, 2))
+            # One compiled parallel pass (NumPy's sum ran on one core: 1.4 ms of SqueezeNet's first layer).
+            elementwise.add_channel_sums(dy, self.blobs[1].diff)
 
     # ---- depthwise (group == channels): depthwise.py
     def _forward_depthwise(self, bottom, top):
@@ -579,7 +580,7 @@ class ConvolutionLayer(_ConvolutionBase):
                 continue
             dy_all = t.diff.reshape((self.num, o) + self.out_spatial)
             if want_b:
-                self.blobs[1].diff += dy_all.sum(axis=(0, 2, 3))
+                elementwise.add_channel_sums(dy_all.reshape(self.num, o, -1), self.blobs[1].diff)
             if not (want_w or propagate_down[i]):
                 continue
             x = b.data.reshape((self.num, c) + self.in_spatial)
@@ -682,7 +683,7 @@ class DeconvolutionLayer(_ConvolutionBase):
                 continue
             dy_all = t.diff.reshape((self.num, self.num_output) + self.out_spatial)
             if want_b:
-                self.blobs[1].diff += dy_all.reshape(self.num, self.num_output, -1).sum(axis=(0, 2))
+                elementwise.add_channel_sums(dy_all.reshape(self.num, self.num_output, -1), self.blobs[1].diff)
             if not (want_w or down):
                 continue
             x = b.data.reshape((self.num, c) + self.in_spatial)

@@ -170,6 +170,20 @@ def test_scale_backward_kernel_matches_reference(shape, dtype, want_scale, want_
     np.testing.assert_allclose(sum_dy, ref_dy, rtol=tol, atol=tol * shape[0] * shape[2])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SCALE_SHAPES)
+def test_channel_sums_kernel_adds_float64_sums(shape, dtype):
+    """A convolution's bias gradient: added to what the output held, each channel summed in float64."""
+    x = randn(shape, dtype)
+    start = randn(shape[1], dtype)
+    got = elementwise.add_channel_sums(x, start.copy())
+    exact = start.astype(np.float64) + x.astype(np.float64).sum(axis=(0, 2))
+    np.testing.assert_allclose(got, exact, rtol=1e-6 if dtype == np.float32 else 1e-12, atol=1e-6)
+    twin = elementwise.add_channel_sums_reference(x, start.copy())
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(got, twin, rtol=tol, atol=tol * shape[0] * shape[2])
+
+
 def test_kernels_refuse_what_they_cannot_take(monkeypatch):
     x = np.ones((4, 6), np.float32)
     assert jit.usable(x, None, x)
@@ -195,7 +209,8 @@ def test_results_do_not_depend_on_the_thread_count():
         dx = np.empty_like(x)
         sums = elementwise.scale_backward(x, dy, s, dx)
         total = elementwise.weighted_sum([x, dy, y], [1.0, 0.5, -2.0], np.empty_like(x))
-        return [y, dx, *sums, total]
+        channel_sums = elementwise.add_channel_sums(dy, np.zeros(4, np.float32))
+        return [y, dx, *sums, total, channel_sums]
 
     assert_same_on_one_thread(run)
 

@@ -202,6 +202,17 @@ def row_sum(row):
     return total
 
 
+@njit(nogil=True, parallel=True, cache=True)
+def add_channel_sums(x, out):
+    """out[c] += the sum of x[:, c, :] (N x C x S), in float64: the rows of a channel in order, each by
+    ``row_sum``, one channel per work item (the same bits for any thread count)."""
+    for c in prange(x.shape[1]):
+        total = 0.0
+        for n in range(x.shape[0]):
+            total += row_sum(x[n, c])
+        out[c] += total
+
+
 @njit(nogil=True, fastmath={"reassoc"}, cache=True)
 def scale_gradient_sums(x, dy):
     """(sum of dy, sum of dy * x) of one row."""
