@@ -24,7 +24,7 @@ import numpy as np
 from . import backend, weights as _weights
 from .blob import Blob
 from .memory import BlobTooLargeError
-from .layers import batchnorm_chain, fusion, sum_chain
+from .layers import batchnorm_chain, fusion, relu_chain, sum_chain
 from .layers.base import TEST, TRAIN, DataSource, LayerError, layer_class
 from .layers.data import MemoryDataLayer
 from .layers.python import PythonLayerPolicy
@@ -222,10 +222,11 @@ class Net:
         self._decide_backward()
         self._compute_hook_points()
         self._chains = fusion.plan_chains(self.layers, self._bottom_vecs, self._top_vecs, self._loss_weights)
-        # Chains trained as one step (layers/batchnorm_chain.py, layers/sum_chain.py): by first
-        # layer, and by member.
+        # Chains trained as one step (layers/batchnorm_chain.py, sum_chain.py, relu_chain.py): by
+        # first layer, and by member.
         plan_args = (self.layers, self._bottom_vecs, self._top_vecs, self._loss_weights)
-        self._training_chains = {**batchnorm_chain.plan(*plan_args), **sum_chain.plan(*plan_args)}
+        self._training_chains = {**batchnorm_chain.plan(*plan_args), **sum_chain.plan(*plan_args),
+                                 **relu_chain.plan(*plan_args)}
         self._training_chain_of = {li: c for c in self._training_chains.values() for li in c.members}
 
     @staticmethod
@@ -555,8 +556,8 @@ class Net:
 
     def _step_end(self, li: int, end: int) -> tuple[int, object]:
         """(the last layer of the step that starts at ``li`` and ends by ``end``, the chain trained as
-        one step that step is, or None): a fused forward chain, a BatchNorm chain or a sum chain
-        (layers/batchnorm_chain.py, layers/sum_chain.py), or layer ``li`` alone."""
+        one step that step is, or None): a fused forward chain, a BatchNorm, sum or rectified-product chain
+        (layers/batchnorm_chain.py, sum_chain.py, relu_chain.py), or layer ``li`` alone."""
         last = self._fused_chain_end(li, end)
         if last != li:
             return last, None

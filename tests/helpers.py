@@ -215,3 +215,29 @@ def compare_with_caffe_blobs(net, ref, rtol: float, atol: float) -> None:
         np.testing.assert_allclose(backend.to_host(got), ref[key], rtol=rtol, atol=atol * scale, err_msg=key)
         checked += 1
     assert checked >= 20
+
+
+def train_twice(text: str, fused: bool, rng, values=None):
+    """Two forward+backward passes of the TRAIN net ``text`` with chains trained as one step or layer
+    by layer (``fused``), from ``values`` (parameters and the Input blobs "data" and "target"; drawn
+    from ``rng`` when None). Returns ({"blob NAME" / "param LAYER.J": (values, gradient)}, the
+    net's steps as lists of layer names, the values, the net)."""
+    import netdef
+
+    net = netdef.Net(text, netdef.TRAIN)
+    net.fuse_layers = fused
+    if values is None:
+        values = {"params": {(l, j): p.data.copy() for l, ps in net.params.items() for j, p in enumerate(ps)},
+                  "data": rng.standard_normal(net.blobs["data"].shape),
+                  "target": rng.standard_normal(net.blobs["target"].shape)}
+    for (layer, j), v in values["params"].items():
+        net.params[layer][j].data[...] = v
+    for name in ("data", "target"):
+        net.blobs[name].data[...] = values[name]
+    for _ in range(2):
+        net.clear_param_diffs()
+        net.forward_backward()
+    state = {f"blob {n}": (b.data.copy(), b.diff.copy()) for n, b in net.blobs.items()}
+    state.update({f"param {l}.{j}": (p.data.copy(), p.diff.copy()) for l, ps in net.params.items() for j, p in enumerate(ps)})
+    steps = [[net.layers[i].name for i in range(first, last + 1)] for first, last in net.forward_steps()]
+    return state, steps, values, net

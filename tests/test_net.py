@@ -307,6 +307,7 @@ def test_missing_required_field_and_parameter_errors_name_the_line():
 
 def test_layer_hooks_wrap_every_forward_and_backward_in_order():
     net = netdef.Net(TINY, netdef.TRAIN)
+    net.fuse_layers = False  # layer by layer (ip1 and its ReLU would run as one step: tests/layers/test_fusion.py)
     events = []
     handle = net.register_layer_hooks(
         before_forward=lambda li: events.append(("f<", li)), after_forward=lambda li: events.append(("f>", li)),

@@ -160,7 +160,9 @@ class Layer:
         """Run ``forward`` with ``channel_map`` (a ``fusion.ChannelMap``) applied to top[0]'s values
         as well, and return True; False (the default, nothing computed) when this layer cannot. The
         net asks when the layers after this one only map its top in place and no one can read the
-        values in between (net.py); it then runs none of them, and no backward follows."""
+        values in between (net.py); it then runs none of them. In the TEST phase no backward follows;
+        in training (relu_chain.py) this layer's ``backward`` follows, so this must leave what
+        backward needs, as ``forward`` does."""
         return False
 
     def resolve_path(self, path: str) -> str:

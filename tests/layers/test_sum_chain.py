@@ -8,8 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import netdef
-from tests.helpers import default_dtype
+from tests.helpers import default_dtype, train_twice
 
 RNG = np.random.default_rng(20261126)
 
@@ -32,23 +31,7 @@ layer { name: "loss" type: "EuclideanLoss" bottom: "fc" bottom: "target" top: "l
 
 
 def trained(text, fused: bool, values=None):
-    net = netdef.Net(text, netdef.TRAIN)
-    net.fuse_layers = fused
-    if values is None:
-        values = {"params": {(l, j): p.data.copy() for l, ps in net.params.items() for j, p in enumerate(ps)},
-                  "data": RNG.standard_normal(net.blobs["data"].shape),
-                  "target": RNG.standard_normal(net.blobs["target"].shape)}
-    for (layer, j), v in values["params"].items():
-        net.params[layer][j].data[...] = v
-    for name in ("data", "target"):
-        net.blobs[name].data[...] = values[name]
-    for _ in range(2):
-        net.clear_param_diffs()
-        net.forward_backward()
-    state = {f"blob {n}": (b.data.copy(), b.diff.copy()) for n, b in net.blobs.items()}
-    state.update({f"param {l}.{j}": (p.data.copy(), p.diff.copy()) for l, ps in net.params.items() for j, p in enumerate(ps)})
-    steps = [[net.layers[i].name for i in range(first, last + 1)] for first, last in net.forward_steps()]
-    return state, steps, values
+    return train_twice(text, fused, RNG, values)[:3]
 
 
 @pytest.mark.parametrize("slope, dtype", [(None, np.float32), (0.1, np.float32), (None, np.float64)],
