@@ -48,9 +48,14 @@ DIRECT_INPUT_GRADIENT_ABOVE = 2.5
 # input gradient would be col2im's in a TRAIN net (the row path's is faster: LeNet's conv2, 11.4
 # against 8.8 ms forward+backward; its forward alone 2.2 against 3.0).
 ROWS_BELOW_WIDTH = 8
-# The forward's taps go in chunks whose packed weights take about this many bytes (they stay in L1
-# while a block of output rows is computed), ...
-TAP_CHUNK_BYTES = 32 << 10
+# The forward's taps go in chunks whose packed weights take about this many bytes: they and the input
+# rows the chunk's taps read stay in L1 (48 KiB here) while a block of output rows is computed. 32 KiB
+# left the rows (28 channels x 6 rows of a 56-wide image, 39 KB) to L2. One thread, CPU time, VGG-16 at
+# batch 2, 16 KiB against 32: 56 x 56 x 256 layers 39.0-39.4 ms against 44.2-45.0 (the sgemm rate), 112 x
+# 112 x 128 40.9-41.2 against 44.4-44.6, 28 x 28 x 512 41.2-42.5 against 43.5, ResNet's 56 x 56 x 64
+# (batch 8) 10.5 against 11.2-11.5; 12 and 20 KiB about as 16. The chunks change no sum: each output's
+# taps are added in order, the partial sums carried between chunks in the output's type. ...
+TAP_CHUNK_BYTES = 16 << 10
 # ... over blocks of this many output rows of one image.
 BLOCK_ROWS = 4
 # The weight gradient goes over the images in steps whose padded inputs and blocked gradients take
