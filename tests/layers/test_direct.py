@@ -146,6 +146,42 @@ def test_direct_results_do_not_depend_on_the_thread_count():
         np.testing.assert_array_equal(one, many)
 
 
+@pytest.mark.parametrize("block_rows, chunk_bytes", [(1, 16 << 10), (3, 1 << 10), (8, 16 << 10), (8, 64 << 10)])
+def test_direct_results_do_not_depend_on_the_blocking(monkeypatch, block_rows, chunk_bytes):
+    """Rows per work item and taps per weight chunk are tuning only: the same bits as 4 rows and 32 KiB."""
+    text = parse_layer(conv_text(num_output=40, kernel_size=3, pad=1))
+    x = RNG.standard_normal((3, 30, 13, 14)).astype(np.float32)
+    layer, _, top = build(text, [x], 1, dtype=np.float32)
+    params = [p.data.copy() for p in layer.blobs]
+    dy = RNG.standard_normal(top[0].shape).astype(np.float32)
+
+    def run(rows, chunk):
+        monkeypatch.setattr(direct, "BLOCK_ROWS", rows)
+        monkeypatch.setattr(direct, "TAP_CHUNK_BYTES", chunk)
+        lay, bot, tp = build(text, [x], 1, params=params, dtype=np.float32)
+        assert lay.algorithm == "direct"
+        lay.forward(bot, tp)
+        tp[0].diff = dy
+        lay.backward(tp, [True], bot)
+        return [tp[0].data.copy(), bot[0].diff.copy()] + [p.diff.copy() for p in lay.blobs]
+
+    for reference, got in zip(run(4, 32 << 10), run(block_rows, chunk_bytes)):
+        np.testing.assert_array_equal(reference, got)
+
+
+def test_row_blocks_shrink_until_every_thread_has_work():
+    geom = Geometry((3, 3), (1, 1), (1, 1), (1, 1))
+
+    def rows(num, hw, threads):
+        conv = direct.DirectConvolution(geom, num, 512, 512, 1, (hw, hw), (hw, hw), np.float32)
+        return direct.block_rows(conv.forward_dir, threads)
+
+    assert rows(2, 56, 2) == direct.BLOCK_ROWS == 8
+    assert rows(1, 7, 16) == 2  # 16 channel blocks: one row block of 8 rows would give 16 items for 64 wanted
+    assert rows(1, 14, 64) == 1
+    assert rows(8, 7, 16) == 8
+
+
 def test_direct_only_where_it_applies(monkeypatch):
     monkeypatch.setattr(direct, "MIN_TAPS", 32)
     planes = (32, 32)  # 4 KiB of float32: blocked sums, copied out
