@@ -78,6 +78,7 @@ layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param
 layer { name: "norm1" type: "LRN" bottom: "pool1" top: "norm1" lrn_param { local_size: 3 } }
 layer { name: "conv2" type: "Convolution" bottom: "norm1" top: "conv2"
         convolution_param { num_output: 8 kernel_size: 3 group: 2 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "relu2" type: "ReLU" bottom: "conv2" top: "conv2" }
 layer { name: "pool2" type: "Pooling" bottom: "conv2" top: "pool2" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
 layer { name: "ip1" type: "InnerProduct" bottom: "pool2" top: "ip1" inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
 layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip1" bottom: "label" top: "loss" }
@@ -117,6 +118,8 @@ def test_training_on_gpu_matches_cpu(tmp_path):
     (tmp_path / "net.prototxt").write_text(NET)
     (tmp_path / "solver.prototxt").write_text(SOLVER.replace("{net}", str(tmp_path / "net.prototxt")))
     first = netdef.Net(str(tmp_path / "net.prototxt"), netdef.TRAIN)
+    steps = [[first.layers[i].name for i in range(a, b + 1)] for a, b in first.forward_steps()]
+    assert ["bn1", "scale1", "relu1"] in steps and ["conv2", "relu2"] in steps  # chains trained as one step
     np.savez(tmp_path / "start.npz", **{f"{name}/{i}": backend.to_host(blob.data)
                                         for name, blobs in first.params.items() for i, blob in enumerate(blobs)})
     rng = np.random.default_rng(3)
