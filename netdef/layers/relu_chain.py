@@ -17,7 +17,7 @@ from __future__ import annotations
 from . import elementwise, fusion
 from .activation import ReLULayer
 from .dense import InnerProductLayer
-from .trained_chain import TrainedChain
+from .trained_chain import TrainedChain, rectifies_in_place
 from .vision import ConvolutionLayer
 
 
@@ -54,12 +54,6 @@ def plan(layers, bottom_vecs, top_vecs, loss_weights) -> dict[int, RectifiedProd
                 and not any(loss_weights[li])):
             continue
         blob = top_vecs[li][0]
-        relu = layers[li + 1]
-        if (isinstance(relu, ReLULayer) and relu.negative_slope >= 0 and _only(bottom_vecs[li + 1], blob)
-                and _only(top_vecs[li + 1], blob) and not any(loss_weights[li + 1])):
-            chains[li] = RectifiedProductChain(li, layer, relu, blob)
+        if rectifies_in_place(layers[li + 1], bottom_vecs[li + 1], top_vecs[li + 1], loss_weights[li + 1], blob):
+            chains[li] = RectifiedProductChain(li, layer, layers[li + 1], blob)
     return chains
-
-
-def _only(blobs, blob) -> bool:
-    return len(blobs) == 1 and blobs[0] is blob

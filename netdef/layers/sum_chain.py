@@ -21,7 +21,7 @@ import numpy as np
 from ..proto import netdef_pb2 as pb
 from . import elementwise, fusion, jit
 from .activation import ReLULayer
-from .trained_chain import TrainedChain
+from .trained_chain import TrainedChain, only, rectifies_in_place
 from .shape import EltwiseLayer, SplitLayer
 
 
@@ -87,16 +87,11 @@ def plan(layers, bottom_vecs, top_vecs, loss_weights) -> dict[int, SumChain]:
             continue
         blob = top_vecs[li][0]
         relu = layers[li + 1]
-        if not (isinstance(relu, ReLULayer) and relu.negative_slope >= 0 and _only(bottom_vecs[li + 1], blob)
-                and _only(top_vecs[li + 1], blob) and not any(loss_weights[li + 1])):
+        if not rectifies_in_place(relu, bottom_vecs[li + 1], top_vecs[li + 1], loss_weights[li + 1], blob):
             continue
         split = None
-        if (li + 2 < len(layers) and isinstance(layers[li + 2], SplitLayer) and _only(bottom_vecs[li + 2], blob)
+        if (li + 2 < len(layers) and isinstance(layers[li + 2], SplitLayer) and only(bottom_vecs[li + 2], blob)
                 and not any(loss_weights[li + 2])):
             split = layers[li + 2]
         chains[li] = SumChain(li, layer, relu, split, blob)
     return chains
-
-
-def _only(blobs, blob) -> bool:
-    return len(blobs) == 1 and blobs[0] is blob

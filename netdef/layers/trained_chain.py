@@ -10,6 +10,7 @@ layer by layer as well.
 """
 from __future__ import annotations
 
+from .activation import ReLULayer
 from .reused import ReusedArrays
 
 
@@ -42,3 +43,15 @@ class TrainedChain:
         """The gradients of the last layer's ``top`` to the first layer's ``bottom`` (those
         ``propagate_down`` asks for) and to the members' parameters, as the layers would leave them."""
         raise NotImplementedError
+
+
+def only(blobs, blob) -> bool:
+    """Whether ``blobs`` is ``blob`` alone."""
+    return len(blobs) == 1 and blobs[0] is blob
+
+
+def rectifies_in_place(layer, bottom, top, loss_weights, blob) -> bool:
+    """Whether ``layer`` is a ReLU with slope >= 0 (its gradient's sign is then its output's) working in
+    place on ``blob`` alone, with no loss weight: how the sum and rectified-product chains end."""
+    return (isinstance(layer, ReLULayer) and layer.negative_slope >= 0 and only(bottom, blob) and only(top, blob)
+            and not any(loss_weights))

@@ -447,7 +447,7 @@ class ConvolutionLayer(_ConvolutionBase):
                         xp.matmul(dy[n], x[n].T, out=part)
                         dw += part
             if down:
-                if stacked:
+                if stacked:  # into the buffer of x's channel-major copy, which the weight gradient has used
                     dxt = self.scratch.get("pointwise_xt", (self.channels,) + x.shape[::2], x.dtype, xp)
                     xp.matmul(w.T, dyt, out=dxt.reshape(self.channels, -1))
                     xp.copyto(b.diff.reshape(x.shape), dxt.transpose(1, 0, 2))
