@@ -1,5 +1,5 @@
-"""What a chain of layers trained as one step is to the net (net.py runs it; batchnorm_chain.py and
-sum_chain.py are the two kinds).
+"""What a chain of layers trained as one step is to the net (net.py runs it; batchnorm_chain.py,
+sum_chain.py and relu_chain.py are the kinds).
 
 A chain is layers ``first``..``last`` of a net whose values in between no one can read: the net runs
 their forward as one ``forward`` call and, where that ran, their backward as one ``backward`` call,

@@ -58,11 +58,17 @@ def relu_forward(x, negative_slope, y):
             y[i] = v if v > 0 else v * negative_slope
 
 
+@njit(inline="always")
+def rectified_gradient(g, sign, negative_slope):
+    """ReLU's input gradient of one value: g where ``sign`` (its input, or its output for a slope >= 0)
+    is > 0, else g * slope (the sum chain's kernel, jit/fusion.py, masks with it too)."""
+    return g if sign > 0 else g * negative_slope
+
+
 @njit(nogil=True, parallel=True, cache=True)
 def relu_backward(x, dy, negative_slope, dx):
     for i in prange(x.shape[0]):
-        g = dy[i]
-        dx[i] = g if x[i] > 0 else g * negative_slope
+        dx[i] = rectified_gradient(dy[i], x[i], negative_slope)
 
 
 # ---------------------------------------------------------------------------------------------- sums

@@ -16,7 +16,7 @@ let_idle_kernel_threads_sleep()  # before numba starts its thread pool
 
 from numba import njit, prange  # noqa: E402 (after the wait policy)
 
-from .elementwise import block_bounds, block_count, channel_block, weighted_sum_block  # noqa: E402
+from .elementwise import block_bounds, block_count, channel_block, rectified_gradient, weighted_sum_block  # noqa: E402
 
 
 @njit(inline="always")
@@ -97,5 +97,4 @@ def summed_rectified_gradient(dys, coeffs, y, negative_slope, dx):
         weighted_sum_block(dys, coeffs, lo, hi, out)
         sign = y[lo:hi]
         for i in range(hi - lo):
-            g = out[i]
-            out[i] = g if sign[i] > 0 else g * negative_slope
+            out[i] = rectified_gradient(out[i], sign[i], negative_slope)
