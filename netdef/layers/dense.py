@@ -5,6 +5,7 @@ from .. import backend
 from ..blob import Blob
 from ..fillers import fill
 from . import fusion
+from .matmul import matmul
 from .base import Layer, register_layer
 
 
@@ -75,7 +76,7 @@ class InnerProductLayer(Layer):
     def forward(self, bottom, top):
         x = bottom[0].data.reshape(self.M, self.K)
         w = self.blobs[0].data
-        y = x @ w if self.transpose else x @ w.T
+        y = matmul(x, w if self.transpose else w.T)
         if self.bias_term:
             y += self.blobs[1].data
         top[0].data = y
@@ -93,7 +94,7 @@ class InnerProductLayer(Layer):
             self.blobs[1].diff += dy.sum(axis=0)
         if propagate_down[0]:
             w = self.blobs[0].data
-            bottom[0].diff = (dy @ w.T) if self.transpose else (dy @ w)
+            bottom[0].diff = matmul(dy, w.T if self.transpose else w)
 
     def _add_weight_gradient(self, x, dy):
         """diff += dy^T x (x^T dy when transposed), a block of the weights at a time: the whole
@@ -107,11 +108,11 @@ class InnerProductLayer(Layer):
             # Right after the solver's clear: the product itself, written where the sum would go (the
             # same values as 0 + product), without the pass that zeroes the weights' worth of memory
             # or the one that reads it back.
-            xp.matmul(a, b, out=diff)
+            matmul(a, b, out=diff)
             return
         rows, cols = diff.shape
         if rows * cols * diff.itemsize <= _WEIGHT_GRADIENT_BLOCK_BYTES:
-            diff += a @ b
+            diff += matmul(a, b)
             return
         if cols >= rows:
             width = max(1, _WEIGHT_GRADIENT_BLOCK_BYTES // (rows * diff.itemsize))
@@ -119,7 +120,7 @@ class InnerProductLayer(Layer):
             for start in range(0, cols, width):
                 stop = min(start + width, cols)
                 product = part[:, :stop - start]
-                xp.matmul(a, b[:, start:stop], out=product)
+                matmul(a, b[:, start:stop], out=product)
                 diff[:, start:stop] += product
         else:
             height = max(1, _WEIGHT_GRADIENT_BLOCK_BYTES // (cols * diff.itemsize))
@@ -127,7 +128,7 @@ class InnerProductLayer(Layer):
             for start in range(0, rows, height):
                 stop = min(start + height, rows)
                 product = part[:stop - start]
-                xp.matmul(a[start:stop], b, out=product)
+                matmul(a[start:stop], b, out=product)
                 diff[start:stop] += product
 
 

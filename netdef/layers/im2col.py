@@ -28,6 +28,7 @@ import numpy as np
 
 from .. import backend
 from . import jit, kernels
+from .matmul import matmul
 
 
 def use_kernels(xp) -> bool:
@@ -565,7 +566,7 @@ def row_product(q, wq, plan: RowPlan, out, ws: Workspace):
     if first is None:
         out.fill(0)
     else:
-        np.matmul(q[_row_slice(plan, first, 0, ho * block)], wq[first], out=out)
+        matmul(q[_row_slice(plan, first, 0, ho * block)], wq[first], out=out)
     part = None
     for i, (lo, hi) in enumerate(spans):
         if i == first or hi <= lo:
@@ -575,7 +576,7 @@ def row_product(q, wq, plan: RowPlan, out, ws: Workspace):
             # measured slower (BLAS's two threads run small products less efficiently).
             part = ws.get("rows_part", out.shape, out.dtype, np)
         rows = slice(lo * block, hi * block)
-        np.matmul(q[_row_slice(plan, i, rows.start, rows.stop)], wq[i], out=part[rows])
+        matmul(q[_row_slice(plan, i, rows.start, rows.stop)], wq[i], out=part[rows])
         _accumulate(out[rows], part[rows])
     return out
 
@@ -599,5 +600,5 @@ def row_weight_product(q, dy_rows, plan: RowPlan, dwq):
             dwq[i] = 0
             continue
         rows = slice(lo * plan.block, hi * plan.block)
-        np.matmul(q[_row_slice(plan, i, rows.start, rows.stop)].T, dy_rows[rows], out=dwq[i])
+        matmul(q[_row_slice(plan, i, rows.start, rows.stop)].T, dy_rows[rows], out=dwq[i])
     return dwq

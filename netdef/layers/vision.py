@@ -28,6 +28,7 @@ from ..proto import netdef_pb2 as pb
 from . import depthwise, direct, elementwise, fusion
 from . import im2col as _cols
 from . import jit, kernels
+from .matmul import matmul
 from .base import TRAIN, Layer, register_layer
 from .im2col import (Geometry, Workspace, add_row_weight_grad, col2im, column_layout, copy_from_rows, copy_to_rows,
                      im2col, offset_slices, padded, row_col2im, row_plan, row_product, row_weight_product,
@@ -206,8 +207,8 @@ class _ConvolutionBase(Layer):
         if trans_b:
             b = b.transpose(0, 2, 1)
         if self.group == 1:
-            return xp.dot(a[0], b[0], out=None if out is None else out[0])[None]
-        return xp.matmul(a, b, out=out)
+            return matmul(a[0], b[0], out=None if out is None else out[0])[None]
+        return matmul(a, b, out=out)
 
 
 @register_layer("Convolution")
@@ -418,11 +419,11 @@ class ConvolutionLayer(_ConvolutionBase):
             x = b.data.reshape(self.num, self.channels, -1)
             y = t.data.reshape(self.num, self.num_output, -1)
             if not self._pointwise_stacked():
-                xp.matmul(w, x, out=y)
+                matmul(w, x, out=y)
                 continue
             yt = self.scratch.get("pointwise_yt", (self.num_output,) + x.shape[::2], x.dtype, xp)
-            xp.matmul(w, self._channel_major(x, "pointwise_xt").reshape(self.channels, -1),
-                      out=yt.reshape(self.num_output, -1))
+            matmul(w, self._channel_major(x, "pointwise_xt").reshape(self.channels, -1),
+                   out=yt.reshape(self.num_output, -1))
             xp.copyto(y, yt.transpose(1, 0, 2))
 
     def _backward_pointwise(self, top, propagate_down, bottom):
@@ -439,20 +440,20 @@ class ConvolutionLayer(_ConvolutionBase):
                 part = self.scratch.get("pointwise_dw", dw.shape, dw.dtype, xp)
                 if stacked:
                     # One (O x N*S)(N*S x C) product: the sum over the batch's pixels in one pass.
-                    xp.matmul(dyt, self._channel_major(x, "pointwise_xt").reshape(self.channels, -1).T, out=part)
+                    matmul(dyt, self._channel_major(x, "pointwise_xt").reshape(self.channels, -1).T, out=part)
                     dw += part
                 else:
                     for n in range(self.num):
                         # One product per sample: (O x S)(S x C) needs no copy of either operand.
-                        xp.matmul(dy[n], x[n].T, out=part)
+                        matmul(dy[n], x[n].T, out=part)
                         dw += part
             if down:
                 if stacked:  # into the buffer of x's channel-major copy, which the weight gradient has used
                     dxt = self.scratch.get("pointwise_xt", (self.channels,) + x.shape[::2], x.dtype, xp)
-                    xp.matmul(w.T, dyt, out=dxt.reshape(self.channels, -1))
+                    matmul(w.T, dyt, out=dxt.reshape(self.channels, -1))
                     xp.copyto(b.diff.reshape(x.shape), dxt.transpose(1, 0, 2))
                 else:
-                    xp.matmul(w.T, dy, out=b.diff.reshape(x.shape))
+                    matmul(w.T, dy, out=b.diff.reshape(x.shape))
 
     # ---- direct (direct.py): register-blocked kernels over the padded input, NumPy float arrays
     def _plan_direct(self, dtype):
@@ -605,7 +606,7 @@ class ConvolutionLayer(_ConvolutionBase):
                         dwq += part
                 if dx_all is not None and wcols is not None:
                     dcols = self.scratch.get("rows_dcols", (ho * n * wo, wcols.shape[0]), dtype, np)
-                    np.matmul(dy_rows, wcols.T, out=dcols)
+                    matmul(dy_rows, wcols.T, out=dcols)
                     row_col2im(dcols, plan, dx_all[start:stop])
                 elif dx_all is not None:
                     qt = rows_expanded(dy_all[start:stop], plan_back, self.scratch, "rows_qt")

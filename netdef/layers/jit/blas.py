@@ -1,0 +1,135 @@
+"""Matrix products run by the kernels' thread pool: OpenBLAS's product called in one thread per panel.
+
+Why: OpenBLAS (NumPy's BLAS) runs its products on a thread pool of its own, numba on another (OpenMP),
+and a layer alternates between them (a product, then its bias and ReLU; a product, then a depthwise
+convolution). Each pool's idle threads spin a while after their work (threads.py: sleeping at once
+costs a 50-75 us wake-up per loop instead), so on a 2-core machine the pool that starts next finds its
+second core held by the other pool's spinner: MobileNet v2's 960 x 160 x 49 product and the 47,000-value
+map after it took 74 and 16 us alone and 160-230 us in turn, whatever the two spin settings
+(benchmarks/README, "One thread pool"). Here the product runs on numba's pool too: C is cut into
+``parts`` panels along its longer side, and each thread of the pool computes its panels by OpenBLAS's
+``cblas_?gemm`` with OpenBLAS held at one thread for the call (its count is restored after it, so
+NumPy's own products elsewhere keep their threads).
+
+Every element of C is the same BLAS dot product whatever the panels (OpenBLAS's own threads split the
+same two sides): the panels only choose which elements a call computes.
+
+Which BLAS: the ILP64 OpenBLAS of NumPy's wheels (``scipy_cblas_sgemm64_``, ``cblas_sgemm64_`` in the
+1.x wheels), found once when this module loads; ``AVAILABLE`` is False with any other BLAS (MKL,
+Accelerate, a distribution's NumPy) and the callers (layers/matmul.py) use NumPy's matmul. The
+functions reach numba as named symbols (``llvmlite.binding.add_symbol``), so the compiled kernels
+cache on disk like the others and find the library again in the next process.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+from ...threads import let_idle_kernel_threads_sleep
+
+let_idle_kernel_threads_sleep()  # before numba starts its thread pool
+
+import numpy as np  # noqa: E402
+from numba import njit, prange, types  # noqa: E402 (after the wait policy)
+
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enumerations
+# Panel edges fall on multiples of this many rows or columns: whole tiles of OpenBLAS's kernels.
+PANEL_ALIGN = 16
+
+_SYMBOLS = {"sgemm": "cblas_sgemm", "dgemm": "cblas_dgemm",
+            "get_threads": "openblas_get_num_threads", "set_threads": "openblas_set_num_threads"}
+
+
+def _numpy_openblas():
+    """ctypes handle of the OpenBLAS library NumPy loaded, and the prefix its symbols carry; None when
+    NumPy's BLAS is another library or not an ILP64 OpenBLAS."""
+    from threadpoolctl import threadpool_info
+
+    numpy_dir = os.path.dirname(np.__file__)
+    for pool in threadpool_info():
+        if pool.get("internal_api") != "openblas" or not pool.get("filepath", "").startswith(numpy_dir):
+            continue
+        library = ctypes.CDLL(pool["filepath"])
+        for prefix in ("scipy_", ""):
+            if all(hasattr(library, f"{prefix}{name}64_") for name in _SYMBOLS.values()):
+                return library, prefix
+    return None
+
+
+def _bind() -> bool:
+    found = _numpy_openblas()
+    if found is None:
+        return False
+    import llvmlite.binding as llvm
+
+    library, prefix = found
+    for ours, theirs in _SYMBOLS.items():
+        address = ctypes.cast(getattr(library, f"{prefix}{theirs}64_"), ctypes.c_void_p).value
+        llvm.add_symbol(f"netdef_blas_{ours}", address)
+    return True
+
+
+AVAILABLE = _bind()
+
+_i32, _i64, _ptr = types.int32, types.int64, types.intp
+
+
+def _gemm_type(real):
+    # cblas_?gemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc), 64-bit integers.
+    return types.void(_i32, _i32, _i32, _i64, _i64, _i64, real, _ptr, _i64, _ptr, _i64, real, _ptr, _i64)
+
+
+_sgemm = types.ExternalFunction("netdef_blas_sgemm", _gemm_type(types.float32))
+_dgemm = types.ExternalFunction("netdef_blas_dgemm", _gemm_type(types.float64))
+_get_threads = types.ExternalFunction("netdef_blas_get_threads", _i32())
+_set_threads = types.ExternalFunction("netdef_blas_set_threads", types.void(_i32))
+
+
+@njit(inline="always")
+def _panel(task, parts, split_rows, m, n, trans_a, lda, trans_b, ldb, ldc):
+    """(batch item, rows, columns, offsets into a, b and c in elements) of panel ``task``."""
+    item = task // parts
+    part = task % parts
+    side = m if split_rows else n
+    units = (side + PANEL_ALIGN - 1) // PANEL_ALIGN
+    lo = min(side, units * part // parts * PANEL_ALIGN)
+    hi = min(side, units * (part + 1) // parts * PANEL_ALIGN)
+    if split_rows:  # rows lo..hi of op(a) and c
+        return item, hi - lo, n, lo * (1 if trans_a == TRANS else lda), 0, lo * ldc
+    return item, m, hi - lo, 0, lo * (ldb if trans_b == TRANS else 1), lo  # columns lo..hi of op(b) and c
+
+
+@njit(inline="always")
+def _gemm_panel(task, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, parts,
+                split_rows):
+    item, rows, cols, da, db, dc = _panel(task, parts, split_rows, m, n, trans_a, lda, trans_b, ldb, ldc)
+    if rows <= 0 or cols <= 0:
+        return
+    size = 8 if double else 4
+    a_at, b_at, c_at = a + size * (item * step_a + da), b + size * (item * step_b + db), c + size * (item * step_c + dc)
+    if double:
+        _dgemm(ROW_MAJOR, trans_a, trans_b, rows, cols, k, 1.0, a_at, lda, b_at, ldb, 0.0, c_at, ldc)
+    else:
+        _sgemm(ROW_MAJOR, trans_a, trans_b, rows, cols, k, np.float32(1.0), a_at, lda, b_at, ldb, np.float32(0.0),
+               c_at, ldc)
+
+
+@njit(nogil=True, parallel=True, cache=True)
+def gemm_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, items, parts,
+                split_rows):
+    """c[i] = op(a[i]) @ op(b[i]) for the ``items`` matrices (float64 when ``double``, else float32) at
+    addresses a + i * step_a elements (and so on; steps and leading dimensions in elements, a step of 0
+    broadcasts), each cut into ``parts`` panels: one OpenBLAS call per panel on the pool's threads (one
+    panel: in the calling thread)."""
+    threads = _get_threads()
+    if threads != 1:
+        _set_threads(1)
+    if items * parts == 1:
+        _gemm_panel(0, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, 1,
+                    split_rows)
+    else:
+        for task in prange(items * parts):
+            _gemm_panel(task, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c,
+                        parts, split_rows)
+    if threads != 1:
+        _set_threads(threads)

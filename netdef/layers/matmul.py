@@ -1,0 +1,109 @@
+"""``matmul(a, b, out=None)``: the layers' matrix products, on the compiled kernels' thread pool.
+
+NumPy's ``matmul`` for what it is given, computed by jit/blas.py where that can: float32 or float64
+NumPy arrays, 2-D or 3-D (a batch of matrices; a 2-D operand is broadcast over the other's batch as
+NumPy does), each matrix with one unit stride (C-contiguous or a transposed view of one, as BLAS
+reads it), ``out`` (when given) with contiguous rows and sharing no memory with the operands. Every
+other case (CuPy arrays, other dtypes, odd strides, empty matrices, a vector times a matrix, another BLAS under NumPy,
+``jit.ENABLED`` off) is NumPy's or CuPy's own ``matmul``, which is also the twin the tests compare with.
+
+Threads: the products use the kernels' pool, as many threads as its other loops (``numba.get_num_threads``,
+which ``threads.share_cores`` sets per rank); a product of fewer than PARALLEL_MIN_MULTIPLY_ADDS runs
+in the calling thread, as OpenBLAS itself runs them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import get_array_module
+from . import jit
+
+# OpenBLAS's own threshold for threading a product (64^3 multiply-adds): below it, splitting costs
+# more than it saves.
+PARALLEL_MIN_MULTIPLY_ADDS = 1 << 18
+
+_NO_TRANS, _TRANS = 111, 112  # CBLAS's enumerations (jit/blas.py)
+
+
+def matmul(a, b, out=None):
+    """``np.matmul(a, b, out=out)``, on the kernels' pool where it can (the module docstring)."""
+    blas = _blas()
+    if blas is None or not _takes(a, b, out):
+        return get_array_module(a).matmul(a, b, out=out)
+    items = max(a.shape[0] if a.ndim == 3 else 1, b.shape[0] if b.ndim == 3 else 1)
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    shape = (items, m, n) if max(a.ndim, b.ndim) == 3 else (m, n)
+    if out is None:
+        out = np.empty(shape, a.dtype)
+    elif out.shape != shape or np.may_share_memory(out, a) or np.may_share_memory(out, b):
+        return np.matmul(a, b, out=out)
+    operands = [_matrix(x) for x in (a, b)]
+    c = _matrix(out)
+    if None in operands or c is None or c[0] != _NO_TRANS:
+        return np.matmul(a, b, out=out)
+    (trans_a, lda, step_a), (trans_b, ldb, step_b) = operands
+    parts, split_rows = _panels(items, m, n, k)
+    blas.gemm_panels(a.dtype == np.float64, trans_a, trans_b, m, n, k, a.ctypes.data, lda, step_a, b.ctypes.data, ldb, step_b,
+           out.ctypes.data, c[1], c[2], items, parts, split_rows)
+    return out
+
+
+def _blas():
+    """jit/blas.py when it can run here, else None."""
+    if not jit.ENABLED:
+        return None
+    from .jit import blas
+
+    return blas if blas.AVAILABLE else None
+
+
+def _takes(a, b, out) -> bool:
+    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.dtype != b.dtype:
+        return False
+    if a.dtype not in (np.float32, np.float64) or not (2 <= a.ndim <= 3 and 2 <= b.ndim <= 3):
+        return False
+    if a.shape[-1] != b.shape[-2] or 0 in a.shape or 0 in b.shape:
+        return False
+    if a.shape[-2] == 1 or b.shape[-1] == 1:  # a matrix-vector product: NumPy's (BLAS's gemv), not a gemm
+        return False
+    if a.ndim == 3 and b.ndim == 3 and a.shape[0] != b.shape[0]:
+        return False
+    return out is None or (isinstance(out, np.ndarray) and out.dtype == a.dtype)
+
+
+def _matrix(x):
+    """(CBLAS transpose flag, leading dimension, step between batch items), in elements, of the
+    matrices of ``x`` as BLAS reads them; None when a matrix has no unit stride."""
+    size = x.itemsize
+    rows, cols = x.shape[-2:]
+    row_stride, col_stride = x.strides[-2:]
+    step = x.strides[0] if x.ndim == 3 else 0
+    if step < 0 or step % size:
+        return None
+    if cols == 1 or col_stride == size:  # rows of contiguous elements: stored as it is
+        lead = row_stride // size if rows > 1 else cols
+        if row_stride % size or lead < cols:
+            return None
+        return _NO_TRANS, lead, step // size
+    if rows == 1 or row_stride == size:  # columns of contiguous elements: the transpose of a stored matrix
+        lead = col_stride // size
+        if col_stride % size or lead < rows:
+            return None
+        return _TRANS, lead, step // size
+    return None
+
+
+def _panels(items: int, m: int, n: int, k: int) -> tuple[int, bool]:
+    """(panels per matrix, whether they split the rows): the longer side of the product cut so that
+    every thread of the pool gets work, at most one panel per PANEL_ALIGN rows or columns."""
+    import numba
+
+    from .jit.blas import PANEL_ALIGN
+
+    threads = numba.get_num_threads()
+    split_rows = m >= n
+    if threads == 1 or items >= threads or items * m * n * k < PARALLEL_MIN_MULTIPLY_ADDS:
+        return 1, split_rows
+    side = m if split_rows else n
+    return max(1, min(-(-threads // items), -(-side // PANEL_ALIGN))), split_rows

@@ -1,0 +1,144 @@
+"""layers/matmul.py: the layers' products on the kernels' pool (jit/blas.py) against NumPy's matmul:
+transposed views, batches and a broadcast operand, ``out``, both dtypes, panels on 1 and 2 threads;
+the cases it hands to NumPy; OpenBLAS's thread count left as it was."""
+from __future__ import annotations
+
+import itertools
+
+import numba
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_info, threadpool_limits
+
+from netdef.layers import matmul as products
+from netdef.layers.jit import blas
+
+pytestmark = pytest.mark.skipif(not blas.AVAILABLE, reason="NumPy's BLAS here is not the ILP64 OpenBLAS of its "
+                                                           "wheels: matmul is NumPy's own")
+
+SHAPES = [  # m, k, n
+    (960, 160, 49),   # MobileNet v2's 7x7 expansion at batch 1: panels of rows
+    (32, 192, 784),   # panels of columns
+    (5, 7, 3),        # below the threading threshold: one call in the calling thread
+    (70, 1, 33),      # k = 1
+    (33, 300, 17),    # sides that are not whole panels
+]
+
+
+def operand(rng, rows, cols, dtype, transposed):
+    """A (rows x cols) matrix, stored as it is or as the transpose of a (cols x rows) array."""
+    if transposed:
+        return rng.standard_normal((cols, rows)).astype(dtype).T
+    return rng.standard_normal((rows, cols)).astype(dtype)
+
+
+def close_to_numpy(got, a, b):
+    """Within a few roundings of NumPy's product (a wrong offset, stride or transpose is off by O(1))."""
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    eps = np.finfo(a.dtype).eps
+    scale = np.matmul(np.abs(a).astype(np.float64), np.abs(b).astype(np.float64))
+    assert got.dtype == a.dtype and got.shape == want.shape
+    assert np.all(np.abs(got - want) <= 4 * a.shape[-1] * eps * scale + 1e-30)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{m}x{k}x{n}" for m, k, n in SHAPES])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_products_of_every_layout(dtype, shape, threads):
+    m, k, n = shape
+    rng = np.random.default_rng(sum(shape))
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        for trans_a, trans_b in itertools.product([False, True], repeat=2):
+            a = operand(rng, m, k, dtype, trans_a)
+            b = operand(rng, k, n, dtype, trans_b)
+            close_to_numpy(products.matmul(a, b), a, b)
+            out = np.full((m, n), np.nan, dtype)
+            assert products.matmul(a, b, out=out) is out
+            close_to_numpy(out, a, b)
+    finally:
+        numba.set_num_threads(before)
+
+
+def test_the_panels_equal_one_whole_product():
+    """A product cut into panels on 2 threads gives the bits of one single-threaded BLAS call over it
+    (sides far above OpenBLAS's small-matrix kernels, which a panel and the whole could pick apart)."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((512, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 256)).astype(np.float32)
+    with threadpool_limits(1):
+        want = np.matmul(a, b)
+    assert products._panels(1, 512, 256, 300)[0] == min(2, numba.get_num_threads())
+    np.testing.assert_array_equal(products.matmul(a, b), want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_batches_and_a_broadcast_operand(dtype):
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((64, 30)).astype(dtype)
+    x = rng.standard_normal((3, 30, 700)).astype(dtype)
+    g = rng.standard_normal((3, 64, 30)).astype(dtype)
+    for a, b in [(w, x), (g, x), (g, x[0]), (g.transpose(0, 2, 1).copy().transpose(0, 2, 1), x)]:
+        got = products.matmul(a, b)
+        assert got.shape == (3, 64, 700)
+        for i in range(3):
+            close_to_numpy(got[i], a[i] if a.ndim == 3 else a, b[i] if b.ndim == 3 else b)
+    out = np.zeros((3, 64, 700), dtype)
+    products.matmul(g, x, out=out[:, :, :])
+    close_to_numpy(out[1], g[1], x[1])
+
+
+def test_a_strided_out_and_row_slices():
+    """``out`` with a leading dimension above its width, operands sliced out of larger arrays."""
+    rng = np.random.default_rng(3)
+    big_a = rng.standard_normal((100, 80)).astype(np.float32)
+    big_b = rng.standard_normal((90, 120)).astype(np.float32)
+    out = np.zeros((64, 200), np.float32)
+    a, b = big_a[10:74, 5:65], big_b[20:80, 7:107]
+    products.matmul(a, b, out=out[:, 50:150])
+    close_to_numpy(out[:, 50:150], a, b)
+    assert not out[:, :50].any() and not out[:, 150:].any()
+
+
+@pytest.mark.parametrize("case", ["vector", "int", "mixed", "strided", "overlap", "empty", "off"])
+def test_what_numpy_computes(case, monkeypatch):
+    """Cases the kernels do not take give NumPy's own answer, bit for bit."""
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((40, 50)).astype(np.float32)
+    b = rng.standard_normal((50, 60)).astype(np.float32)
+    out = None
+    if case == "vector":
+        a = a[:1]
+    elif case == "int":
+        a, b = (a * 10).astype(np.int64), (b * 10).astype(np.int64)
+    elif case == "mixed":
+        b = b.astype(np.float64)
+    elif case == "strided":
+        a = rng.standard_normal((80, 100)).astype(np.float32)[::2, ::2]
+    elif case == "overlap":
+        a = rng.standard_normal((50, 50)).astype(np.float32)
+        b = rng.standard_normal((50, 50)).astype(np.float32)
+        out = b  # NumPy computes into a copy when out is an operand
+    elif case == "empty":
+        a = a[:, :0]
+        b = b[:0]
+    elif case == "off":
+        monkeypatch.setattr(products.jit, "ENABLED", False)
+    want = np.matmul(a, b if out is None else b.copy())
+    got = products.matmul(a, b, out=out)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_openblas_keeps_its_thread_count():
+    """The panels run with OpenBLAS held at one thread; NumPy's products elsewhere get its count back."""
+    def openblas_threads():
+        return [pool["num_threads"] for pool in threadpool_info() if pool.get("internal_api") == "openblas"]
+
+    before = openblas_threads()
+    with threadpool_limits(2, user_api="blas"):
+        during = openblas_threads()
+        a = np.ones((256, 256), np.float32)
+        products.matmul(a, a)
+        assert openblas_threads() == during
+    assert openblas_threads() == before
