@@ -8,8 +8,9 @@ other case (CuPy arrays, other dtypes, odd strides, empty matrices, a vector tim
 ``jit.ENABLED`` off) is NumPy's or CuPy's own ``matmul``, which is also the twin the tests compare with.
 
 Threads: the products use the kernels' pool, as many threads as its other loops (``numba.get_num_threads``,
-which ``threads.share_cores`` sets per rank); a product of fewer than PARALLEL_MIN_MULTIPLY_ADDS runs
-in the calling thread, as OpenBLAS itself runs them.
+which ``threads.share_cores`` sets per rank). A product of fewer than PARALLEL_MIN_MULTIPLY_ADDS is
+NumPy's: OpenBLAS runs those in the calling thread too, and in less time than the checks here take
+(20 x 7 x 20: 1 against 12 us; 64 x 10 x 500: 6 against 21 us).
 """
 from __future__ import annotations
 
@@ -18,9 +19,12 @@ import numpy as np
 from ..backend import get_array_module
 from . import jit
 
-# OpenBLAS's own threshold for threading a product (64^3 multiply-adds): below it, splitting costs
-# more than it saves.
-PARALLEL_MIN_MULTIPLY_ADDS = 1 << 18
+# Below this OpenBLAS runs a product on one thread (2^18 multiply-adds per thread, 2 threads).
+PARALLEL_MIN_MULTIPLY_ADDS = 1 << 19
+# Panels split C's rows when it has at least this many (or more rows than columns): of the rows or
+# the columns of LeNet's, MobileNet's and others' products, splitting the columns was the faster only
+# where C has few rows (64 x 800 x 500: 409 against 288 us), and 2x slower for a 500 x 64 x 800 one.
+SPLIT_ROWS_FROM = 128
 
 _NO_TRANS, _TRANS = 111, 112  # CBLAS's enumerations (jit/blas.py)
 
@@ -28,7 +32,7 @@ _NO_TRANS, _TRANS = 111, 112  # CBLAS's enumerations (jit/blas.py)
 def matmul(a, b, out=None):
     """``np.matmul(a, b, out=out)``, on the kernels' pool where it can (the module docstring)."""
     blas = _blas()
-    if blas is None or not _takes(a, b, out):
+    if blas is None or not _takes(a, b, out) or _multiply_adds(a, b) < PARALLEL_MIN_MULTIPLY_ADDS:
         return get_array_module(a).matmul(a, b, out=out)
     items = max(a.shape[0] if a.ndim == 3 else 1, b.shape[0] if b.ndim == 3 else 1)
     m, k = a.shape[-2:]
@@ -43,9 +47,9 @@ def matmul(a, b, out=None):
     if None in operands or c is None or c[0] != _NO_TRANS:
         return np.matmul(a, b, out=out)
     (trans_a, lda, step_a), (trans_b, ldb, step_b) = operands
-    parts, split_rows = _panels(items, m, n, k)
-    blas.gemm_panels(a.dtype == np.float64, trans_a, trans_b, m, n, k, a.ctypes.data, lda, step_a, b.ctypes.data, ldb, step_b,
-           out.ctypes.data, c[1], c[2], items, parts, split_rows)
+    parts, split_rows = _panels(items, m, n)
+    blas.gemm_panels(a.dtype == np.float64, trans_a, trans_b, m, n, k, a.ctypes.data, lda, step_a, b.ctypes.data,
+                     ldb, step_b, out.ctypes.data, c[1], c[2], items, parts, split_rows)
     return out
 
 
@@ -56,6 +60,11 @@ def _blas():
     from .jit import blas
 
     return blas if blas.AVAILABLE else None
+
+
+def _multiply_adds(a, b) -> int:
+    items = max(a.shape[0] if a.ndim == 3 else 1, b.shape[0] if b.ndim == 3 else 1)
+    return items * a.shape[-2] * a.shape[-1] * b.shape[-1]
 
 
 def _takes(a, b, out) -> bool:
@@ -94,16 +103,16 @@ def _matrix(x):
     return None
 
 
-def _panels(items: int, m: int, n: int, k: int) -> tuple[int, bool]:
-    """(panels per matrix, whether they split the rows): the longer side of the product cut so that
-    every thread of the pool gets work, at most one panel per PANEL_ALIGN rows or columns."""
+def _panels(items: int, m: int, n: int) -> tuple[int, bool]:
+    """(panels per matrix, whether they split the rows): C's rows (SPLIT_ROWS_FROM) or columns cut so
+    that every thread of the pool gets work, at most one panel per PANEL_ALIGN rows or columns."""
     import numba
 
     from .jit.blas import PANEL_ALIGN
 
     threads = numba.get_num_threads()
-    split_rows = m >= n
-    if threads == 1 or items >= threads or items * m * n * k < PARALLEL_MIN_MULTIPLY_ADDS:
+    split_rows = m >= n or m >= SPLIT_ROWS_FROM
+    if threads == 1 or items >= threads:
         return 1, split_rows
     side = m if split_rows else n
     return max(1, min(-(-threads // items), -(-side // PANEL_ALIGN))), split_rows

@@ -16,12 +16,12 @@ from netdef.layers.jit import blas
 pytestmark = pytest.mark.skipif(not blas.AVAILABLE, reason="NumPy's BLAS here is not the ILP64 OpenBLAS of its "
                                                            "wheels: matmul is NumPy's own")
 
-SHAPES = [  # m, k, n
+SHAPES = [  # m, k, n: all above PARALLEL_MIN_MULTIPLY_ADDS
     (960, 160, 49),   # MobileNet v2's 7x7 expansion at batch 1: panels of rows
     (32, 192, 784),   # panels of columns
-    (5, 7, 3),        # below the threading threshold: one call in the calling thread
-    (70, 1, 33),      # k = 1
-    (33, 300, 17),    # sides that are not whole panels
+    (500, 64, 800),   # panels of rows, though C is wider than high
+    (4096, 1, 200),   # k = 1
+    (33, 300, 70),    # sides that are not whole panels
 ]
 
 
@@ -46,6 +46,7 @@ def close_to_numpy(got, a, b):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_products_of_every_layout(dtype, shape, threads):
     m, k, n = shape
+    assert m * k * n >= products.PARALLEL_MIN_MULTIPLY_ADDS
     rng = np.random.default_rng(sum(shape))
     before = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
@@ -69,7 +70,7 @@ def test_the_panels_equal_one_whole_product():
     b = rng.standard_normal((300, 256)).astype(np.float32)
     with threadpool_limits(1):
         want = np.matmul(a, b)
-    assert products._panels(1, 512, 256, 300)[0] == min(2, numba.get_num_threads())
+    assert products._panels(1, 512, 256)[0] == min(2, numba.get_num_threads())
     np.testing.assert_array_equal(products.matmul(a, b), want)
 
 
@@ -92,20 +93,21 @@ def test_batches_and_a_broadcast_operand(dtype):
 def test_a_strided_out_and_row_slices():
     """``out`` with a leading dimension above its width, operands sliced out of larger arrays."""
     rng = np.random.default_rng(3)
-    big_a = rng.standard_normal((100, 80)).astype(np.float32)
+    big_a = rng.standard_normal((200, 80)).astype(np.float32)
     big_b = rng.standard_normal((90, 120)).astype(np.float32)
-    out = np.zeros((64, 200), np.float32)
-    a, b = big_a[10:74, 5:65], big_b[20:80, 7:107]
+    out = np.zeros((128, 200), np.float32)
+    a, b = big_a[10:138, 5:65], big_b[20:80, 7:107]
+    assert products._multiply_adds(a, b) >= products.PARALLEL_MIN_MULTIPLY_ADDS
     products.matmul(a, b, out=out[:, 50:150])
     close_to_numpy(out[:, 50:150], a, b)
     assert not out[:, :50].any() and not out[:, 150:].any()
 
 
-@pytest.mark.parametrize("case", ["vector", "int", "mixed", "strided", "overlap", "empty", "off"])
+@pytest.mark.parametrize("case", ["vector", "int", "mixed", "strided", "overlap", "empty", "small", "off"])
 def test_what_numpy_computes(case, monkeypatch):
     """Cases the kernels do not take give NumPy's own answer, bit for bit."""
     rng = np.random.default_rng(4)
-    a = rng.standard_normal((40, 50)).astype(np.float32)
+    a = rng.standard_normal((400, 50)).astype(np.float32)
     b = rng.standard_normal((50, 60)).astype(np.float32)
     out = None
     if case == "vector":
@@ -115,12 +117,13 @@ def test_what_numpy_computes(case, monkeypatch):
     elif case == "mixed":
         b = b.astype(np.float64)
     elif case == "strided":
-        a = rng.standard_normal((80, 100)).astype(np.float32)[::2, ::2]
+        a = rng.standard_normal((800, 100)).astype(np.float32)[::2, ::2]
     elif case == "overlap":
         a = rng.standard_normal((50, 50)).astype(np.float32)
         b = rng.standard_normal((50, 50)).astype(np.float32)
         out = b  # NumPy computes into a copy when out is an operand
-    elif case == "empty":
+    elif case == "small":
+        a = a[:20]
         a = a[:, :0]
         b = b[:0]
     elif case == "off":
