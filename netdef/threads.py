@@ -104,12 +104,14 @@ def apply_thread_plan(plan: ThreadPlan):
 # thread that sleeps at once (OMP_WAIT_POLICY=PASSIVE, netdef's choice until 2026-11-26) must be woken
 # for the next loop: a parallel loop over 2,048 floats took 72 us on this 2-core VM against 2.3 us with
 # the thread still spinning (benchmarks/parallel_wakeup.py), and LeNet's iteration runs dozens of
-# loops. A short spin, 3,000 spins (20-50 us here: libgomp counts ~100,000 per ms), catches the loops
-# that follow each other and leaves the cores to OpenBLAS soon after: LeNet training 75.5 -> 85.6
-# iterations/s, and forward+backward faster on every net measured (ResNet-50, SqueezeNet, MobileNet v2,
-# CIFAR-10 quick; benchmarks/README, "Idle threads spin briefly"). 10,000 and 30,000 spins: 87.9 and
-# 81.6 iterations/s.
-KERNEL_SPIN = ("GOMP_SPINCOUNT", "3000")
+# loops. While the two pools shared the cores, 3,000 spins (20-50 us) was the compromise. Since the
+# layers' products run on this pool too (layers/matmul.py), nothing else wants the cores between two
+# loops but the Python that launches the next one, which at batch 1 takes longer than 3,000 spins:
+# 30,000 (0.2-0.5 ms) against 3,000, processes alternating, 2026-11-26: LeNet training 100-106 against
+# 88-97 iterations/s, MobileNet v2 batch 1 TEST forward 13.1-13.5 against 15.1-16.4 ms, SqueezeNet
+# 8.4-8.9 against 10.0-10.9, forward+backward at the zoo's batches 1-5% faster (benchmarks/README, "One
+# thread pool"). 100,000 and 300,000 spins gave LeNet 98-102 and 95-98.
+KERNEL_SPIN = ("GOMP_SPINCOUNT", "30000")
 # Either of these set by the user decides how libgomp's idle threads wait; netdef then sets nothing.
 USER_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 

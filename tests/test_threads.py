@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from netdef.threads import (ThreadPlan, kernel_threads, let_idle_blas_threads_sleep, let_idle_kernel_threads_sleep, own_cores,
+from netdef.threads import (KERNEL_SPIN, ThreadPlan, kernel_threads, let_idle_blas_threads_sleep, let_idle_kernel_threads_sleep, own_cores,
                             plan_compute_threads, set_kernel_threads, yield_cores_to_compute)
 
 
@@ -100,14 +100,14 @@ def _output_of_fresh_process(code: str, variable: str, user: str | None, also_un
 def test_idle_kernel_threads_spin_briefly_unless_the_user_chose():
     env = {}
     let_idle_kernel_threads_sleep(env)
-    assert env == {"GOMP_SPINCOUNT": "3000"}
+    assert env == {KERNEL_SPIN[0]: KERNEL_SPIN[1]}
     for chosen in ({"OMP_WAIT_POLICY": "PASSIVE"}, {"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "0"}):
         env = dict(chosen)
         let_idle_kernel_threads_sleep(env)
         assert env == chosen
     env = {"OMP_WAIT_POLICY": " "}  # blank: not a choice
     let_idle_kernel_threads_sleep(env)
-    assert env["GOMP_SPINCOUNT"] == "3000"
+    assert env["GOMP_SPINCOUNT"] == KERNEL_SPIN[1]
 
 
 @pytest.mark.parametrize("user", [None, "100"])
@@ -119,7 +119,7 @@ def test_the_spin_count_is_set_before_the_kernels_pool_starts(user):
             "numba.njit(parallel=True)(lambda a: a.sum())(np.ones(4))\n"
             "print(os.environ['GOMP_SPINCOUNT'], os.environ.get('OMP_WAIT_POLICY', 'unset'), numba.threading_layer())\n")
     printed = _output_of_fresh_process(code, "GOMP_SPINCOUNT", user, also_unset=("OMP_WAIT_POLICY",)).split()
-    assert printed[:2] == [user or "3000", "unset"]
+    assert printed[:2] == [user or KERNEL_SPIN[1], "unset"]
 
 
 def test_idle_blas_threads_sleep_unless_the_user_chose():

@@ -19,6 +19,7 @@ other array the layers' own reference functions in sequence, which is also the t
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,37 +49,46 @@ class ChannelMap:
     bias: object = None
     negative_slope: float | None = None
 
-    @property
-    def stages(self) -> list[int]:
-        present = [(SHIFT, self.shift is not None), (NORMALIZE, self.mean is not None),
-                   (AFFINE, self.scale is not None), (RECTIFY, self.negative_slope is not None)]
-        return [stage for stage, here in present if here]
+    @functools.cached_property
+    def stages(self) -> tuple[int, ...]:
+        # Cached: a chain's maps are composed at every forward (fields are never reassigned: frozen).
+        present = ((SHIFT, self.shift), (NORMALIZE, self.mean), (AFFINE, self.scale), (RECTIFY, self.negative_slope))
+        return tuple(stage for stage, value in present if value is not None)
+
+
+_VALUES = ("shift", "mean", "std", "scale", "bias", "negative_slope")  # ChannelMap's fields after dims
 
 
 def compose(first: ChannelMap, then: ChannelMap) -> ChannelMap | None:
     """The map ``then(first(x))``, or None when it is not one ChannelMap: a stage of ``then`` that
     does not come after every stage of ``first``, or per-channel values over different dims."""
-    if first.stages and then.stages and min(then.stages) <= max(first.stages):
-        return None
-    if first.dims is not None and then.dims is not None and tuple(first.dims) != tuple(then.dims):
-        return None
-    dims = first.dims if first.dims is not None else then.dims
-    return ChannelMap(dims, *(b if b is not None else a for a, b in
-                              ((first.shift, then.shift), (first.mean, then.mean), (first.std, then.std),
-                               (first.scale, then.scale),
-                               (first.bias, then.bias), (first.negative_slope, then.negative_slope))))
+    return compose_all((first, then))
 
 
 def compose_all(maps) -> ChannelMap | None:
-    """The maps applied in order as one ChannelMap; None when one of them is None or they do not compose."""
-    result = ChannelMap()
+    """The maps applied in order as one ChannelMap; None when one of them is None or they do not
+    compose (``compose``). One pass that keeps each stage's values from the map that has it: this
+    runs at every forward of every chain (MobileNet v2 at batch 1: 52 chains, 16 ms a forward)."""
+    dims = None
+    last_stage = -1
+    values = dict.fromkeys(_VALUES)
     for m in maps:
         if m is None:
             return None
-        result = compose(result, m)
-        if result is None:
-            return None
-    return result
+        stages = m.stages
+        if stages:
+            if stages[0] <= last_stage:
+                return None
+            last_stage = stages[-1]
+        if m.dims is not None:
+            if dims is not None and tuple(dims) != tuple(m.dims):
+                return None
+            dims = m.dims
+        for name in _VALUES:
+            value = getattr(m, name)
+            if value is not None:
+                values[name] = value
+    return ChannelMap(dims, **values)
 
 
 def apply(m: ChannelMap, x, out):

@@ -86,7 +86,7 @@ def test_maps_compose_only_in_stage_order_and_over_the_same_dims():
     relu = ChannelMap(negative_slope=0.0)
     affine = ChannelMap((2, 3, 4), scale=m["batchnorm+scale"].scale)
     chain = fusion.compose_all([normalize, ChannelMap(), affine, relu])
-    assert chain.stages == [fusion.NORMALIZE, fusion.AFFINE, fusion.RECTIFY] and chain.dims == (2, 3, 4)
+    assert chain.stages == (fusion.NORMALIZE, fusion.AFFINE, fusion.RECTIFY) and chain.dims == (2, 3, 4)
     assert fusion.compose(relu, normalize) is None  # a ReLU before BatchNorm is not one map
     assert fusion.compose(affine, affine) is None  # two scales would need two multiplications
     assert fusion.compose(normalize, ChannelMap((6, 1, 4), scale=m["batchnorm+scale"].mean[:1])) is None
