@@ -62,6 +62,20 @@ def test_products_of_every_layout(dtype, shape, threads):
         numba.set_num_threads(before)
 
 
+@pytest.mark.parametrize("rows", [2, 5, 8])
+def test_a_few_rows_by_a_large_transposed_matrix(rows):
+    """A fully connected layer's forward at a small batch (x @ w.T) runs in panels of PANEL_ALIGN
+    columns; more rows than SKINNY_MAX_ROWS, or panels past SKINNY_MAX_MULTIPLY_ADDS, do not."""
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, 3000)).astype(np.float32)
+    w = rng.standard_normal((300, 3000)).astype(np.float32)
+    assert products._skinny_panels(rows, 300, 3000) == (-(-300 // blas.PANEL_ALIGN), False)
+    close_to_numpy(products.matmul(x, w.T), x, w.T)
+    assert products._skinny_panels(products.SKINNY_MAX_ROWS + 1, 300, 3000) == products._panels(1, 9, 300)
+    if rows * blas.PANEL_ALIGN * 25088 > products.SKINNY_MAX_MULTIPLY_ADDS:  # VGG's fc6 at 5 or 8 rows
+        assert products._skinny_panels(rows, 300, 25088) == products._panels(1, rows, 300)
+
+
 def test_the_panels_equal_one_whole_product():
     """A product cut into panels on 2 threads gives the bits of one single-threaded BLAS call over it
     (sides far above OpenBLAS's small-matrix kernels, which a panel and the whole could pick apart)."""
