@@ -4,8 +4,9 @@ NumPy's ``matmul`` for what it is given, computed by jit/blas.py where that can:
 NumPy arrays, 2-D or 3-D (a batch of matrices; a 2-D operand is broadcast over the other's batch as
 NumPy does), each matrix with one unit stride (C-contiguous or a transposed view of one, as BLAS
 reads it), ``out`` (when given) with contiguous rows and sharing no memory with the operands. Every
-other case (CuPy arrays, other dtypes, odd strides, empty matrices, a vector times a matrix, another BLAS under NumPy,
-``jit.ENABLED`` off) is NumPy's or CuPy's own ``matmul``, which is also the twin the tests compare with.
+other case (CuPy arrays, other dtypes, odd strides, empty matrices, a vector times a matrix, another
+BLAS under NumPy, ``jit.ENABLED`` off) is NumPy's or CuPy's own ``matmul``, which is also the twin the
+tests compare with.
 
 Threads: the products use the kernels' pool, as many threads as its other loops (``numba.get_num_threads``,
 which ``threads.share_cores`` sets per rank). A product of fewer than PARALLEL_MIN_MULTIPLY_ADDS is
@@ -38,7 +39,7 @@ def matmul(a, b, out=None):
     blas = _blas()
     if blas is None or not _takes(a, b, out) or _multiply_adds(a, b) < PARALLEL_MIN_MULTIPLY_ADDS:
         return get_array_module(a).matmul(a, b, out=out)
-    items = max(a.shape[0] if a.ndim == 3 else 1, b.shape[0] if b.ndim == 3 else 1)
+    items = _items(a, b)
     m, k = a.shape[-2:]
     n = b.shape[-1]
     shape = (items, m, n) if max(a.ndim, b.ndim) == 3 else (m, n)
@@ -66,9 +67,13 @@ def _blas():
     return blas if blas.AVAILABLE else None
 
 
+def _items(a, b) -> int:
+    """Matrices in the product's batch (1 for two 2-D operands)."""
+    return max(a.shape[0] if a.ndim == 3 else 1, b.shape[0] if b.ndim == 3 else 1)
+
+
 def _multiply_adds(a, b) -> int:
-    items = max(a.shape[0] if a.ndim == 3 else 1, b.shape[0] if b.ndim == 3 else 1)
-    return items * a.shape[-2] * a.shape[-1] * b.shape[-1]
+    return _items(a, b) * a.shape[-2] * a.shape[-1] * b.shape[-1]
 
 
 def _takes(a, b, out) -> bool:
@@ -112,7 +117,7 @@ def _skinny_panels(m: int, n: int, k: int) -> tuple[int, bool]:
     w.T): panels of PANEL_ALIGN columns of C, each one pass over PANEL_ALIGN rows of w, small enough
     (SKINNY_MAX_MULTIPLY_ADDS) for OpenBLAS's small-matrix kernel, which reads them as they are where
     one product packs all of w through a transposing copy first. VGG-16's fc6 at batch 2 (2 x 25088 by
-    25088 x 4096): 14 against 34-39 ms; fc7 (4096 x 4096) 1.3 against 6.2, at batch 4 1.5 against 6.2
+    25088 x 4096): 12.6-14 against 34-39 ms; fc7 (4096 x 4096) 1.3 against 6.2, at batch 4 1.5 against 6.2
     (PyTorch 1.2 and 2.5). Larger panels than that kernel takes ran as slowly as the whole product."""
     from .jit.blas import PANEL_ALIGN
 

@@ -7,12 +7,14 @@ costs a 50-75 us wake-up per loop instead), so on a 2-core machine the pool that
 second core held by the other pool's spinner: MobileNet v2's 960 x 160 x 49 product and the 47,000-value
 map after it took 74 and 16 us alone and 160-230 us in turn, whatever the two spin settings
 (benchmarks/README, "One thread pool"). Here the product runs on numba's pool too: C is cut into
-``parts`` panels along its longer side, and each thread of the pool computes its panels by OpenBLAS's
-``cblas_?gemm`` with OpenBLAS held at one thread for the call (its count is restored after it, so
-NumPy's own products elsewhere keep their threads).
+``parts`` panels of its rows or its columns (layers/matmul.py chooses), and each thread of the pool
+computes its panels by OpenBLAS's ``cblas_?gemm`` with OpenBLAS held at one thread for the call (its
+count is restored after it, so NumPy's own products elsewhere keep their threads).
 
-Every element of C is the same BLAS dot product whatever the panels (OpenBLAS's own threads split the
-same two sides): the panels only choose which elements a call computes.
+Panels only choose which elements of C a call computes, each element one BLAS dot product: a product
+cut into panels gave the bits of one single-threaded call over it in 46 of 47 cases tried; the one
+apart had a panel small enough for OpenBLAS's small-matrix kernel where the whole was not, which
+rounds otherwise. (OpenBLAS's own threads changed the bits of 16 of the 47 against one thread.)
 
 Which BLAS: the ILP64 OpenBLAS of NumPy's wheels (``scipy_cblas_sgemm64_``, ``cblas_sgemm64_`` in the
 1.x wheels), found once when this module loads; ``AVAILABLE`` is False with any other BLAS (MKL,
