@@ -46,7 +46,10 @@ DIRECT_INPUT_GRADIENT_ABOVE = 2.5
 # the output rows are narrower than this (each kernel call then gets a short row: ResNet-50's 7 x 7
 # layers, one thread, forward+backward 58 ms direct against 47 by rows), or when the direct path's
 # input gradient would be col2im's in a TRAIN net (the row path's is faster: LeNet's conv2, 11.4
-# against 8.8 ms forward+backward; its forward alone 2.2 against 3.0).
+# against 8.8 ms forward+backward; its forward alone 2.2 against 3.0). Only in TRAIN nets: forward
+# alone, the direct path is the faster at these widths too (ResNet-50's 7 x 7 x 512 layers at batch 1,
+# 2 threads: 1.4-1.6 ms against 2.4-2.7; the TEST forward of the whole net 0.95 of the time at batch 1,
+# 0.975 at batch 8).
 ROWS_BELOW_WIDTH = 8
 # The forward's taps go in chunks whose packed weights take about this many bytes: they and the input
 # rows the chunk's taps read stay in L1 (48 KiB here) while a block of output rows is computed. 32 KiB

@@ -255,10 +255,14 @@ class ConvolutionLayer(_ConvolutionBase):
         if self.group == 1 and all(k == 1 for k in g.kernel) and all(s == 1 for s in g.stride) and not any(g.pad):
             return "pointwise"
         if xp is np and direct.usable(dtype, self.num_spatial, self.group, self.channels, g.kernel, self.out_spatial):
-            # A TEST net's layers run forward only (a backward still works, by either path).
-            slow_backward = self.phase == TRAIN and direct.input_gradient(
+            # A TEST net's layers run forward only (a backward still works, by either path), and
+            # the direct forward is the faster one at every width: the rows path wins narrow outputs
+            # by its backward.
+            training = self.phase == TRAIN
+            slow_backward = training and direct.input_gradient(
                 g, self.channels, self.group, self.in_spatial, self.out_spatial, dtype) != "direct"
-            rows_better = self._rows_eligible(xp) and (self.out_spatial[1] < direct.ROWS_BELOW_WIDTH or slow_backward)
+            narrow = training and self.out_spatial[1] < direct.ROWS_BELOW_WIDTH
+            rows_better = self._rows_eligible(xp) and (narrow or slow_backward)
             if not rows_better and direct.compiles(np.dtype(dtype)):
                 return "direct"
         if self._rows_eligible(xp):
