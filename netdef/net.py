@@ -222,6 +222,9 @@ class Net:
         self._decide_backward()
         self._compute_hook_points()
         self._chains = fusion.plan_chains(self.layers, self._bottom_vecs, self._top_vecs, self._loss_weights)
+        # The tops whose values add to the loss, per layer: forward sums these and skips the others.
+        self._weighted_tops = [[(blob, weight) for blob, weight in zip(tops, weights) if weight]
+                               for tops, weights in zip(self._top_vecs, self._loss_weights)]
         # Chains trained as one step (layers/batchnorm_chain.py, sum_chain.py, relu_chain.py): by
         # first layer, and by member.
         plan_args = (self.layers, self._bottom_vecs, self._top_vecs, self._loss_weights)
@@ -526,9 +529,11 @@ class Net:
         end = len(self.layers) - 1 if end is None else end
         loss = 0.0
         li = start
+        hooks = self._layer_hooks
         while li <= end:
             last, training_chain = self._step_end(li, end)
-            self._call_hooks([h[0] for h in self._layer_hooks], li, last)
+            if hooks:
+                self._call_hooks([h[0] for h in hooks], li, last)
             if training_chain is not None:
                 ran_as_one = self._forward_training_chain(training_chain)
             else:
@@ -536,11 +541,11 @@ class Net:
             if not ran_as_one:
                 for lj in range(li, last + 1):
                     self._forward_layer(lj)
-            self._call_hooks([h[1] for h in self._layer_hooks], li, last)
+            if hooks:
+                self._call_hooks([h[1] for h in hooks], li, last)
             for lj in range(li, last + 1):
-                for blob, weight in zip(self._top_vecs[lj], self._loss_weights[lj]):
-                    if weight:
-                        loss += weight * float(blob.data.sum())
+                for blob, weight in self._weighted_tops[lj]:
+                    loss += weight * float(blob.data.sum())
             li = last + 1
         return loss
 

@@ -58,13 +58,18 @@ def matmul(a, b, out=None):
     return out
 
 
+_BLAS = []  # jit/blas.py once imported (it binds OpenBLAS's functions when first imported)
+
+
 def _blas():
     """jit/blas.py when it can run here, else None."""
     if not jit.ENABLED:
         return None
-    from .jit import blas
+    if not _BLAS:
+        from .jit import blas
 
-    return blas if blas.AVAILABLE else None
+        _BLAS.append(blas if blas.AVAILABLE else None)
+    return _BLAS[0]
 
 
 def _items(a, b) -> int:
