@@ -1,6 +1,6 @@
 """layers/matmul.py: the layers' products on the kernels' pool (jit/blas.py) against NumPy's matmul:
-transposed views, batches and a broadcast operand, ``out``, both dtypes, panels on 1 and 2 threads;
-the cases it hands to NumPy; OpenBLAS's thread count left as it was."""
+transposed views, batches and a broadcast operand, ``out``, both dtypes, panels on 1 and 2 threads,
+matrix-vector products; the cases it hands to NumPy; OpenBLAS's thread count left as it was."""
 from __future__ import annotations
 
 import itertools
@@ -117,15 +117,57 @@ def test_a_strided_out_and_row_slices():
     assert not out[:, :50].any() and not out[:, 150:].any()
 
 
-@pytest.mark.parametrize("case", ["vector", "int", "mixed", "strided", "overlap", "empty", "small", "off"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matrix_vector_products(dtype, threads):
+    """A row times a matrix (a fully connected layer at batch 1: x @ w.T forward, dy @ w for the input
+    gradient) and a matrix times a column, every layout, ``out`` given, a vector with a stride."""
+    rng = np.random.default_rng(5)
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        for trans in (False, True):
+            matrix = operand(rng, 3000, 700, dtype, trans)
+            row = rng.standard_normal((1, 3000)).astype(dtype)
+            column = rng.standard_normal((700, 1)).astype(dtype)
+            strided_row = rng.standard_normal((1, 6000)).astype(dtype)[:, ::2]
+            for a, b in [(row, matrix), (matrix, column), (strided_row, matrix)]:
+                assert products._multiply_adds(a, b) >= products.PARALLEL_MIN_MULTIPLY_ADDS
+                close_to_numpy(products.matmul(a, b), a, b)
+                out = np.full((a.shape[0], b.shape[1]), np.nan, dtype)
+                assert products.matmul(a, b, out=out) is out
+                close_to_numpy(out, a, b)
+    finally:
+        numba.set_num_threads(before)
+
+
+def test_a_fully_connected_forward_at_batch_one_does_not_depend_on_the_threads():
+    """x @ w.T is cut into panels of w's rows, each output one dot product of a row with x whatever
+    panel holds it: 1 and 2 threads give the same bits (a deployed net answers the same everywhere)."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 4096)).astype(np.float32)
+    w = rng.standard_normal((1000, 4096)).astype(np.float32)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = products.matmul(x, w.T)
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        assert products._vector_panels(1000) == numba.get_num_threads()
+        np.testing.assert_array_equal(products.matmul(x, w.T), one)
+    finally:
+        numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("case", ["dot", "int", "mixed", "strided", "overlap", "empty", "small", "off"])
 def test_what_numpy_computes(case, monkeypatch):
     """Cases the kernels do not take give NumPy's own answer, bit for bit."""
     rng = np.random.default_rng(4)
     a = rng.standard_normal((400, 50)).astype(np.float32)
     b = rng.standard_normal((50, 60)).astype(np.float32)
     out = None
-    if case == "vector":
-        a = a[:1]
+    if case == "dot":
+        a = rng.standard_normal((1, 1 << 20)).astype(np.float32)
+        b = rng.standard_normal((1 << 20, 1)).astype(np.float32)
     elif case == "int":
         a, b = (a * 10).astype(np.int64), (b * 10).astype(np.int64)
     elif case == "mixed":

@@ -38,7 +38,7 @@ ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enumerations
 # Panel edges fall on multiples of this many rows or columns: whole tiles of OpenBLAS's kernels.
 PANEL_ALIGN = 16
 
-_SYMBOLS = {"sgemm": "cblas_sgemm", "dgemm": "cblas_dgemm",
+_SYMBOLS = {"sgemm": "cblas_sgemm", "dgemm": "cblas_dgemm", "sgemv": "cblas_sgemv", "dgemv": "cblas_dgemv",
             "get_threads": "openblas_get_num_threads", "set_threads": "openblas_set_num_threads"}
 
 
@@ -81,7 +81,14 @@ def _gemm_type(real):
     return types.void(_i32, _i32, _i32, _i64, _i64, _i64, real, _ptr, _i64, _ptr, _i64, real, _ptr, _i64)
 
 
+def _gemv_type(real):
+    # cblas_?gemv(order, trans, m, n, alpha, a, lda, x, incx, beta, y, incy), 64-bit integers.
+    return types.void(_i32, _i32, _i64, _i64, real, _ptr, _i64, _ptr, _i64, real, _ptr, _i64)
+
+
 _sgemm = types.ExternalFunction("netdef_blas_sgemm", _gemm_type(types.float32))
+_sgemv = types.ExternalFunction("netdef_blas_sgemv", _gemv_type(types.float32))
+_dgemv = types.ExternalFunction("netdef_blas_dgemv", _gemv_type(types.float64))
 _dgemm = types.ExternalFunction("netdef_blas_dgemm", _gemm_type(types.float64))
 _get_threads = types.ExternalFunction("netdef_blas_get_threads", _i32())
 _set_threads = types.ExternalFunction("netdef_blas_set_threads", types.void(_i32))
@@ -133,5 +140,45 @@ def gemm_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_
         for task in prange(items * parts):
             _gemm_panel(task, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c,
                         parts, split_rows)
+    if threads != 1:
+        _set_threads(threads)
+
+
+@njit(inline="always")
+def _gemv_panel(part, double, trans, rows, cols, a, lda, x, incx, y, incy, parts):
+    # The outputs lo..hi of panel ``part``: rows lo..hi of a (NO_TRANS) or its columns (TRANS).
+    outputs = cols if trans == TRANS else rows
+    units = (outputs + PANEL_ALIGN - 1) // PANEL_ALIGN
+    lo = min(outputs, units * part // parts * PANEL_ALIGN)
+    hi = min(outputs, units * (part + 1) // parts * PANEL_ALIGN)
+    if hi <= lo:
+        return
+    size = 8 if double else 4
+    if trans == TRANS:
+        m, n, a_at = rows, hi - lo, a + size * lo
+    else:
+        m, n, a_at = hi - lo, cols, a + size * lo * lda
+    y_at = y + size * lo * incy
+    if double:
+        _dgemv(ROW_MAJOR, trans, m, n, 1.0, a_at, lda, x, incx, 0.0, y_at, incy)
+    else:
+        _sgemv(ROW_MAJOR, trans, m, n, np.float32(1.0), a_at, lda, x, incx, np.float32(0.0), y_at, incy)
+
+
+@njit(nogil=True, parallel=True, cache=True)
+def gemv_panels(double, trans, rows, cols, a, lda, x, incx, y, incy, parts):
+    """y = op(a) @ x, a a rows x cols matrix (row-major, leading dimension ``lda``; op: TRANS or
+    NO_TRANS) at address ``a``, x and y vectors of elements ``incx`` and ``incy`` apart: y's elements
+    cut into ``parts`` panels of whole PANEL_ALIGN runs, one OpenBLAS ``cblas_?gemv`` per panel on the
+    pool's threads, OpenBLAS held at one thread as in ``gemm_panels``. Each element of y is one dot
+    product whichever panel computes it."""
+    threads = _get_threads()
+    if threads != 1:
+        _set_threads(1)
+    if parts == 1:
+        _gemv_panel(0, double, trans, rows, cols, a, lda, x, incx, y, incy, 1)
+    else:
+        for part in prange(parts):
+            _gemv_panel(part, double, trans, rows, cols, a, lda, x, incx, y, incy, parts)
     if threads != 1:
         _set_threads(threads)
