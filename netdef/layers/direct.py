@@ -66,6 +66,13 @@ TAP_CHUNK_BYTES = 16 << 10
 # items (a batch of one on 7 x 7 planes would leave threads idle). No sum depends on them.
 BLOCK_ROWS = 8
 MIN_ITEMS_PER_THREAD = 4
+# The threads split the work by channel blocks (each reads its share of the packed weights, every
+# image) where the weights take more bytes than the padded input, else by images (each reads its
+# share of the input, all the weights). No sum depends on it. 2 threads, float32, by channel blocks
+# against by images: ResNet-50's 3x3 layers at batch 1, 28 x 28 x 128 0.82-0.88 against 0.97-0.99 ms,
+# 14 x 14 x 256 1.02-1.06 against 1.19-1.26, at batch 8 7 x 7 x 512 6.9-7.3 against 7.6-8.4; by images
+# where the input is larger: at batch 8 28 x 28 x 128 5.4-6.0 against 6.4-6.7, 56 x 56 x 64 5.9-6.1
+# against 6.6-6.9, CIFAR-10's 16 x 16 x 32 at batch 100 2.2 against 2.5-2.7.
 # The weight gradient goes over the images in steps whose padded inputs and blocked gradients take
 # about this many bytes (at least one image): they stay in L2 while every tap span reads them. One
 # thread, float32: ResNet's 56 x 56 x 64 layer ran at 165-171 GFLOP/s one image per step and 87-134
@@ -235,7 +242,8 @@ class DirectConvolution:
         part = (scratch.get("direct_part", d.blocked_shape, self.dtype, np)
                 if d.taps > self.chunk_taps or not to_nchw else padded_bias)
         direct_conv.taps(xp, packed, d.offsets, part, y, padded_bias, self.kernels.taps, *d.stride,
-                         self.kernels.shape.widest_pixels, self.chunk_taps, block_rows(d), to_nchw)
+                         self.kernels.shape.widest_pixels, self.chunk_taps, block_rows(d), to_nchw,
+                         packed.nbytes > xp.nbytes)
         if not to_nchw:
             direct_conv.from_blocks(part, bias if bias is not None else np.empty(0, self.dtype), y,
                                      self.kernels.transpose[1], self.kernels.shape.lanes)

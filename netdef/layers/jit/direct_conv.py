@@ -70,12 +70,15 @@ def _addresses(a, b, c, d):
 
 
 @njit(parallel=True, **OPTIONS)
-def taps(xp, wb, off, part, y, bias, kernels, stride_h, stride_w, widest, chunk_taps, block_rows, to_nchw):
+def taps(xp, wb, off, part, y, bias, kernels, stride_h, stride_w, widest, chunk_taps, block_rows, to_nchw,
+         weights_first):
     """y (N x G*Og x Ho x Wo) = the convolution of the padded xp with the packed weights, plus bias
     (G*B*block, zero past each group's Og channels); or, unless ``to_nchw``, only the sums, blocked
     in ``part``.
 
-    Work items: (image, ``block_rows`` output rows, group, channel block). Within one, the taps go in
+    Work items: (image, ``block_rows`` output rows, group, channel block), numbered with the channel
+    block changing fastest, or with ``weights_first`` the image (prange gives each thread a run of
+    consecutive items). Within one, the taps go in
     chunks of ``chunk_taps`` (their weights stay in L1 across the block's rows and spans); the chunks
     before the last leave their partial sums in ``part`` (N x G x B x Ho x Wo x block; unused, and
     any array, where one chunk holds every tap and ``to_nchw``), the last adds the bias and writes y."""
@@ -93,10 +96,16 @@ def taps(xp, wb, off, part, y, bias, kernels, stride_h, stride_w, widest, chunk_
     bias0 = np.int64(bias.ctypes.data)
     plane = np.int64(ho * wo)
     for item in prange(n_ * row_blocks * g_ * b_):
-        b = item % b_
-        g = (item // b_) % g_
-        h_start = ((item // (b_ * g_)) % row_blocks) * block_rows
-        n = item // (b_ * g_ * row_blocks)
+        if weights_first:  # a thread's items share channel blocks: each reads its share of the weights
+            n = item % n_
+            h_start = ((item // n_) % row_blocks) * block_rows
+            b = (item // (n_ * row_blocks)) % b_
+            g = item // (n_ * row_blocks * b_)
+        else:  # they share images: each reads its share of the input
+            b = item % b_
+            g = (item // b_) % g_
+            h_start = ((item // (b_ * g_)) % row_blocks) * block_rows
+            n = item // (b_ * g_ * row_blocks)
         x_image = x0 + size * ((n * c_ + g * group_channels) * hp * wp)
         w_block = w0 + size * ((g * b_ + b) * t_ * block)
         p_block = p0 + size * (((n * g_ + g) * b_ + b) * ho * wo * block)
