@@ -36,6 +36,31 @@ def use_kernels(xp) -> bool:
     return xp is not np
 
 
+def strided_pixels(x, stride, out):
+    """out (N x C x *O) = x (N x C x *S) at every stride-th position along each spatial axis: the
+    input of a 1x1 convolution with strides, as its products read it (layers/vision.py)."""
+    if len(stride) == 2 and jit.usable(x, out):
+        from .jit import layout
+
+        layout.pick_strided(x, out, *stride)
+    else:
+        out[...] = x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in stride)]
+    return out
+
+
+def spread_strided(small, stride, out):
+    """out (N x C x *S) = ``small`` (N x C x *O) at every stride-th position, 0 elsewhere: the input
+    gradient of a 1x1 convolution with strides (``strided_pixels``' adjoint)."""
+    if len(stride) == 2 and jit.usable(small, out):
+        from .jit import layout
+
+        layout.spread_strided(small, out, *stride)
+    else:
+        out[...] = 0
+        out[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in stride)] = small
+    return out
+
+
 def trunc_div(a: int, b: int) -> int:
     # C++ integer division truncates toward zero; Caffe's shape formulas rely on it.
     q = abs(a) // abs(b)

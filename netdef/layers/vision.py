@@ -32,7 +32,7 @@ from .matmul import matmul
 from .base import TRAIN, Layer, register_layer
 from .im2col import (Geometry, Workspace, add_row_weight_grad, col2im, column_layout, copy_from_rows, copy_to_rows,
                      im2col, offset_slices, padded, row_col2im, row_plan, row_product, row_weight_product,
-                     row_weights, rows_expanded, use_kernels, window_view)
+                     row_weights, rows_expanded, spread_strided, strided_pixels, use_kernels, window_view)
 
 _Pool = pb.PoolingParameter
 _LRN = pb.LRNParameter
@@ -242,8 +242,9 @@ class ConvolutionLayer(_ConvolutionBase):
         """How forward and backward compute, chosen once the shapes are known:
 
         - "depthwise": group == channels (2-D): shifted multiply-adds over the taps (depthwise.py);
-        - "pointwise": 1x1 kernel, stride 1, no padding, one group: y[n] = W @ x[n] as (C x H*W)
-          matrices, no column matrix and no copy of the input;
+        - "pointwise": 1x1 kernel, no padding, one group: y[n] = W @ x[n] as (C x H*W) matrices, no
+          column matrix and, at stride 1, no copy of the input (with strides, a copy of the pixels
+          they pick);
         - "direct": other 2-D convolutions of NumPy float arrays: register-blocked kernels over the
           padded input (direct.py);
         - "rows": the CPU row-product path (im2col.RowPlan, see _rows_eligible);
@@ -252,7 +253,7 @@ class ConvolutionLayer(_ConvolutionBase):
         g = self.geom
         if self.num_spatial == 2 and self.group > 1 and self.group == self.channels:
             return "depthwise"
-        if self.group == 1 and all(k == 1 for k in g.kernel) and all(s == 1 for s in g.stride) and not any(g.pad):
+        if self.group == 1 and all(k == 1 for k in g.kernel) and not any(g.pad):
             return "pointwise"
         if xp is np and direct.usable(dtype, self.num_spatial, self.group, self.channels, g.kernel, self.out_spatial):
             # A TEST net's layers run forward only (a backward still works, by either path), and
@@ -399,8 +400,13 @@ class ConvolutionLayer(_ConvolutionBase):
             if down:
                 depthwise.backward_data(dy, w, self.geom, b.diff.reshape((self.num, self.channels) + self.in_spatial))
 
-    # ---- pointwise (1x1, stride 1, no padding, one group): per-sample products on (C x S) matrices,
-    # or, on small planes, one product for the batch on channel-major copies (N x C x S -> C x N*S)
+    # ---- pointwise (1x1, no padding, one group): per-sample products on (C x S) matrices, or, on small
+    # planes, one product for the batch on channel-major copies (N x C x S -> C x N*S). With strides,
+    # the products read a copy of the pixels the strides pick (im2col.strided_pixels), made again for
+    # backward (the bottom's values then, as Caffe reads them), and the input gradient is spread back
+    # over the map with zeros between. The column path ran ResNet-50's stride-2 projections at 70-220
+    # GFLOP/s: its im2col copied the picked pixels on one core, and the products went through the
+    # column matrix's layout.
     def _pointwise_stacked(self) -> bool:
         return self.num > 1 and math.prod(self.out_spatial) < POINTWISE_STACK_BELOW_PIXELS
 
@@ -416,11 +422,23 @@ class ConvolutionLayer(_ConvolutionBase):
         for t in top:
             self._add_bias(t.data.reshape((self.num, self.num_output) + self.out_spatial))
 
+    def _pointwise_strided(self) -> bool:
+        return any(s != 1 for s in self.geom.stride)
+
+    def _pointwise_input(self, data):
+        """The input as the products read it, (N x C x S_out): as it is, or the strides' pixels copied."""
+        if not self._pointwise_strided():
+            return data.reshape(self.num, self.channels, -1)
+        xp = backend.get_array_module(data)
+        picked = self.scratch.get("pointwise_picked", (self.num, self.channels) + self.out_spatial, data.dtype, xp)
+        strided_pixels(data.reshape((self.num, self.channels) + self.in_spatial), self.geom.stride, picked)
+        return picked.reshape(self.num, self.channels, -1)
+
     def _pointwise_products(self, bottom, top):
         xp = backend.get_array_module(bottom[0].data)
         w = self.blobs[0].data.reshape(self.num_output, self.channels)
         for b, t in zip(bottom, top):
-            x = b.data.reshape(self.num, self.channels, -1)
+            x = self._pointwise_input(b.data)
             y = t.data.reshape(self.num, self.num_output, -1)
             if not self._pointwise_stacked():
                 matmul(w, x, out=y)
@@ -437,7 +455,7 @@ class ConvolutionLayer(_ConvolutionBase):
         for b, t, down in zip(bottom, top, propagate_down):
             dy = t.diff.reshape(self.num, self.num_output, -1)
             self._bias_gradient(dy)
-            x = b.data.reshape(self.num, self.channels, -1)
+            x = self._pointwise_input(b.data)
             dyt = self._channel_major(dy, "pointwise_dyt").reshape(self.num_output, -1) if stacked else None
             if self.param_propagate_down[0]:
                 dw = self.blobs[0].diff.reshape(self.num_output, self.channels)
@@ -452,12 +470,17 @@ class ConvolutionLayer(_ConvolutionBase):
                         matmul(dy[n], x[n].T, out=part)
                         dw += part
             if down:
+                # With strides, into the buffer of the picked pixels (which the weight gradient has used)
+                dx = x if self._pointwise_strided() else b.diff.reshape(x.shape)
                 if stacked:  # into the buffer of x's channel-major copy, which the weight gradient has used
                     dxt = self.scratch.get("pointwise_xt", (self.channels,) + x.shape[::2], x.dtype, xp)
                     matmul(w.T, dyt, out=dxt.reshape(self.channels, -1))
-                    xp.copyto(b.diff.reshape(x.shape), dxt.transpose(1, 0, 2))
+                    xp.copyto(dx, dxt.transpose(1, 0, 2))
                 else:
-                    matmul(w.T, dy, out=b.diff.reshape(x.shape))
+                    matmul(w.T, dy, out=dx)
+                if self._pointwise_strided():
+                    spread_strided(dx.reshape((self.num, self.channels) + self.out_spatial), self.geom.stride,
+                                   b.diff.reshape((self.num, self.channels) + self.in_spatial))
 
     # ---- direct (direct.py): register-blocked kernels over the padded input, NumPy float arrays
     def _plan_direct(self, dtype):

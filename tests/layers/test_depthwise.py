@@ -103,7 +103,8 @@ def test_convolution_algorithm_choice(monkeypatch):
     assert algorithm(8, num_output=16, kernel_size=3, stride=2, group=8) == "depthwise"
     assert algorithm(8, num_output=8, kernel_size=3, group=4) != "depthwise"
     assert algorithm(8, num_output=4, kernel_size=1) == "pointwise"
-    assert algorithm(8, num_output=4, kernel_size=1, stride=2) != "pointwise"
+    assert algorithm(8, num_output=4, kernel_size=1, stride=2) == "pointwise"  # on the pixels it picks
+    assert algorithm(8, num_output=4, kernel_size=1, stride=2, pad=1) != "pointwise"
     assert algorithm(8, num_output=4, kernel_size=1, group=2) != "pointwise"
     assert algorithm(64, num_output=8, kernel_size=3, pad=1) == "direct"
     assert algorithm(12, num_output=6, kernel_size=3, stride=2, group=3) == "direct"  # 36 taps per group
@@ -126,3 +127,46 @@ def test_pointwise_matches_naive_reference_and_gradients(fields, shape, stacked)
     layer2, bottom, top = build(parse_layer(conv_text(**fields)), [x], 1, params=[p.data for p in layer.blobs])
     layer2.forward(bottom, top)
     np.testing.assert_allclose(top[0].data, naive_conv(x, w, b, (1, 1), (0, 0), (1, 1), 1), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 9, 10), (2, 3, 12, 11), (1, 4, 7, 7)],
+                         ids=["small-planes-one-product", "per-image", "one-image"])
+@pytest.mark.parametrize("strides", [dict(stride=2), dict(stride_h=2, stride_w=3)], ids=["2", "2x3"])
+def test_strided_pointwise_matches_naive_reference_and_gradients(shape, strides):
+    """A 1x1 convolution with strides (ResNet's projections) multiplies the pixels its strides pick;
+    its input gradient is 0 at the others."""
+    fields = dict(num_output=5, kernel_size=1, **strides)
+    x = RNG.standard_normal(shape)
+    layer = check_gradients(parse_layer(conv_text(**fields)), [x])
+    assert layer.algorithm == "pointwise"
+    stride = (strides.get("stride_h", strides.get("stride")), strides.get("stride_w", strides.get("stride")))
+    w, b = layer.blobs[0].data, layer.blobs[1].data
+    layer2, bottom, top = build(parse_layer(conv_text(**fields)), [x], 1, params=[p.data for p in layer.blobs])
+    layer2.forward(bottom, top)
+    np.testing.assert_allclose(top[0].data, naive_conv(x, w, b, stride, (0, 0), (1, 1), 1), rtol=1e-10, atol=1e-10)
+    top[0].diff = RNG.standard_normal(top[0].shape)
+    layer2.backward(top, [True], bottom)
+    picked = (slice(None), slice(None), slice(None, None, stride[0]), slice(None, None, stride[1]))
+    untouched = np.ones(shape, bool)
+    untouched[picked] = False
+    assert not bottom[0].diff[untouched].any() and bottom[0].diff[picked].any()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_strided_pointwise_kernels_equal_their_numpy_twins(monkeypatch, dtype):
+    """The compiled pick and spread (jit/layout.py) give the bits of im2col's NumPy lines."""
+    x = RNG.standard_normal((2, 3, 11, 10)).astype(dtype)
+    dy = RNG.standard_normal((2, 4, 6, 4)).astype(dtype)
+
+    def run():
+        layer, bottom, top = build(parse_layer(conv_text(num_output=4, kernel_size=1, stride_h=2, stride_w=3)), [x], 1,
+                                   dtype=dtype, params=[np.full((4, 3, 1, 1), 0.5), np.zeros(4)])
+        layer.forward(bottom, top)
+        top[0].diff = dy.copy()
+        layer.backward(top, [True], bottom)
+        return top[0].data.copy(), bottom[0].diff.copy()
+
+    compiled = run()
+    monkeypatch.setattr(jit, "ENABLED", False)
+    for a, b in zip(compiled, run()):
+        np.testing.assert_array_equal(a, b)
