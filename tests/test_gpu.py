@@ -5,7 +5,8 @@ netdef/layers/kernels on a real device.
 2. LeNet with Caffe's trained weights: every blob, diff and parameter gradient on the GPU against
    what Caffe computed.
 3. Training: the same solver steps on the CPU and on the GPU give the same weights (to float32
-   rounding: the GPU sums in another order), and ``netdef train --gpu 0`` trains on the GPU.
+   rounding: the GPU sums in another order) for a net of the CPU's fused chains and paths (a strided
+   1x1 convolution among them), and ``netdef train --gpu 0`` trains on the GPU.
 
 Without CuPy or a CUDA device every test here skips, saying which; CI has no GPU, so these run where
 one is lent (NETDEF_SHARED names the fixtures' copy there).
@@ -76,8 +77,10 @@ layer { name: "scale1" type: "Scale" bottom: "conv1" top: "conv1" scale_param { 
 layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
 layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
 layer { name: "norm1" type: "LRN" bottom: "pool1" top: "norm1" lrn_param { local_size: 3 } }
-layer { name: "conv2" type: "Convolution" bottom: "norm1" top: "conv2"
-        convolution_param { num_output: 8 kernel_size: 3 group: 2 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "proj" type: "Convolution" bottom: "norm1" top: "proj"
+        convolution_param { num_output: 8 kernel_size: 1 stride: 2 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "conv2" type: "Convolution" bottom: "proj" top: "conv2"
+        convolution_param { num_output: 8 kernel_size: 3 pad: 1 group: 2 weight_filler { type: "gaussian" std: 0.1 } } }
 layer { name: "relu2" type: "ReLU" bottom: "conv2" top: "conv2" }
 layer { name: "pool2" type: "Pooling" bottom: "conv2" top: "pool2" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
 layer { name: "ip1" type: "InnerProduct" bottom: "pool2" top: "ip1" inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
@@ -120,6 +123,7 @@ def test_training_on_gpu_matches_cpu(tmp_path):
     first = netdef.Net(str(tmp_path / "net.prototxt"), netdef.TRAIN)
     steps = [[first.layers[i].name for i in range(a, b + 1)] for a, b in first.forward_steps()]
     assert ["bn1", "scale1", "relu1"] in steps and ["conv2", "relu2"] in steps  # chains trained as one step
+    assert first.layer_dict["proj"].algorithm == "pointwise"  # a strided 1x1: the pixels it picks, copied
     np.savez(tmp_path / "start.npz", **{f"{name}/{i}": backend.to_host(blob.data)
                                         for name, blobs in first.params.items() for i, blob in enumerate(blobs)})
     rng = np.random.default_rng(3)
