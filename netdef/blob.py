@@ -53,8 +53,8 @@ class Blob:
 
     def reshape(self, *shape) -> None:
         """Set a new shape; the contents are kept when the element count is unchanged."""
-        if len(shape) == 1 and shape[0] == self._shape:  # the layers' reshape at every forward, mostly
-            return
+        if len(shape) == 1 and type(shape[0]) is tuple and shape[0] == self._shape:
+            return  # the layers' reshape at every forward, mostly (a tuple: an array would compare per element)
         new_shape = _as_shape(shape)
         if new_shape == self._shape:
             return

@@ -373,6 +373,21 @@ def test_a_size_from_the_definition_larger_than_memory_is_refused_naming_the_lay
         netdef.Net(text + layer, netdef.TEST)
 
 
+def test_a_blob_reshapes_from_every_spelling_of_a_shape():
+    """pycaffe's reshape takes dimensions as arguments, or one tuple, list or array of them (a quick
+    path compares a tuple with the shape it has); the values stay where the count does."""
+    from netdef.blob import Blob
+
+    blob = Blob(2, 3)
+    blob.data[...] = np.arange(6).reshape(2, 3)
+    for spelling, want in [((np.array([2, 3]),), (2, 3)), (([2, 3],), (2, 3)), (((2, 3),), (2, 3)),
+                           ((np.int64(2), 3), (2, 3)), ((3, 2), (3, 2)), ((np.array([6]),), (6,)), ((6,), (6,))]:
+        blob.reshape(*spelling)
+        assert blob.shape == want and np.array_equal(blob.data.reshape(-1), np.arange(6)), spelling
+    blob.reshape((4, 2))
+    assert blob.shape == (4, 2) and not blob.data.any()
+
+
 def test_a_blob_larger_than_memory_is_refused_before_allocating():
     from netdef.blob import Blob, BlobTooLargeError
 
