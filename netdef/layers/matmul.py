@@ -124,8 +124,9 @@ def _matrix_vector(blas, a, b, out):
     rows, cols = matrix.shape if stored == _NO_TRANS else matrix.shape[::-1]
     # BLAS's op on the stored (row-major) matrix: a stored b is read transposed for out^T = b^T a^T.
     trans = (_TRANS if stored == _NO_TRANS else _NO_TRANS) if flip else stored
+    parts = _panels(1, outputs, 1)[0]  # the outputs as a column: cut like C's rows
     blas.gemv_panels(a.dtype == np.float64, trans, rows, cols, matrix.ctypes.data, lead, vector.ctypes.data, incx,
-                     y.ctypes.data, incy, _vector_panels(outputs))
+                     y.ctypes.data, incy, parts)
     return out
 
 
@@ -135,14 +136,6 @@ def _increment(v):
     if v.shape[0] == 1:
         return 1
     return step // size if step > 0 and step % size == 0 else None
-
-
-def _vector_panels(outputs: int) -> int:
-    import numba
-
-    from .jit.blas import PANEL_ALIGN
-
-    return max(1, min(numba.get_num_threads(), -(-outputs // PANEL_ALIGN)))
 
 
 def _matrix(x):

@@ -152,7 +152,7 @@ def test_a_fully_connected_forward_at_batch_one_does_not_depend_on_the_threads()
         numba.set_num_threads(1)
         one = products.matmul(x, w.T)
         numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
-        assert products._vector_panels(1000) == numba.get_num_threads()
+        assert products._panels(1, 1000, 1)[0] == numba.get_num_threads()
         np.testing.assert_array_equal(products.matmul(x, w.T), one)
     finally:
         numba.set_num_threads(before)

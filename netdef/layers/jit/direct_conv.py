@@ -78,10 +78,10 @@ def taps(xp, wb, off, part, y, bias, kernels, stride_h, stride_w, widest, chunk_
 
     Work items: (image, ``block_rows`` output rows, group, channel block), numbered with the channel
     block changing fastest, or with ``weights_first`` the image (prange gives each thread a run of
-    consecutive items). Within one, the taps go in
-    chunks of ``chunk_taps`` (their weights stay in L1 across the block's rows and spans); the chunks
-    before the last leave their partial sums in ``part`` (N x G x B x Ho x Wo x block; unused, and
-    any array, where one chunk holds every tap and ``to_nchw``), the last adds the bias and writes y."""
+    consecutive items). Within one, the taps go in chunks of ``chunk_taps`` (their weights stay in L1
+    across the block's rows and spans); the chunks before the last leave their partial sums in ``part``
+    (N x G x B x Ho x Wo x block; unused, and any array, where one chunk holds every tap and
+    ``to_nchw``), the last adds the bias and writes y."""
     n_, c_, hp, wp = xp.shape
     g_, b_, t_, block = wb.shape
     o_, ho, wo = y.shape[1], y.shape[2], y.shape[3]
