@@ -222,7 +222,7 @@ class Net:
         self._decide_backward()
         self._compute_hook_points()
         self._chains = fusion.plan_chains(self.layers, self._bottom_vecs, self._top_vecs, self._loss_weights)
-        # The tops whose values add to the loss, per layer: forward sums these and skips the others.
+        # The tops whose values add to the loss, per layer: forward sums them, backward seeds their diffs.
         self._weighted_tops = [[(blob, weight) for blob, weight in zip(tops, weights) if weight]
                                for tops, weights in zip(self._top_vecs, self._loss_weights)]
         # Chains trained as one step (layers/batchnorm_chain.py, sum_chain.py, relu_chain.py): by
@@ -733,9 +733,8 @@ class Net:
 
     def _fill_loss_diffs(self, start: int, end: int) -> None:
         for li in range(start, end + 1):
-            for blob, weight in zip(self._top_vecs[li], self._loss_weights[li]):
-                if weight:
-                    blob.diff = blob.data * 0 + weight
+            for blob, weight in self._weighted_tops[li]:
+                blob.diff = blob.data * 0 + weight
 
     def backward_range(self, start: int | None = None, end: int = 0) -> None:
         """Run backward from layer ``start`` down to layer ``end`` (inclusive)."""
