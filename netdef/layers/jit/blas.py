@@ -95,14 +95,17 @@ _set_threads = types.ExternalFunction("netdef_blas_set_threads", types.void(_i32
 
 
 @njit(inline="always")
+def _bounds(part, parts, side):
+    """(lo, hi): panel ``part`` of ``parts`` near-equal runs of whole PANEL_ALIGN units over ``side``."""
+    units = (side + PANEL_ALIGN - 1) // PANEL_ALIGN
+    return min(side, units * part // parts * PANEL_ALIGN), min(side, units * (part + 1) // parts * PANEL_ALIGN)
+
+
+@njit(inline="always")
 def _panel(task, parts, split_rows, m, n, trans_a, lda, trans_b, ldb, ldc):
     """(batch item, rows, columns, offsets into a, b and c in elements) of panel ``task``."""
     item = task // parts
-    part = task % parts
-    side = m if split_rows else n
-    units = (side + PANEL_ALIGN - 1) // PANEL_ALIGN
-    lo = min(side, units * part // parts * PANEL_ALIGN)
-    hi = min(side, units * (part + 1) // parts * PANEL_ALIGN)
+    lo, hi = _bounds(task % parts, parts, m if split_rows else n)
     if split_rows:  # rows lo..hi of op(a) and c
         return item, hi - lo, n, lo * (1 if trans_a == TRANS else lda), 0, lo * ldc
     return item, m, hi - lo, 0, lo * (ldb if trans_b == TRANS else 1), lo  # columns lo..hi of op(b) and c
@@ -147,10 +150,7 @@ def gemm_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_
 @njit(inline="always")
 def _gemv_panel(part, double, trans, rows, cols, a, lda, x, incx, y, incy, parts):
     # The outputs lo..hi of panel ``part``: rows lo..hi of a (NO_TRANS) or its columns (TRANS).
-    outputs = cols if trans == TRANS else rows
-    units = (outputs + PANEL_ALIGN - 1) // PANEL_ALIGN
-    lo = min(outputs, units * part // parts * PANEL_ALIGN)
-    hi = min(outputs, units * (part + 1) // parts * PANEL_ALIGN)
+    lo, hi = _bounds(part, parts, cols if trans == TRANS else rows)
     if hi <= lo:
         return
     size = 8 if double else 4
