@@ -218,7 +218,18 @@ class DirectConvolution:
         from .jit import direct_conv
 
         packed = scratch.get(key, d.packed_shape, self.dtype, np)
-        direct_conv.pack(np.ascontiguousarray(w), packed, flipped)
+        w = np.ascontiguousarray(w)
+        if flipped:
+            direct_conv.pack_flipped(w, packed)
+            return packed
+        # The forward's packing is the layout change of to_blocks, the filters as one image of G*Og
+        # channels over T cells: its square tiles move by vector transposes, where a loop over the
+        # values (as pack_flipped) moves one at a time. At batch 1 the packing is a large part of a
+        # layer with many weights: ResNet-50's 3 x 3 x 512 x 512 filters (9.4 MB), 2 threads, 0.8 ms
+        # against 2.3 (the layer's forward 2.4 ms against 3.5).
+        g, b, t, block = d.packed_shape
+        direct_conv.to_blocks(w.reshape(1, w.shape[0], t, 1), packed.reshape(1, g, b, t, 1, block),
+                              self.kernels.transpose[0], self.kernels.shape.lanes)
         return packed
 
     # ---- the three computations

@@ -160,15 +160,14 @@ def pixels(xp, dyb, off, dwb, kernels, stride_h, stride_w, widest, chunk, thread
 
 
 @njit(parallel=True, **OPTIONS)
-def pack(w, out, flipped):
-    """out (G x B x T x block) = the filters w (G*Og x Cg x kh x kw) packed per group and channel
-    block: out[g, b, t, c] = w[g*Og + b*block + c, t] (t over (ci, i, j)); or, ``flipped``, the input
-    gradient's filters: out[g, b, t, c] = w[g*Og + o, b*block + c, kh-1-i, kw-1-j] (t over (o, i, j)).
-    Channels past the group's are zero."""
+def pack_flipped(w, out):
+    """out (G x B x T x block) = the input gradient's filters from w (G*Og x Cg x kh x kw), packed per
+    group and channel block: out[g, b, t, c] = w[g*Og + o, b*block + c, kh-1-i, kw-1-j], t over (o, i, j).
+    Channels past the group's are zero. (The forward's packing is to_blocks': direct.py.)"""
     g_, b_, t_, block = out.shape
     per_group = w.shape[0] // g_
     kh, kw = w.shape[2], w.shape[3]
-    rows = w.shape[1] if flipped else per_group
+    rows = w.shape[1]
     for item in prange(g_ * b_):
         g = item // b_
         b = item % b_
@@ -180,15 +179,14 @@ def pack(w, out, flipped):
                 r = b * block + c
                 if r >= rows:
                     out[g, b, t, c] = 0
-                elif flipped:
-                    out[g, b, t, c] = w[g * per_group + lead, r, kh - 1 - i, kw - 1 - j]
                 else:
-                    out[g, b, t, c] = w[g * per_group + r, lead, i, j]
+                    out[g, b, t, c] = w[g * per_group + lead, r, kh - 1 - i, kw - 1 - j]
 
 
 @njit(parallel=True, **OPTIONS)
 def add_unpacked(packed, dw):
-    """dw (G*Og x Cg x kh x kw) += the packed weight gradient (G x B x T x block), the layout of ``pack``."""
+    """dw (G*Og x Cg x kh x kw) += the packed weight gradient (G x B x T x block), the forward's packed
+    layout (module docstring)."""
     g_, b_, t_, block = packed.shape
     per_group = dw.shape[0] // g_
     rows = dw.reshape(dw.shape[0], t_)
