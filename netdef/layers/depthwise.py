@@ -7,7 +7,9 @@ the input, each times one weight per channel:
     y[n, o] = sum_{i, j} w[o, 0, i, j] * x_pad[n, o // m, i*dh : ... : sh, j*dw : ... : sw]
 
 (m = num_output / C, the channel multiplier). On NumPy arrays the compiled kernels in jit/depthwise.py
-compute it in one parallel pass; the ``*_reference`` functions here are their twins, written against
+compute it in one parallel pass: with m = 1, where the microkernels compile, over blocks of channels
+laid out pixel-major (``blocked_taps``; also the input gradient at stride 1, as the forward of the
+top gradient with the taps' offsets reversed), otherwise over each plane's stride phases; the ``*_reference`` functions here are their twins, written against
 the array module (one array operation per tap, never a loop over channels or samples): what CuPy
 arrays run and what the tests compare the kernels with.
 
@@ -15,8 +17,12 @@ Shapes: x, dx (N x C x H x W); w, dw (C*m x 1 x kh x kw); y, dy (N x C*m x H_out
 """
 from __future__ import annotations
 
+import functools
+
+import numpy as np
+
 from .. import backend
-from . import jit
+from . import direct, jit
 from .im2col import Geometry, offset_slices, padded
 
 
@@ -31,9 +37,14 @@ def _per_channel(w, c: int):
     return [w5[:, :, i, j][None, :, :, None, None] for i in range(kh) for j in range(kw)]
 
 
-def forward(x, w, geom: Geometry, out):
-    """Writes the depthwise convolution of ``x`` with ``w`` (no bias) into ``out``."""
+def forward(x, w, geom: Geometry, out, scratch=None):
+    """Writes the depthwise convolution of ``x`` with ``w`` (no bias) into ``out``; ``scratch`` (a
+    layer's Scratch, or None) keeps the blocked path's buffers between calls."""
     if jit.usable(x, w, out):
+        if _blocked(x.shape[1], w):
+            offsets = _tap_offsets(geom.kernel, geom.dilation, x.shape[3] + 2 * geom.pad[1], _lanes(x.dtype), False)
+            _blocked_taps(x, w, offsets, out, geom.stride, geom.pad, scratch)
+            return out
         from .jit import depthwise as kernels
 
         kernels.forward(x, w, out, *_geometry_args(geom))
@@ -41,9 +52,17 @@ def forward(x, w, geom: Geometry, out):
     return forward_reference(x, w, geom, out)
 
 
-def backward_data(dy, w, geom: Geometry, out):
+def backward_data(dy, w, geom: Geometry, out, scratch=None):
     """Writes the input gradient of the depthwise convolution into ``out`` (N x C x H x W)."""
     if jit.usable(dy, w, out):
+        back_pad = tuple(e - 1 - p for p, e in zip(geom.pad, geom.extent))
+        if _blocked(out.shape[1], w) and geom.stride == (1, 1) and min(back_pad) >= 0:
+            # The forward of the top gradient padded by extent - 1 - pad, tap (i, j) reading where
+            # the flipped filter's would: (kh-1-i, kw-1-j). In the taps' own order, so each input
+            # gradient is the phase kernel's sum (every tap's share added in order, from zero).
+            offsets = _tap_offsets(geom.kernel, geom.dilation, dy.shape[3] + 2 * back_pad[1], _lanes(dy.dtype), True)
+            _blocked_taps(dy, w, offsets, out, (1, 1), back_pad, scratch)
+            return out
         from .jit import depthwise as kernels
 
         kernels.backward_data(dy, w, out, *_geometry_args(geom))
@@ -59,6 +78,57 @@ def backward_weights(x, dy, geom: Geometry, dw):
         kernels.backward_weights(x, dy, dw, *_geometry_args(geom))
         return dw
     return backward_weights_reference(x, dy, geom, dw)
+
+
+def _blocked(channels: int, w) -> bool:
+    """Whether the channel-blocked kernels compute: one output channel per input channel (m = 1) and
+    microkernels for the dtype on this CPU."""
+    return w.shape[0] == channels and direct.compiles(w.dtype)
+
+
+def _lanes(dtype) -> int:
+    from .jit import microkernels
+
+    return microkernels.shape_for(dtype).lanes
+
+
+@functools.lru_cache(maxsize=None)
+def _tap_offsets(kernel, dilation, padded_width: int, lanes: int, flipped: bool) -> np.ndarray:
+    """Where tap (i, j) reads, in elements of the blocked layout past an output's window origin:
+    (i*dh*Wp + j*dw) * lanes, or with ``flipped`` the tap (kh-1-i, kw-1-j)'s place."""
+    (kh, kw), (dh, dw) = kernel, dilation
+    i, j = np.meshgrid(np.arange(kh), np.arange(kw), indexing="ij")
+    if flipped:
+        i, j = kh - 1 - i, kw - 1 - j
+    offsets = ((i * dh * padded_width + j * dw) * lanes).reshape(-1).astype(np.int64)
+    offsets.flags.writeable = False
+    return offsets
+
+
+def _blocked_taps(x, w, offsets, out, stride, pad, scratch):
+    """out = jit/depthwise.blocked_taps of x (padded by ``pad``) and w's taps per block of channels."""
+    import numba
+
+    from .jit import depthwise as kernels
+    from .jit import microkernels
+    from .scratch import Scratch
+
+    compiled = microkernels.kernels_for(x.dtype)
+    lanes = compiled.shape.lanes
+    c, taps = w.shape[0], w.shape[2] * w.shape[3]
+    blocks = -(-c // lanes)
+    weights = np.zeros((blocks * lanes, taps), x.dtype)
+    weights[:c] = w.reshape(c, taps)
+    weights = np.ascontiguousarray(weights.reshape(blocks, lanes, taps).transpose(0, 2, 1))
+    scratch = scratch if scratch is not None else Scratch()
+    threads = numba.config.NUMBA_NUM_THREADS  # numba's pool: get_thread_id() is below it
+    (h, wd), (ho, wo) = x.shape[2:], out.shape[2:]
+    padded_cells = (h + 2 * pad[0]) * (wd + 2 * pad[1])
+    planes = scratch.get("depthwise_planes", (threads, h * wd * lanes), x.dtype, np)
+    padded_blocks = scratch.get("depthwise_padded", (threads, padded_cells * lanes), x.dtype, np)
+    sums = scratch.get("depthwise_sums", (threads, ho * wo * lanes), x.dtype, np)
+    kernels.blocked_taps(x, weights, offsets, out, *stride, *pad, compiled.depthwise, compiled.transpose[0],
+                         compiled.shape.widest_depthwise, planes, padded_blocks, sums)
 
 
 def forward_reference(x, w, geom: Geometry, out):

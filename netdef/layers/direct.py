@@ -104,13 +104,15 @@ def scatters_to_nchw(out_spatial, dtype) -> bool:
 @functools.lru_cache(maxsize=None)
 def compiles(dtype) -> bool:
     """Whether this CPU's microkernels compile (llvmlite, which numba brings, generates them); where
-    they do not, the column paths compute, and the log says why once."""
+    they do not, the other paths compute (the column paths; depthwise.py's phase kernels), and the
+    log says why once."""
     from .jit import microkernels
 
     try:
         microkernels.kernels_for(dtype)
     except Exception as error:  # any failure of code generation leaves the other paths, which work
-        logging.getLogger("netdef").warning(f"direct convolution kernels unavailable for {dtype} ({error}); using the column path")
+        logging.getLogger("netdef").warning(f"convolution microkernels unavailable for {dtype} ({error}); "
+                                            "using the column and phase paths")
         return False
     return True
 

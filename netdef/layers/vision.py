@@ -387,7 +387,8 @@ class ConvolutionLayer(_ConvolutionBase):
         w = self.blobs[0].data
         for b, t in zip(bottom, top):
             y = t.data.reshape((self.num, self.num_output) + self.out_spatial)
-            depthwise.forward(b.data.reshape((self.num, self.channels) + self.in_spatial), w, self.geom, y)
+            depthwise.forward(b.data.reshape((self.num, self.channels) + self.in_spatial), w, self.geom, y,
+                              self.scratch)
 
     def _backward_depthwise(self, top, propagate_down, bottom):
         w = self.blobs[0].data
@@ -398,7 +399,8 @@ class ConvolutionLayer(_ConvolutionBase):
                 x = b.data.reshape((self.num, self.channels) + self.in_spatial)
                 depthwise.backward_weights(x, dy, self.geom, self.blobs[0].diff)
             if down:
-                depthwise.backward_data(dy, w, self.geom, b.diff.reshape((self.num, self.channels) + self.in_spatial))
+                depthwise.backward_data(dy, w, self.geom, b.diff.reshape((self.num, self.channels) + self.in_spatial),
+                                        self.scratch)
 
     # ---- pointwise (1x1, no padding, one group): per-sample products on (C x S) matrices, or, on small
     # planes, one product for the batch on channel-major copies (N x C x S -> C x N*S). With strides,

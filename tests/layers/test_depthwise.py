@@ -94,6 +94,48 @@ def test_depthwise_kernels_match_reference_float32(geom):
                                rtol=1e-4, atol=1e-3)
 
 
+# (channels, plane, kernel, stride, pad, dilation): whole and partial blocks of channels (16 floats or
+# 8 doubles a block on AVX-512), planes of fewer cells than a block's square tile and with cells past
+# the last whole tile, strides, dilation, a window past the input, a 5x5 kernel.
+BLOCKED_CASES = [
+    (32, (7, 7), 3, 1, 1, 1), (17, (14, 14), 3, 2, 1, 1), (20, (9, 11), 5, 1, 2, 1), (3, (4, 3), 3, 1, 1, 1),
+    (16, (12, 13), 3, 2, 2, 2), (24, (8, 8), 3, 1, 1, 2), (8, (6, 7), 5, 1, 1, 1),
+]
+
+
+@pytest.mark.skipif(not direct.compiles(np.dtype(np.float32)), reason="the microkernels do not compile on this CPU")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("channels,plane,kernel,stride,pad,dilation", BLOCKED_CASES)
+def test_channel_blocked_kernels_give_the_phase_kernels_bits(monkeypatch, dtype, channels, plane, kernel, stride,
+                                                              pad, dilation):
+    """The blocked path (depthwise.forward and, at stride 1, backward_data with m = 1) adds each
+    output's taps in the phase kernels' order with the same fused multiply-adds: equal bits."""
+    from netdef.layers.jit import depthwise as kernels
+
+    geom = Geometry((kernel, kernel), (stride, stride), (pad, pad), (dilation, dilation))
+    x = RNG.standard_normal((2, channels) + plane).astype(dtype)
+    w = RNG.standard_normal((channels, 1, kernel, kernel)).astype(dtype)
+    out = geom.conv_out(plane)
+    dy = RNG.standard_normal((2, channels) + out).astype(dtype)
+    y_phases, dx_phases = np.empty_like(dy), np.empty_like(x)
+    kernels.forward(x, w, y_phases, *geom.stride, *geom.pad, *geom.dilation)
+    kernels.backward_data(dy, w, dx_phases, *geom.stride, *geom.pad, *geom.dilation)
+
+    def phase_kernel(*args):
+        raise AssertionError("the phase kernel ran where the blocked one should")
+
+    monkeypatch.setattr(kernels, "forward", phase_kernel)
+    y = np.full_like(dy, np.nan)
+    depthwise.forward(x, w, geom, y)
+    np.testing.assert_array_equal(y, y_phases)
+    np.testing.assert_allclose(y, depthwise.forward_reference(x, w, geom, np.empty_like(dy)), rtol=1e-4, atol=1e-4)
+    if stride == 1:
+        monkeypatch.setattr(kernels, "backward_data", phase_kernel)
+    dx = np.full_like(x, np.nan)
+    depthwise.backward_data(dy, w, geom, dx)
+    np.testing.assert_array_equal(dx, dx_phases)
+
+
 def test_convolution_algorithm_choice(monkeypatch):
     def algorithm(channels, **fields):
         layer, _, _ = build(parse_layer(conv_text(**fields)), [np.zeros((1, channels, 9, 9))], 1)

@@ -27,7 +27,9 @@ from ...threads import let_idle_kernel_threads_sleep
 
 let_idle_kernel_threads_sleep()  # before numba starts its thread pool
 
-from numba import njit, prange  # noqa: E402 (after the wait policy)
+from numba import get_thread_id, njit, prange  # noqa: E402 (after the wait policy)
+
+from .kernel_calls import call5, call6  # noqa: E402
 
 FAST = {"contract"}
 FAST_SUMS = {"contract", "reassoc"}
@@ -210,3 +212,99 @@ def backward_weights(x, dy, dw_out, sh, sw, ph, pw, dh, dw):
         for i in range(kh):
             for j in range(kw):
                 dw_out[o, 0, i, j] += total[i, j]
+
+
+# ---- the channel-blocked path: a block of ``lanes`` channels of one image at a time, laid out
+# pixel-major with the block's channels contiguous (one vector per pixel) and zero-padded, its taps
+# summed by the depthwise microkernels (jit/microkernels.py). The phase layout above copies each plane
+# row by row: on MobileNet's 7 x 7 and 14 x 14 planes those short copies took longer than the sums.
+# Each output is the same sum as forward's (taps in order from zero, one fused multiply-add each):
+# the same bits.
+
+
+@njit(inline="always")
+def _planes_of_block(a, n, c0, valid, lanes):
+    """For the block of channels c0 ... c0 + lanes of image n of ``a`` (N x C x H x W): ``a`` flat,
+    the index and the address of its first cell, and how many of a plane's cells the square tiles
+    cover (none where the block has only ``valid`` < lanes channels)."""
+    cells = a.shape[2] * a.shape[3]
+    base = (n * a.shape[1] + c0) * cells
+    whole = cells - cells % lanes if valid == lanes else 0
+    return a.reshape(a.size), base, np.int64(a.ctypes.data) + a.itemsize * base, whole
+
+
+@njit(inline="always")
+def _into_padded_block(x, n, c0, valid, ph, pw, transpose, plane, padded):
+    """``padded`` (Hp*Wp x lanes, flat) = channels c0 ... c0 + lanes of x[n] zero-padded by (ph, pw),
+    by way of ``plane`` (H*W x lanes, flat): square tiles by ``transpose``, the rest (the cells past
+    the last whole tile, a block with ``valid`` < lanes channels) one value at a time (zeros past
+    ``valid``)."""
+    h_, w_ = x.shape[2], x.shape[3]
+    cells = h_ * w_
+    lanes = plane.shape[0] // cells
+    hp, wp = h_ + 2 * ph, w_ + 2 * pw
+    size = x.itemsize
+    flat, base, src0, whole = _planes_of_block(x, n, c0, valid, lanes)
+    plane0 = np.int64(plane.ctypes.data)
+    for q in range(0, whole, lanes):
+        call5(transpose, src0 + size * q, np.int64(cells), plane0 + size * q * lanes, np.int64(lanes), src0)
+    for q in range(whole, cells):
+        for c in range(lanes):
+            plane[q * lanes + c] = flat[base + c * cells + q] if c < valid else 0
+    padded[:ph * wp * lanes] = 0
+    padded[(hp - ph) * wp * lanes:hp * wp * lanes] = 0
+    row = w_ * lanes
+    for r in range(h_):
+        start = ((r + ph) * wp + pw) * lanes
+        padded[start - pw * lanes:start] = 0
+        _copy(padded[start:start + row], plane[r * row:(r + 1) * row])
+        padded[start + row:start + row + pw * lanes] = 0
+
+
+@njit(inline="always")
+def _from_block(sums, n, c0, valid, transpose, y):
+    """Channels c0 ... c0 + valid of y[n] (Ho x Wo) from ``sums`` (Ho*Wo x lanes, flat), by square
+    tiles where the block is whole, the rest one value at a time."""
+    cells = y.shape[2] * y.shape[3]
+    lanes = sums.shape[0] // cells
+    size = y.itemsize
+    flat, base, dst0, whole = _planes_of_block(y, n, c0, valid, lanes)
+    sums0 = np.int64(sums.ctypes.data)
+    for q in range(0, whole, lanes):
+        call5(transpose, sums0 + size * q * lanes, np.int64(lanes), dst0 + size * q, np.int64(cells), sums0)
+    for q in range(whole, cells):
+        for c in range(valid):
+            flat[base + c * cells + q] = sums[q * lanes + c]
+
+
+@njit(nogil=True, parallel=True, cache=True)
+def blocked_taps(x, wb, off, y, sh, sw, ph, pw, kernels, transpose, widest, planes, padded, sums):
+    """y (N x C x Ho x Wo) = per channel, the sum over the taps t (in the table's order) of wb[block, t,
+    lane] times x zero-padded by (ph, pw) at ``off[t]`` elements of the blocked layout past output (r,
+    q)'s origin (r*sh, q*sw). wb (C/lanes rounded up x T x lanes): the taps' weights per block of
+    channels. ``planes``, ``padded``, ``sums``: one flat buffer per thread of numba's pool (H*W,
+    Hp*Wp and Ho*Wo cells of lanes values). One work item per image and block of channels."""
+    n_, c_, h_, w_ = x.shape
+    blocks, taps, lanes = wb.shape
+    ho, wo = y.shape[2], y.shape[3]
+    wp = w_ + 2 * pw
+    size = x.itemsize
+    spans = (wo + widest - 1) // widest
+    off0 = np.int64(off.ctypes.data)
+    for item in prange(n_ * blocks):
+        n = item // blocks
+        b = item % blocks
+        c0 = b * lanes
+        valid = min(lanes, c_ - c0)
+        thread = get_thread_id()
+        xb, yb = padded[thread], sums[thread]
+        _into_padded_block(x, n, c0, valid, ph, pw, transpose, planes[thread], xb)
+        xb0, yb0, w0 = np.int64(xb.ctypes.data), np.int64(yb.ctypes.data), np.int64(wb[b].ctypes.data)
+        for r in range(ho):
+            row = xb0 + size * (r * sh * wp * lanes)
+            for k in range(spans):
+                start = k * wo // spans
+                stop = (k + 1) * wo // spans
+                call6(kernels[stop - start - 1], row + size * start * sw * lanes, w0,
+                      yb0 + size * (r * wo + start) * lanes, off0, np.int64(taps), np.int64(sw * lanes))
+        _from_block(yb, n, c0, valid, transpose, y)

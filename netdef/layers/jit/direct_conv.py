@@ -22,51 +22,17 @@ from ...threads import let_idle_kernel_threads_sleep
 let_idle_kernel_threads_sleep()  # before numba starts its thread pool
 
 import numpy as np  # noqa: E402
-from llvmlite import ir  # noqa: E402
-from numba import njit, prange, types  # noqa: E402 (after the wait policy)
-from numba.extending import intrinsic  # noqa: E402
+from numba import njit, prange  # noqa: E402 (after the wait policy)
+
+from .kernel_calls import addresses, call5, call9, call10  # noqa: E402
 
 OPTIONS = dict(nogil=True, cache=True)
-I64 = ir.IntType(64)
-
-
-def _signature_and_call(arity: int):
-    """The signature (address, then ``arity`` i64 arguments) and the code of a call to a kernel address."""
-
-    def codegen(context, builder, signature, values):
-        function = builder.inttoptr(values[0], ir.FunctionType(ir.VoidType(), [I64] * arity).as_pointer())
-        builder.call(function, list(values[1:]))
-        return context.get_dummy_value()
-
-    return types.void(*([types.int64] * (arity + 1))), codegen
-
-
-# numba's intrinsics take no *args: one per arity the kernels have.
-@intrinsic
-def _call10(typingctx, address, a, b, c, d, e, f, g, h, i, j):
-    return _signature_and_call(10)
-
-
-@intrinsic
-def _call9(typingctx, address, a, b, c, d, e, f, g, h, i):
-    return _signature_and_call(9)
-
-
-@intrinsic
-def _call5(typingctx, address, a, b, c, d, e):
-    return _signature_and_call(5)
 
 
 @njit(inline="always")
 def _span(k, count, total):
     """Start and stop of span ``k`` of ``count`` near-equal spans of ``total``."""
     return k * total // count, (k + 1) * total // count
-
-
-@njit(inline="always")
-def _addresses(a, b, c, d):
-    """The data addresses of four arrays, as the kernels take them."""
-    return np.int64(a.ctypes.data), np.int64(b.ctypes.data), np.int64(c.ctypes.data), np.int64(d.ctypes.data)
 
 
 @njit(parallel=True, **OPTIONS)
@@ -91,7 +57,7 @@ def taps(xp, wb, off, part, y, bias, kernels, stride_h, stride_w, widest, chunk_
     spans = (wo + widest - 1) // widest
     row_blocks = (ho + block_rows - 1) // block_rows
     chunks = (t_ + chunk_taps - 1) // chunk_taps
-    x0, w0, p0, o0 = _addresses(xp, wb, part, off)
+    x0, w0, p0, o0 = addresses(xp, wb, part, off)
     y0 = np.int64(y.ctypes.data)
     bias0 = np.int64(bias.ctypes.data)
     plane = np.int64(ho * wo)
@@ -120,7 +86,7 @@ def taps(xp, wb, off, part, y, bias, kernels, stride_h, stride_w, widest, chunk_
                 x_row = x_image + size * (h * stride_h * wp)
                 for k in range(spans):
                     start, stop = _span(k, spans, wo)
-                    _call10(kernels[variant, stop - start - 1], x_row + size * start * stride_w,
+                    call10(kernels[variant, stop - start - 1], x_row + size * start * stride_w,
                             w_block + size * t_start * block, p_block + size * (h * wo + start) * block,
                             o0 + 8 * t_start, np.int64(count), np.int64(stride_w),
                             y_block + size * (h * wo + start), plane, valid, bias_block)
@@ -141,7 +107,7 @@ def pixels(xp, dyb, off, dwb, kernels, stride_h, stride_w, widest, chunk, thread
     # the same whichever span it falls in, so this changes no result.
     while g_ * b_ * spans < 4 * threads and (g_ * b_ * spans) % threads != 0 and spans < t_:
         spans += 1
-    x0, d0, w0, o0 = _addresses(xp, dyb, dwb, off)
+    x0, d0, w0, o0 = addresses(xp, dyb, dwb, off)
     tasks = g_ * b_ * spans
     # Images in chunks: the chunk's inputs and gradients stay in cache while every task reads them.
     for n_start in range(0, n_, chunk):
@@ -151,7 +117,7 @@ def pixels(xp, dyb, off, dwb, kernels, stride_h, stride_w, widest, chunk, thread
             b = (task // spans) % b_
             start, stop = _span(task % spans, spans, t_)
             for n in range(n_start, n_stop):
-                _call9(kernels[stop - start - 1],
+                call9(kernels[stop - start - 1],
                        x0 + size * ((n * c_ + g * group_channels) * hp * wp),
                        d0 + size * (((n * g_ + g) * b_ + b) * ho * wo * block),
                        w0 + size * (((g * b_ + b) * t_ + start) * block),
@@ -272,12 +238,12 @@ def to_blocks(y, out, transpose, lanes):
             src0 = y0 + size * ((n * y.shape[1] + channel) * cells)
             for q in range(first, whole_cells, lanes):
                 if rows == lanes:
-                    _call5(transpose, src0 + size * q, np.int64(cells), dst0 + size * (q * block + c0),
+                    call5(transpose, src0 + size * q, np.int64(cells), dst0 + size * (q * block + c0),
                            np.int64(block), src0)
                 elif rows > 0:
                     for r in range(rows):
                         tile[r] = y[n, channel + r].reshape(cells)[q:q + lanes]
-                    _call5(transpose, tile0, np.int64(lanes), dst0 + size * (q * block + c0), np.int64(block), tile0)
+                    call5(transpose, tile0, np.int64(lanes), dst0 + size * (q * block + c0), np.int64(block), tile0)
                 else:
                     dst[q:q + lanes, c0:c0 + lanes] = 0
             for q in range(whole_cells, last):
@@ -310,7 +276,7 @@ def from_blocks(blocked, bias, y, transpose_add, lanes):
             dst0 = y0 + size * ((n * y.shape[1] + channel) * cells)
             shifts = bias0 + size * channel if with_bias else bias0
             for q in range(first, whole_cells, lanes):
-                _call5(transpose_add, src0 + size * (q * block + c0), np.int64(block), dst0 + size * q,
+                call5(transpose_add, src0 + size * (q * block + c0), np.int64(block), dst0 + size * q,
                        np.int64(cells), shifts)
         for c in range(present):
             channel = g * per_group + b * block + c

@@ -20,10 +20,14 @@ between the NCHW layout (a row per channel) and the blocked one (a row per pixel
 shuffles and stores, where numba's loops stored one value at a time (jit/direct_conv.py's to_blocks
 and from_blocks ran at a third of a copy's speed).
 
+A fourth, ``depthwise_{w}``, sums the taps of a depthwise convolution for ``w`` output pixels of one
+vector of channels in the same blocked layout: acc[j] = sum_t wt[t] * x[off[t] + j*ps], a vector load of
+the input per tap and pixel where the others broadcast one value (jit/depthwise.py).
+
 Each output or gradient element is one accumulator, summed in a fixed order (taps in order; images,
 rows and columns in order) with fused multiply-adds: the result is the same whatever the blocking, the
 thread count or the vector width, so runs and resumes are bit-exact. The kernels are called from numba
-(jit/direct_conv.py) through their addresses; the compiled code lives as long as the process.
+(jit/direct_conv.py, jit/depthwise.py; jit/kernel_calls.py) through their addresses; the compiled code lives as long as the process.
 """
 from __future__ import annotations
 
@@ -42,6 +46,10 @@ WIDEST_PIXELS_32_REGISTERS = 10  # output pixels per call of the taps kernels
 WIDEST_TAPS_32_REGISTERS = 12  # taps per call of the pixels kernels
 # With 16 registers (AVX, NEON as LLVM sees it): 6 x 2 accumulators.
 WIDEST_16_REGISTERS = 6
+# The depthwise kernels keep one vector per output pixel: 16 accumulators, a weight vector and an input
+# vector on AVX-512, 12 with 16 registers (a 14-wide row of MobileNet's then takes two calls).
+WIDEST_DEPTHWISE_32_REGISTERS = 16
+WIDEST_DEPTHWISE_16_REGISTERS = 12
 VECTORS_PER_BLOCK = 2  # vectors of output channels per call: 32 float channels on AVX-512
 
 
@@ -54,6 +62,7 @@ class Shape:
     vectors: int  # vectors of output channels per block
     widest_pixels: int  # most output pixels per call of the taps kernels
     widest_taps: int  # most taps per call of the pixels kernels
+    widest_depthwise: int  # most output pixels per call of the depthwise kernels
 
     @property
     def channels(self) -> int:
@@ -65,12 +74,13 @@ class Shape:
 class Kernels:
     """Addresses of the compiled kernels of one element type: ``taps[variant, w - 1]`` takes w pixels
     (1 <= w <= shape.widest_pixels; variants: TAPS_VARIANTS), ``pixels[k - 1]`` k taps (1 <= k <=
-    shape.widest_taps)."""
+    shape.widest_taps), ``depthwise[w - 1]`` w pixels."""
 
     shape: Shape
     taps: np.ndarray  # int64 addresses
     pixels: np.ndarray
     transpose: np.ndarray  # [plain, with the bias added]
+    depthwise: np.ndarray  # depthwise[w - 1] takes w pixels (1 <= w <= shape.widest_depthwise)
 
 
 @functools.lru_cache(maxsize=None)
@@ -92,10 +102,12 @@ def shape_for(dtype) -> Shape:
     itemsize = np.dtype(dtype).itemsize
     if features.get("avx512f"):
         register_bytes, pixels, taps = 64, WIDEST_PIXELS_32_REGISTERS, WIDEST_TAPS_32_REGISTERS
+        depthwise = WIDEST_DEPTHWISE_32_REGISTERS
     else:
         register_bytes, pixels, taps = (32 if features.get("avx") else 16), WIDEST_16_REGISTERS, WIDEST_16_REGISTERS
+        depthwise = WIDEST_DEPTHWISE_16_REGISTERS
     element = {4: "float", 8: "double"}[itemsize]
-    return Shape(element, register_bytes // itemsize, VECTORS_PER_BLOCK, pixels, taps)
+    return Shape(element, register_bytes // itemsize, VECTORS_PER_BLOCK, pixels, taps, depthwise)
 
 
 class _Emitter:
@@ -289,6 +301,39 @@ def pixels_kernel_ir(e: _Emitter, name: str, count: int) -> None:
     e("}")
 
 
+def depthwise_kernel_ir(e: _Emitter, name: str, width: int) -> None:
+    """acc[j] = sum_t wt[t*lanes ...] * x[off[t] + j*ps ...] lane by lane, t over the taps in order from
+    zero; stored to y[j*lanes ...]: ``width`` output pixels of one block of ``lanes`` channels of a
+    depthwise convolution, input and output in the channel-blocked layout (a pixel's block of
+    channels contiguous), so that each tap is one vector load and multiply-add per pixel. Arguments
+    (all i64): x, wt, y, off (i64 table), taps (>= 1), ps (elements between the pixels' inputs)."""
+    s, v = e.s, e.vec
+    e(f"define void @{name}(i64 %xa, i64 %wa, i64 %ya, i64 %offa, i64 %taps, i64 %ps) {{")
+    e("entry:")
+    e.pointers("x", "w", "y", "off")
+    e("br label %loop")
+    e("loop:")
+    e("%t = phi i64 [0, %entry], [%t.next, %loop]")
+    for j in range(width):
+        e(f"%a{j} = phi {v} [zeroinitializer, %entry], [%n{j}, %loop]")
+    e("%off.p = getelementptr i64, ptr %off, i64 %t")
+    e("%o = load i64, ptr %off.p, align 8")
+    e(f"%xb = getelementptr {s.element}, ptr %x, i64 %o")
+    e(f"%wrow = mul i64 %t, {s.lanes}")
+    e.load_vector("wv", "%w", "%wrow")
+    for j in range(width):
+        e(f"%xo{j} = mul i64 %ps, {j}")
+        e.load_vector(f"xv{j}", "%xb", f"%xo{j}")
+        e.madd(f"n{j}", "%wv", f"%xv{j}", f"%a{j}")
+    e.count_up("t", "taps", "loop", "done")
+    e("done:")
+    for j in range(width):
+        e(f"%y{j}.p = getelementptr {s.element}, ptr %y, i64 {j * s.lanes}")
+        e(f"store {v} %n{j}, ptr %y{j}.p, align {e.align}")
+    e("ret void")
+    e("}")
+
+
 def transpose_kernel_ir(e: _Emitter, name: str, add_bias: bool) -> None:
     """dst[i*ds + r] = src[r*ss + i] (+ bias[i]) for r, i < lanes: the tile's rows become its columns,
     by log2(lanes) rounds of two-vector shuffles, each exchanging one bit of the row index with the
@@ -342,6 +387,8 @@ def kernels_for(dtype) -> Kernels:
         pixels_kernel_ir(e, f"pixels_{k}", k)
     for add_bias in (False, True):
         transpose_kernel_ir(e, f"transpose_{int(add_bias)}", add_bias)
+    for w in range(1, shape.widest_depthwise + 1):
+        depthwise_kernel_ir(e, f"depthwise_{w}", w)
     module = llvm.parse_assembly(e.declaration() + "\n" + "\n".join(e.lines))
     module.verify()
     machine = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features.flatten(), opt=3)
@@ -354,7 +401,9 @@ def kernels_for(dtype) -> Kernels:
                      for variant in range(len(TAPS_VARIANTS))], np.int64)
     pixels = np.array([engine.get_function_address(f"pixels_{k}") for k in range(1, shape.widest_taps + 1)], np.int64)
     transpose = np.array([engine.get_function_address(f"transpose_{k}") for k in (0, 1)], np.int64)
-    return Kernels(shape, taps, pixels, transpose)
+    depthwise = np.array([engine.get_function_address(f"depthwise_{w}")
+                          for w in range(1, shape.widest_depthwise + 1)], np.int64)
+    return Kernels(shape, taps, pixels, transpose, depthwise)
 
 
 def call_address(address: int, *args: int) -> None:
