@@ -9,7 +9,8 @@ the input, each times one weight per channel:
 (m = num_output / C, the channel multiplier). On NumPy arrays the compiled kernels in jit/depthwise.py
 compute it in one parallel pass: with m = 1, where the microkernels compile, over blocks of channels
 laid out pixel-major (``blocked_taps``; also the input gradient at stride 1, as the forward of the
-top gradient with the taps' offsets reversed), otherwise over each plane's stride phases; the ``*_reference`` functions here are their twins, written against
+top gradient with the taps' offsets reversed; ``blocked_weights`` the weight gradient), otherwise
+over each plane's stride phases; the ``*_reference`` functions here are their twins, written against
 the array module (one array operation per tap, never a loop over channels or samples): what CuPy
 arrays run and what the tests compare the kernels with.
 
@@ -70,8 +71,11 @@ def backward_data(dy, w, geom: Geometry, out, scratch=None):
     return backward_data_reference(dy, w, geom, out)
 
 
-def backward_weights(x, dy, geom: Geometry, dw):
+def backward_weights(x, dy, geom: Geometry, dw, scratch=None):
     """Adds the weight gradient of the depthwise convolution to ``dw`` (C*m x 1 x kh x kw)."""
+    if jit.usable(x, dy, dw) and _blocked(x.shape[1], dw):
+        _blocked_weights(x, dy, geom, dw, scratch)
+        return dw
     if jit.usable(x, dy, dw):
         from .jit import depthwise as kernels
 
@@ -129,6 +133,36 @@ def _blocked_taps(x, w, offsets, out, stride, pad, scratch):
     sums = scratch.get("depthwise_sums", (threads, ho * wo * lanes), x.dtype, np)
     kernels.blocked_taps(x, weights, offsets, out, *stride, *pad, compiled.depthwise, compiled.transpose[0],
                          compiled.shape.widest_depthwise, planes, padded_blocks, sums)
+
+
+def _blocked_weights(x, dy, geom: Geometry, dw, scratch):
+    """dw += the weight gradient by jit/depthwise.blocked_weights: each image's sums over its pixels
+    in the element type (as the direct path's and Caffe's products), the images' added in order in
+    float64 (the phase kernel sums everything in float64: the two differ by rounding)."""
+    import numba
+
+    from .jit import depthwise as kernels
+    from .jit import microkernels
+    from .scratch import Scratch
+
+    compiled = microkernels.kernels_for(x.dtype)
+    lanes = compiled.shape.lanes
+    n, c = x.shape[:2]
+    kh, kw = dw.shape[2:]
+    blocks = -(-c // lanes)
+    scratch = scratch if scratch is not None else Scratch()
+    threads = numba.config.NUMBA_NUM_THREADS  # numba's pool: get_thread_id() is below it
+    (h, wd), (ho, wo) = x.shape[2:], dy.shape[2:]
+    (ph, pw) = geom.pad
+    planes = scratch.get("depthwise_planes", (threads, max(h * wd, ho * wo) * lanes), x.dtype, np)
+    padded_blocks = scratch.get("depthwise_padded", (threads, (h + 2 * ph) * (wd + 2 * pw) * lanes), x.dtype, np)
+    gradients = scratch.get("depthwise_sums", (threads, ho * wo * lanes), x.dtype, np)
+    parts = scratch.get("depthwise_weight_parts", (n, blocks, kh * kw, lanes), x.dtype, np)
+    offsets = _tap_offsets(geom.kernel, geom.dilation, wd + 2 * pw, lanes, False)
+    kernels.blocked_weights(x, dy, offsets, parts, *geom.stride, ph, pw, compiled.depthwise_weights,
+                            compiled.transpose[0], compiled.shape.depthwise_taps, planes, padded_blocks, gradients)
+    total = parts.sum(axis=0, dtype=np.float64)  # blocks x T x lanes, the images in order
+    dw.reshape(c, kh * kw)[...] += total.transpose(0, 2, 1).reshape(blocks * lanes, kh * kw)[:c]
 
 
 def forward_reference(x, w, geom: Geometry, out):

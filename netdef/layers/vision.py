@@ -397,7 +397,7 @@ class ConvolutionLayer(_ConvolutionBase):
             self._bias_gradient(dy.reshape(self.num, self.num_output, -1))
             if self.param_propagate_down[0]:
                 x = b.data.reshape((self.num, self.channels) + self.in_spatial)
-                depthwise.backward_weights(x, dy, self.geom, self.blobs[0].diff)
+                depthwise.backward_weights(x, dy, self.geom, self.blobs[0].diff, self.scratch)
             if down:
                 depthwise.backward_data(dy, w, self.geom, b.diff.reshape((self.num, self.channels) + self.in_spatial),
                                         self.scratch)

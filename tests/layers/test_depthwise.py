@@ -136,6 +136,41 @@ def test_channel_blocked_kernels_give_the_phase_kernels_bits(monkeypatch, dtype,
     np.testing.assert_array_equal(dx, dx_phases)
 
 
+@pytest.mark.skipif(not direct.compiles(np.dtype(np.float32)), reason="the microkernels do not compile on this CPU")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("channels,plane,kernel,stride,pad,dilation", BLOCKED_CASES)
+def test_channel_blocked_weight_gradient(monkeypatch, dtype, channels, plane, kernel, stride, pad, dilation):
+    """The blocked weight gradient (each image's pixels summed in the element type, the images in
+    float64) against the twin, added to what dw held; the same bits on 1 and 2 threads."""
+    import numba
+
+    from netdef.layers.jit import depthwise as kernels
+
+    geom = Geometry((kernel, kernel), (stride, stride), (pad, pad), (dilation, dilation))
+    x = RNG.standard_normal((3, channels) + plane).astype(dtype)
+    dy = RNG.standard_normal((3, channels) + geom.conv_out(plane)).astype(dtype)
+    start = RNG.standard_normal((channels, 1, kernel, kernel)).astype(dtype)
+    expected = depthwise.backward_weights_reference(x.astype(np.float64), dy.astype(np.float64), geom,
+                                                    start.astype(np.float64))
+
+    def phase_kernel(*args):
+        raise AssertionError("the phase kernel ran where the blocked one should")
+
+    monkeypatch.setattr(kernels, "backward_weights", phase_kernel)
+    results = []
+    for threads in (1, 2):
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        try:
+            dw = start.copy()
+            depthwise.backward_weights(x, dy, geom, dw)
+        finally:
+            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        results.append(dw)
+    tolerance = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(results[0], expected, rtol=tolerance, atol=tolerance)
+    np.testing.assert_array_equal(results[0], results[1])
+
+
 def test_convolution_algorithm_choice(monkeypatch):
     def algorithm(channels, **fields):
         layer, _, _ = build(parse_layer(conv_text(**fields)), [np.zeros((1, channels, 9, 9))], 1)

@@ -29,7 +29,7 @@ let_idle_kernel_threads_sleep()  # before numba starts its thread pool
 
 from numba import get_thread_id, njit, prange  # noqa: E402 (after the wait policy)
 
-from .kernel_calls import call5, call6  # noqa: E402
+from .kernel_calls import call5, call6, call9  # noqa: E402
 
 FAST = {"contract"}
 FAST_SUMS = {"contract", "reassoc"}
@@ -234,14 +234,13 @@ def _planes_of_block(a, n, c0, valid, lanes):
 
 
 @njit(inline="always")
-def _into_padded_block(x, n, c0, valid, ph, pw, transpose, plane, padded):
+def _into_padded_block(x, n, c0, valid, lanes, ph, pw, transpose, plane, padded):
     """``padded`` (Hp*Wp x lanes, flat) = channels c0 ... c0 + lanes of x[n] zero-padded by (ph, pw),
-    by way of ``plane`` (H*W x lanes, flat): square tiles by ``transpose``, the rest (the cells past
+    by way of ``plane`` (at least H*W x lanes, flat): square tiles by ``transpose``, the rest (the cells past
     the last whole tile, a block with ``valid`` < lanes channels) one value at a time (zeros past
     ``valid``)."""
     h_, w_ = x.shape[2], x.shape[3]
     cells = h_ * w_
-    lanes = plane.shape[0] // cells
     hp, wp = h_ + 2 * ph, w_ + 2 * pw
     size = x.itemsize
     flat, base, src0, whole = _planes_of_block(x, n, c0, valid, lanes)
@@ -262,11 +261,10 @@ def _into_padded_block(x, n, c0, valid, ph, pw, transpose, plane, padded):
 
 
 @njit(inline="always")
-def _from_block(sums, n, c0, valid, transpose, y):
+def _from_block(sums, n, c0, valid, lanes, transpose, y):
     """Channels c0 ... c0 + valid of y[n] (Ho x Wo) from ``sums`` (Ho*Wo x lanes, flat), by square
     tiles where the block is whole, the rest one value at a time."""
     cells = y.shape[2] * y.shape[3]
-    lanes = sums.shape[0] // cells
     size = y.itemsize
     flat, base, dst0, whole = _planes_of_block(y, n, c0, valid, lanes)
     sums0 = np.int64(sums.ctypes.data)
@@ -277,6 +275,20 @@ def _from_block(sums, n, c0, valid, transpose, y):
             flat[base + c * cells + q] = sums[q * lanes + c]
 
 
+@njit(inline="always")
+def _start_item(x, item, blocks, lanes, ph, pw, transpose, planes, padded):
+    """Work item ``item`` of the blocked kernels (an image, a block of channels): (image, block, first
+    channel, channels present, this thread's row of the buffers), its input laid into this thread's
+    ``padded`` buffer."""
+    n = item // blocks
+    b = item % blocks
+    c0 = b * lanes
+    valid = min(lanes, x.shape[1] - c0)
+    thread = get_thread_id()
+    _into_padded_block(x, n, c0, valid, lanes, ph, pw, transpose, planes[thread], padded[thread])
+    return n, b, c0, valid, thread
+
+
 @njit(nogil=True, parallel=True, cache=True)
 def blocked_taps(x, wb, off, y, sh, sw, ph, pw, kernels, transpose, widest, planes, padded, sums):
     """y (N x C x Ho x Wo) = per channel, the sum over the taps t (in the table's order) of wb[block, t,
@@ -284,7 +296,7 @@ def blocked_taps(x, wb, off, y, sh, sw, ph, pw, kernels, transpose, widest, plan
     q)'s origin (r*sh, q*sw). wb (C/lanes rounded up x T x lanes): the taps' weights per block of
     channels. ``planes``, ``padded``, ``sums``: one flat buffer per thread of numba's pool (H*W,
     Hp*Wp and Ho*Wo cells of lanes values). One work item per image and block of channels."""
-    n_, c_, h_, w_ = x.shape
+    n_, w_ = x.shape[0], x.shape[3]
     blocks, taps, lanes = wb.shape
     ho, wo = y.shape[2], y.shape[3]
     wp = w_ + 2 * pw
@@ -292,13 +304,8 @@ def blocked_taps(x, wb, off, y, sh, sw, ph, pw, kernels, transpose, widest, plan
     spans = (wo + widest - 1) // widest
     off0 = np.int64(off.ctypes.data)
     for item in prange(n_ * blocks):
-        n = item // blocks
-        b = item % blocks
-        c0 = b * lanes
-        valid = min(lanes, c_ - c0)
-        thread = get_thread_id()
+        n, b, c0, valid, thread = _start_item(x, item, blocks, lanes, ph, pw, transpose, planes, padded)
         xb, yb = padded[thread], sums[thread]
-        _into_padded_block(x, n, c0, valid, ph, pw, transpose, planes[thread], xb)
         xb0, yb0, w0 = np.int64(xb.ctypes.data), np.int64(yb.ctypes.data), np.int64(wb[b].ctypes.data)
         for r in range(ho):
             row = xb0 + size * (r * sh * wp * lanes)
@@ -307,4 +314,32 @@ def blocked_taps(x, wb, off, y, sh, sw, ph, pw, kernels, transpose, widest, plan
                 stop = (k + 1) * wo // spans
                 call6(kernels[stop - start - 1], row + size * start * sw * lanes, w0,
                       yb0 + size * (r * wo + start) * lanes, off0, np.int64(taps), np.int64(sw * lanes))
-        _from_block(yb, n, c0, valid, transpose, y)
+        _from_block(yb, n, c0, valid, lanes, transpose, y)
+
+
+@njit(nogil=True, parallel=True, cache=True)
+def blocked_weights(x, dy, off, parts, sh, sw, ph, pw, kernels, transpose, widest, planes, padded, gradients):
+    """parts (N x C/lanes rounded up x T x lanes) = per image and block of channels, that image's
+    weight gradient: for tap t, the sum over its output rows and columns (in order) of dy times x
+    zero-padded by (ph, pw) at ``off[t]`` past the output's window origin, in the element type (the
+    caller sums the images). ``planes``, ``padded``, ``gradients``: one flat buffer per thread of
+    numba's pool (max(H*W, Ho*Wo), Hp*Wp and Ho*Wo cells of lanes values)."""
+    blocks, taps, lanes = parts.shape[1], parts.shape[2], parts.shape[3]
+    ho, wo = dy.shape[2], dy.shape[3]
+    # Elements between the reads of neighbouring output pixels and rows, in the padded block.
+    pixel_step, row_step = sw * lanes, sh * (x.shape[3] + 2 * pw) * lanes
+    spans = (taps + widest - 1) // widest
+    size = x.itemsize
+    for item in prange(x.shape[0] * blocks):
+        n, b, c0, valid, thread = _start_item(x, item, blocks, lanes, ph, pw, transpose, planes, padded)
+        xb, gb = padded[thread], gradients[thread]
+        _into_padded_block(dy, n, c0, valid, lanes, 0, 0, transpose, planes[thread], gb)
+        part = parts[n, b].reshape(taps * lanes)
+        part[:] = 0
+        xb0, gb0, part0 = np.int64(xb.ctypes.data), np.int64(gb.ctypes.data), np.int64(part.ctypes.data)
+        for k in range(spans):
+            start = k * taps // spans
+            stop = (k + 1) * taps // spans
+            call9(kernels[stop - start - 1], xb0, gb0, part0 + size * start * lanes,
+                  np.int64(off.ctypes.data) + 8 * start, np.int64(ho), np.int64(wo), np.int64(pixel_step),
+                  np.int64(row_step), np.int64(wo * lanes))

@@ -22,7 +22,9 @@ and from_blocks ran at a third of a copy's speed).
 
 A fourth, ``depthwise_{w}``, sums the taps of a depthwise convolution for ``w`` output pixels of one
 vector of channels in the same blocked layout: acc[j] = sum_t wt[t] * x[off[t] + j*ps], a vector load of
-the input per tap and pixel where the others broadcast one value (jit/depthwise.py).
+the input per tap and pixel where the others broadcast one value (jit/depthwise.py); and
+``depthwise_weights_{k}``, its weight gradient for ``k`` taps: ``pixels_{k}`` for one vector of
+channels whose input is blocked too.
 
 Each output or gradient element is one accumulator, summed in a fixed order (taps in order; images,
 rows and columns in order) with fused multiply-adds: the result is the same whatever the blocking, the
@@ -50,6 +52,9 @@ WIDEST_16_REGISTERS = 6
 # vector on AVX-512, 12 with 16 registers (a 14-wide row of MobileNet's then takes two calls).
 WIDEST_DEPTHWISE_32_REGISTERS = 16
 WIDEST_DEPTHWISE_16_REGISTERS = 12
+# Their weight gradient keeps one vector per tap: a 3x3 kernel's 9 in one call, a 5x5's in spans.
+DEPTHWISE_TAPS_32_REGISTERS = 12
+DEPTHWISE_TAPS_16_REGISTERS = 8
 VECTORS_PER_BLOCK = 2  # vectors of output channels per call: 32 float channels on AVX-512
 
 
@@ -63,6 +68,7 @@ class Shape:
     widest_pixels: int  # most output pixels per call of the taps kernels
     widest_taps: int  # most taps per call of the pixels kernels
     widest_depthwise: int  # most output pixels per call of the depthwise kernels
+    depthwise_taps: int  # most taps per call of the depthwise weight gradient kernels
 
     @property
     def channels(self) -> int:
@@ -81,6 +87,7 @@ class Kernels:
     pixels: np.ndarray
     transpose: np.ndarray  # [plain, with the bias added]
     depthwise: np.ndarray  # depthwise[w - 1] takes w pixels (1 <= w <= shape.widest_depthwise)
+    depthwise_weights: np.ndarray  # depthwise_weights[k - 1] takes k taps (1 <= k <= shape.depthwise_taps)
 
 
 @functools.lru_cache(maxsize=None)
@@ -102,12 +109,12 @@ def shape_for(dtype) -> Shape:
     itemsize = np.dtype(dtype).itemsize
     if features.get("avx512f"):
         register_bytes, pixels, taps = 64, WIDEST_PIXELS_32_REGISTERS, WIDEST_TAPS_32_REGISTERS
-        depthwise = WIDEST_DEPTHWISE_32_REGISTERS
+        depthwise, depthwise_taps = WIDEST_DEPTHWISE_32_REGISTERS, DEPTHWISE_TAPS_32_REGISTERS
     else:
         register_bytes, pixels, taps = (32 if features.get("avx") else 16), WIDEST_16_REGISTERS, WIDEST_16_REGISTERS
-        depthwise = WIDEST_DEPTHWISE_16_REGISTERS
+        depthwise, depthwise_taps = WIDEST_DEPTHWISE_16_REGISTERS, DEPTHWISE_TAPS_16_REGISTERS
     element = {4: "float", 8: "double"}[itemsize]
-    return Shape(element, register_bytes // itemsize, VECTORS_PER_BLOCK, pixels, taps, depthwise)
+    return Shape(element, register_bytes // itemsize, VECTORS_PER_BLOCK, pixels, taps, depthwise, depthwise_taps)
 
 
 class _Emitter:
@@ -147,11 +154,12 @@ class _Emitter:
         for name in names:
             self(f"%{name} = inttoptr i64 %{name}a to ptr")
 
-    def accumulator_phis(self, count: int, into: str, first: str | None, entry: str, block: str):
+    def accumulator_phis(self, count: int, into: str, first: str | None, entry: str, block: str,
+                         vectors: int | None = None):
         """%{into}i.q = %{first}i.q (zeros if ``first`` is None) coming from ``entry``, %ni.q coming
-        from ``block``; i < count, q over the block's vectors."""
+        from ``block``; i < count, q over ``vectors`` (default: the block's vectors)."""
         for i in range(count):
-            for q in range(self.s.vectors):
+            for q in range(self.s.vectors if vectors is None else vectors):
                 start = "zeroinitializer" if first is None else f"%{first}{i}.{q}"
                 self(f"%{into}{i}.{q} = phi {self.vec} [{start}, %{entry}], [%n{i}.{q}, %{block}]")
 
@@ -254,12 +262,15 @@ def taps_kernel_ir(e: _Emitter, name: str, width: int, start: str, finish: str) 
     e("}")
 
 
-def pixels_kernel_ir(e: _Emitter, name: str, count: int) -> None:
+def pixels_kernel_ir(e: _Emitter, name: str, count: int, depthwise: bool = False) -> None:
     """acc[k][v] = dw[k][v] + sum_{r < rows, p < cols} x[off[k] + r*xrs + p*ps] * dy[r*dyrs + p*block + v];
-    stored back to dw. Arguments (all i64): x, dy, dw, off (i64 table), rows, cols (both >= 1), ps, xrs,
-    dyrs."""
+    stored back to dw. With ``depthwise``, one vector of ``lanes`` channels whose input is blocked too:
+    acc[k] = dw[k] + the sum of dy[r*dyrs + p*lanes ...] * x[off[k] + r*xrs + p*ps ...] lane by lane (a
+    vector load of the input, not a broadcast). Arguments (all i64): x, dy, dw, off (i64 table), rows,
+    cols (both >= 1), ps, xrs, dyrs."""
     s, v = e.s, e.vec
-    block = s.channels
+    vectors = 1 if depthwise else s.vectors
+    block = s.lanes * vectors
     e(f"define void @{name}(i64 %xa, i64 %dya, i64 %dwa, i64 %offa, i64 %rows, i64 %cols, i64 %ps, "
       f"i64 %xrs, i64 %dyrs) {{")
     e("entry:")
@@ -268,34 +279,38 @@ def pixels_kernel_ir(e: _Emitter, name: str, count: int) -> None:
         e(f"%off{k}.p = getelementptr i64, ptr %off, i64 {k}")
         e(f"%off{k} = load i64, ptr %off{k}.p, align 8")
         e(f"%xk{k} = getelementptr {s.element}, ptr %x, i64 %off{k}")
-        for q in range(s.vectors):
+        for q in range(vectors):
             e.load_vector(f"s{k}.{q}", "%dw", k * block + q * s.lanes)
     e("br label %row")
     e("row:")
     e("%r = phi i64 [0, %entry], [%r.next, %row.end]")
-    e.accumulator_phis(count, "b", "s", "entry", "row.end")
+    e.accumulator_phis(count, "b", "s", "entry", "row.end", vectors)
     e("%xr = mul i64 %r, %xrs")
     e("%dr = mul i64 %r, %dyrs")
     e("br label %col")
     e("col:")
     e("%p = phi i64 [0, %row], [%p.next, %col]")
-    e.accumulator_phis(count, "a", "b", "row", "col")
+    e.accumulator_phis(count, "a", "b", "row", "col", vectors)
     e("%xp = mul i64 %p, %ps")
     e("%xo = add i64 %xp, %xr")
     e(f"%dp = mul i64 %p, {block}")
     e("%do = add i64 %dp, %dr")
-    for q in range(s.vectors):
+    for q in range(vectors):
         e(f"%do{q} = add i64 %do, {q * s.lanes}")
         e.load_vector(f"g{q}", "%dy", f"%do{q}")
     for k in range(count):
-        e(f"%xq{k} = getelementptr {s.element}, ptr %xk{k}, i64 %xo")
-        e.madd_broadcast(k, f"%xq{k}", "g")
+        if depthwise:
+            e.load_vector(f"xv{k}", f"%xk{k}", "%xo")
+            e.madd(f"n{k}.0", "%g0", f"%xv{k}", f"%a{k}.0")
+        else:
+            e(f"%xq{k} = getelementptr {s.element}, ptr %xk{k}, i64 %xo")
+            e.madd_broadcast(k, f"%xq{k}", "g")
     e.count_up("p", "cols", "col", "row.end")
     e("row.end:")
     e.count_up("r", "rows", "row", "done")
     e("done:")
     for k in range(count):
-        for q in range(s.vectors):
+        for q in range(vectors):
             e(f"store {v} %n{k}.{q}, ptr %s{k}.{q}.p, align {e.align}")
     e("ret void")
     e("}")
@@ -389,6 +404,8 @@ def kernels_for(dtype) -> Kernels:
         transpose_kernel_ir(e, f"transpose_{int(add_bias)}", add_bias)
     for w in range(1, shape.widest_depthwise + 1):
         depthwise_kernel_ir(e, f"depthwise_{w}", w)
+    for k in range(1, shape.depthwise_taps + 1):
+        pixels_kernel_ir(e, f"depthwise_weights_{k}", k, depthwise=True)
     module = llvm.parse_assembly(e.declaration() + "\n" + "\n".join(e.lines))
     module.verify()
     machine = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features.flatten(), opt=3)
@@ -403,7 +420,9 @@ def kernels_for(dtype) -> Kernels:
     transpose = np.array([engine.get_function_address(f"transpose_{k}") for k in (0, 1)], np.int64)
     depthwise = np.array([engine.get_function_address(f"depthwise_{w}")
                           for w in range(1, shape.widest_depthwise + 1)], np.int64)
-    return Kernels(shape, taps, pixels, transpose, depthwise)
+    depthwise_weights = np.array([engine.get_function_address(f"depthwise_weights_{k}")
+                                  for k in range(1, shape.depthwise_taps + 1)], np.int64)
+    return Kernels(shape, taps, pixels, transpose, depthwise, depthwise_weights)
 
 
 def call_address(address: int, *args: int) -> None:
