@@ -42,14 +42,14 @@ MIN_TAPS = 32
 # the input positions where col2im's product covers only the output ones): the kernels run about
 # twice the rate of col2im's product and scatter.
 DIRECT_INPUT_GRADIENT_ABOVE = 2.5
-# Where the row-product path can compute a convolution, it does so instead of the direct path when
-# the output rows are narrower than this (each kernel call then gets a short row: ResNet-50's 7 x 7
-# layers, one thread, forward+backward 58 ms direct against 47 by rows), or when the direct path's
-# input gradient would be col2im's in a TRAIN net (the row path's is faster: LeNet's conv2, 11.4
-# against 8.8 ms forward+backward; its forward alone 2.2 against 3.0). Only in TRAIN nets: forward
-# alone, the direct path is the faster at these widths too (ResNet-50's 7 x 7 x 512 layers at batch 1,
-# 2 threads: 1.4-1.6 ms against 2.4-2.7; the TEST forward of the whole net 0.95 of the time at batch 1,
-# 0.975 at batch 8).
+# Where the row-product path can compute a convolution, its backward is used instead of the direct
+# path's when the output rows are narrower than this (each kernel call then gets a short row:
+# ResNet-50's 7 x 7 layers, one thread, forward+backward 58 ms direct against 47 by rows), or when the
+# direct path's input gradient would be col2im's in a TRAIN net (the row path's is faster: LeNet's
+# conv2, 11.4 against 8.8 ms forward+backward). Only in TRAIN nets, and only the backward: the direct
+# forward is the faster at these widths too (ResNet-50's 7 x 7 x 512 layers at batch 1, 2 threads:
+# 1.4-1.6 ms against 2.4-2.7; LeNet's conv2 at batch 64 in a TRAIN net, 1.9-2.0 ms against 4.0-4.2,
+# its backward 6.7-6.9 against 7.6-7.9 without the forward's expanded rows to start from).
 ROWS_BELOW_WIDTH = 8
 # The forward's taps go in chunks whose packed weights take about this many bytes: they and the input
 # rows the chunk's taps read stay in L1 (48 KiB here) while a block of output rows is computed. 32 KiB

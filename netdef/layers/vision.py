@@ -226,17 +226,26 @@ class ConvolutionLayer(_ConvolutionBase):
 
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
-        self.algorithm = self._choose_algorithm(backend.xp(), bottom[0].dtype)
+        dtype = bottom[0].dtype
+        self.algorithm = self._choose_algorithm(backend.xp(), dtype)
         self.rows_input_gradient = self._choose_rows_input_gradient() if self.algorithm == "rows" else None
         self.direct_input_gradient = None
-        if self.algorithm == "direct":
-            self._plan_direct(bottom[0].dtype)
+        # The row path is chosen for its backward; where the direct kernels can compute the layer,
+        # its forward is theirs (faster at every width; LeNet's conv2 at batch 64, 2 threads: see
+        # direct.ROWS_BELOW_WIDTH). The backward then expands the last chunk's rows itself.
+        self.direct_forward = self.algorithm == "direct" or (
+            self.algorithm == "rows" and self._direct_usable(np.dtype(dtype)) and direct.compiles(np.dtype(dtype)))
+        if self.direct_forward:
+            self._plan_direct(dtype)
+            if self.algorithm != "direct":
+                self.direct_input_gradient = None
 
     def algorithm_summary(self) -> str:
         """The algorithms chosen for these shapes, for benchmarks and logs: "rows", "rows/col2im",
-        "direct/direct", ..."""
+        "direct/direct", "direct+rows/col2im" (the direct forward, the row path's backward), ..."""
+        first = "direct+rows" if self.direct_forward and self.algorithm == "rows" else self.algorithm
         second = self.rows_input_gradient or self.direct_input_gradient
-        return self.algorithm if second is None else f"{self.algorithm}/{second}"
+        return first if second is None else f"{first}/{second}"
 
     def _choose_algorithm(self, xp, dtype) -> str:
         """How forward and backward compute, chosen once the shapes are known:
@@ -255,7 +264,7 @@ class ConvolutionLayer(_ConvolutionBase):
             return "depthwise"
         if self.group == 1 and all(k == 1 for k in g.kernel) and not any(g.pad):
             return "pointwise"
-        if xp is np and direct.usable(dtype, self.num_spatial, self.group, self.channels, g.kernel, self.out_spatial):
+        if xp is np and self._direct_usable(dtype):
             # A TEST net's layers run forward only (a backward still works, by either path), and
             # the direct forward is the faster one at every width: the rows path wins narrow outputs
             # by its backward.
@@ -270,16 +279,20 @@ class ConvolutionLayer(_ConvolutionBase):
             return "rows"
         return "columns"
 
+    def _direct_usable(self, dtype) -> bool:
+        return direct.usable(dtype, self.num_spatial, self.group, self.channels, self.geom.kernel, self.out_spatial)
+
     def forward(self, bottom, top):
         xp = backend.get_array_module(bottom[0].data)
         if self.algorithm == "depthwise":
             return self._forward_depthwise(bottom, top)
         if self.algorithm == "pointwise":
             return self._forward_pointwise(bottom, top)
+        if self.direct_forward:
+            self._rows_last.clear()
+            return self._forward_direct(bottom, top)
         if self.algorithm == "rows":
             return self._forward_rows(bottom, top)
-        if self.algorithm == "direct":
-            return self._forward_direct(bottom, top)
         self._rows_last.clear()
         o, g = self.num_output, self.group
         w = self._weights()
