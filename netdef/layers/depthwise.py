@@ -8,9 +8,9 @@ the input, each times one weight per channel:
 
 (m = num_output / C, the channel multiplier). On NumPy arrays the compiled kernels in jit/depthwise.py
 compute it in one parallel pass: with m = 1, where the microkernels compile, over blocks of channels
-laid out pixel-major (``blocked_taps``; also the input gradient at stride 1, as the forward of the
-top gradient with the taps' offsets reversed; ``blocked_weights`` the weight gradient), otherwise
-over each plane's stride phases; the ``*_reference`` functions here are their twins, written against
+laid out pixel-major (``blocked_taps``: also the input gradient, as a convolution of the top
+gradient per stride phase of the input; ``blocked_weights`` the weight gradient), otherwise over each
+plane's stride phases; the ``*_reference`` functions here are their twins, written against
 the array module (one array operation per tap, never a loop over channels or samples): what CuPy
 arrays run and what the tests compare the kernels with.
 
@@ -18,6 +18,7 @@ Shapes: x, dx (N x C x H x W); w, dw (C*m x 1 x kh x kw); y, dy (N x C*m x H_out
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -43,8 +44,7 @@ def forward(x, w, geom: Geometry, out, scratch=None):
     layer's Scratch, or None) keeps the blocked path's buffers between calls."""
     if jit.usable(x, w, out):
         if _blocked(x.shape[1], w):
-            offsets = _tap_offsets(geom.kernel, geom.dilation, x.shape[3] + 2 * geom.pad[1], _lanes(x.dtype), False)
-            _blocked_taps(x, w, offsets, out, geom.stride, geom.pad, scratch)
+            _blocked_taps(x, w, _forward_plan(geom, x.shape[3], _lanes(x.dtype)), out, scratch)
             return out
         from .jit import depthwise as kernels
 
@@ -56,13 +56,9 @@ def forward(x, w, geom: Geometry, out, scratch=None):
 def backward_data(dy, w, geom: Geometry, out, scratch=None):
     """Writes the input gradient of the depthwise convolution into ``out`` (N x C x H x W)."""
     if jit.usable(dy, w, out):
-        back_pad = tuple(e - 1 - p for p, e in zip(geom.pad, geom.extent))
-        if _blocked(out.shape[1], w) and geom.stride == (1, 1) and min(back_pad) >= 0:
-            # The forward of the top gradient padded by extent - 1 - pad, tap (i, j) reading where
-            # the flipped filter's would: (kh-1-i, kw-1-j). In the taps' own order, so each input
-            # gradient is the phase kernel's sum (every tap's share added in order, from zero).
-            offsets = _tap_offsets(geom.kernel, geom.dilation, dy.shape[3] + 2 * back_pad[1], _lanes(dy.dtype), True)
-            _blocked_taps(dy, w, offsets, out, (1, 1), back_pad, scratch)
+        if _blocked(out.shape[1], w):
+            plan = _input_gradient_plan(geom, tuple(out.shape[2:]), tuple(dy.shape[2:]), _lanes(dy.dtype))
+            _blocked_taps(dy, w, plan, out, scratch)
             return out
         from .jit import depthwise as kernels
 
@@ -96,21 +92,78 @@ def _lanes(dtype) -> int:
     return microkernels.shape_for(dtype).lanes
 
 
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What jit/depthwise.blocked_taps computes for one shape: the input's stride and zero padding,
+    and per phase of the output (P x Q) its taps in order: which of the kernel's (``taps``, -1 past
+    ``counts``) and where each reads (``offsets``, elements of the blocked layout past the window
+    origin)."""
+
+    stride: tuple
+    pad: tuple
+    taps: np.ndarray  # P x Q x T
+    offsets: np.ndarray  # P x Q x T
+    counts: np.ndarray  # P x Q
+
+
+def _frozen(*arrays):
+    for a in arrays:
+        a.flags.writeable = False
+    return arrays
+
+
 @functools.lru_cache(maxsize=None)
-def _tap_offsets(kernel, dilation, padded_width: int, lanes: int, flipped: bool) -> np.ndarray:
-    """Where tap (i, j) reads, in elements of the blocked layout past an output's window origin:
-    (i*dh*Wp + j*dw) * lanes, or with ``flipped`` the tap (kh-1-i, kw-1-j)'s place."""
-    (kh, kw), (dh, dw) = kernel, dilation
+def _forward_plan(geom: Geometry, width: int, lanes: int) -> _Plan:
+    """The convolution: one phase, every tap (i, j) in order, reading (i*dh, j*dw) past (r*sh, q*sw)."""
+    (kh, kw), (dh, dw), padded_width = geom.kernel, geom.dilation, width + 2 * geom.pad[1]
     i, j = np.meshgrid(np.arange(kh), np.arange(kw), indexing="ij")
-    if flipped:
-        i, j = kh - 1 - i, kw - 1 - j
-    offsets = ((i * dh * padded_width + j * dw) * lanes).reshape(-1).astype(np.int64)
-    offsets.flags.writeable = False
-    return offsets
+    offsets = ((i * dh * padded_width + j * dw) * lanes).reshape(1, 1, -1)
+    taps, offsets, counts = _frozen(np.arange(kh * kw).reshape(1, 1, -1), offsets.astype(np.int64),
+                                    np.array([[kh * kw]], np.int64))
+    return _Plan(geom.stride, geom.pad, taps, offsets, counts)
 
 
-def _blocked_taps(x, w, offsets, out, stride, pad, scratch):
-    """out = jit/depthwise.blocked_taps of x (padded by ``pad``) and w's taps per block of channels."""
+def _phase_taps(phase: int, pad: int, stride: int, kernel: int, dilation: int) -> list:
+    """[(i, d)]: the kernel rows i (or columns) whose reads land on input rows of ``phase`` (mod the
+    stride), with d: input row phase + stride*u is read by top gradient row u + d."""
+    return [(i, (phase + pad - i * dilation) // stride) for i in range(kernel)
+            if (phase + pad - i * dilation) % stride == 0]
+
+
+def _border(in_size: int, out_size: int, pad: int, stride: int, kernel: int, dilation: int) -> int:
+    """The zeros the top gradient needs on each side so that every phase's reads stay inside it."""
+    need = 0
+    for phase in range(min(stride, in_size)):
+        count = len(range(phase, in_size, stride))
+        for _, d in _phase_taps(phase, pad, stride, kernel, dilation):
+            need = max(need, -d, count - 1 + d - (out_size - 1))
+    return need
+
+
+@functools.lru_cache(maxsize=None)
+def _input_gradient_plan(geom: Geometry, in_hw: tuple, out_hw: tuple, lanes: int) -> _Plan:
+    """The input gradient, a convolution of the top gradient per phase of the input (stride_h x
+    stride_w of them): input (a + sh*u, b + sw*v) is the sum over the taps (i, j) whose reads land
+    there, in order, of w[i, j] times dy[u + di, v + dj], di = (a + ph - i*dh) / sh. The phase
+    kernels add the same terms in the same order: the same bits."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geom.kernel, geom.stride, geom.pad, geom.dilation
+    border = (_border(in_hw[0], out_hw[0], ph, sh, kh, dh), _border(in_hw[1], out_hw[1], pw, sw, kw, dw))
+    padded_width = out_hw[1] + 2 * border[1]
+    taps = np.full((sh, sw, kh * kw), -1, np.int64)
+    offsets = np.zeros((sh, sw, kh * kw), np.int64)
+    counts = np.zeros((sh, sw), np.int64)
+    for a in range(sh):
+        for b in range(sw):
+            pairs = [(i * kw + j, (di + border[0]) * padded_width + dj + border[1])
+                     for i, di in _phase_taps(a, ph, sh, kh, dh) for j, dj in _phase_taps(b, pw, sw, kw, dw)]
+            counts[a, b] = len(pairs)
+            for t, (tap, offset) in enumerate(pairs):
+                taps[a, b, t], offsets[a, b, t] = tap, offset * lanes
+    return _Plan((1, 1), border, *_frozen(taps, offsets, counts))
+
+
+def _blocked_taps(x, w, plan: _Plan, out, scratch):
+    """out = jit/depthwise.blocked_taps of x and w by ``plan``."""
     import numba
 
     from .jit import depthwise as kernels
@@ -121,18 +174,20 @@ def _blocked_taps(x, w, offsets, out, stride, pad, scratch):
     lanes = compiled.shape.lanes
     c, taps = w.shape[0], w.shape[2] * w.shape[3]
     blocks = -(-c // lanes)
-    weights = np.zeros((blocks * lanes, taps), x.dtype)
-    weights[:c] = w.reshape(c, taps)
-    weights = np.ascontiguousarray(weights.reshape(blocks, lanes, taps).transpose(0, 2, 1))
+    # Each phase's weights in its taps' order (the zero column past the taps where a phase has fewer), per block.
+    weights = np.zeros((blocks * lanes, taps + 1), x.dtype)
+    weights[:c, :taps] = w.reshape(c, taps)
+    weights = weights[:, plan.taps].reshape((blocks, lanes) + plan.taps.shape)
+    weights = np.ascontiguousarray(np.moveaxis(weights, 1, -1))
     scratch = scratch if scratch is not None else Scratch()
     threads = numba.config.NUMBA_NUM_THREADS  # numba's pool: get_thread_id() is below it
-    (h, wd), (ho, wo) = x.shape[2:], out.shape[2:]
+    (h, wd), (ho, wo), pad = x.shape[2:], out.shape[2:], plan.pad
     padded_cells = (h + 2 * pad[0]) * (wd + 2 * pad[1])
     planes = scratch.get("depthwise_planes", (threads, h * wd * lanes), x.dtype, np)
     padded_blocks = scratch.get("depthwise_padded", (threads, padded_cells * lanes), x.dtype, np)
     sums = scratch.get("depthwise_sums", (threads, ho * wo * lanes), x.dtype, np)
-    kernels.blocked_taps(x, weights, offsets, out, *stride, *pad, compiled.depthwise, compiled.transpose[0],
-                         compiled.shape.widest_depthwise, planes, padded_blocks, sums)
+    kernels.blocked_taps(x, weights, plan.offsets, plan.counts, out, *plan.stride, *pad, compiled.depthwise,
+                         compiled.transpose[0], compiled.shape.widest_depthwise, planes, padded_blocks, sums)
 
 
 def _blocked_weights(x, dy, geom: Geometry, dw, scratch):
@@ -158,7 +213,7 @@ def _blocked_weights(x, dy, geom: Geometry, dw, scratch):
     padded_blocks = scratch.get("depthwise_padded", (threads, (h + 2 * ph) * (wd + 2 * pw) * lanes), x.dtype, np)
     gradients = scratch.get("depthwise_sums", (threads, ho * wo * lanes), x.dtype, np)
     parts = scratch.get("depthwise_weight_parts", (n, blocks, kh * kw, lanes), x.dtype, np)
-    offsets = _tap_offsets(geom.kernel, geom.dilation, wd + 2 * pw, lanes, False)
+    offsets = _forward_plan(geom, wd, lanes).offsets.reshape(-1)
     kernels.blocked_weights(x, dy, offsets, parts, *geom.stride, ph, pw, compiled.depthwise_weights,
                             compiled.transpose[0], compiled.shape.depthwise_taps, planes, padded_blocks, gradients)
     total = parts.sum(axis=0, dtype=np.float64)  # blocks x T x lanes, the images in order

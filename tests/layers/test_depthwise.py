@@ -96,10 +96,14 @@ def test_depthwise_kernels_match_reference_float32(geom):
 
 # (channels, plane, kernel, stride, pad, dilation): whole and partial blocks of channels (16 floats or
 # 8 doubles a block on AVX-512), planes of fewer cells than a block's square tile and with cells past
-# the last whole tile, strides, dilation, a window past the input, a 5x5 kernel.
+# the last whole tile, strides (the input gradient by stride phases), dilation, a window past the
+# input, a 5x5 kernel.
 BLOCKED_CASES = [
     (32, (7, 7), 3, 1, 1, 1), (17, (14, 14), 3, 2, 1, 1), (20, (9, 11), 5, 1, 2, 1), (3, (4, 3), 3, 1, 1, 1),
     (16, (12, 13), 3, 2, 2, 2), (24, (8, 8), 3, 1, 1, 2), (8, (6, 7), 5, 1, 1, 1),
+    (8, (9, 10), 2, 3, 0, 1),   # input rows and columns no tap reads: their gradient is zero
+    (8, (6, 7), 2, 1, 2, 1),    # pad > extent - 1: outputs that read only padding
+    (16, (7, 7), 1, 2, 0, 1),   # 1 x 1 at stride 2
 ]
 
 
@@ -108,8 +112,8 @@ BLOCKED_CASES = [
 @pytest.mark.parametrize("channels,plane,kernel,stride,pad,dilation", BLOCKED_CASES)
 def test_channel_blocked_kernels_give_the_phase_kernels_bits(monkeypatch, dtype, channels, plane, kernel, stride,
                                                               pad, dilation):
-    """The blocked path (depthwise.forward and, at stride 1, backward_data with m = 1) adds each
-    output's taps in the phase kernels' order with the same fused multiply-adds: equal bits."""
+    """The blocked path (depthwise.forward and backward_data with m = 1) adds each output's taps in the
+    phase kernels' order with the same fused multiply-adds: equal bits."""
     from netdef.layers.jit import depthwise as kernels
 
     geom = Geometry((kernel, kernel), (stride, stride), (pad, pad), (dilation, dilation))
@@ -129,8 +133,7 @@ def test_channel_blocked_kernels_give_the_phase_kernels_bits(monkeypatch, dtype,
     depthwise.forward(x, w, geom, y)
     np.testing.assert_array_equal(y, y_phases)
     np.testing.assert_allclose(y, depthwise.forward_reference(x, w, geom, np.empty_like(dy)), rtol=1e-4, atol=1e-4)
-    if stride == 1:
-        monkeypatch.setattr(kernels, "backward_data", phase_kernel)
+    monkeypatch.setattr(kernels, "backward_data", phase_kernel)
     dx = np.full_like(x, np.nan)
     depthwise.backward_data(dy, w, geom, dx)
     np.testing.assert_array_equal(dx, dx_phases)

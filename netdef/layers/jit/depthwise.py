@@ -29,7 +29,7 @@ let_idle_kernel_threads_sleep()  # before numba starts its thread pool
 
 from numba import get_thread_id, njit, prange  # noqa: E402 (after the wait policy)
 
-from .kernel_calls import call5, call6, call9  # noqa: E402
+from .kernel_calls import call5, call7, call9  # noqa: E402
 
 FAST = {"contract"}
 FAST_SUMS = {"contract", "reassoc"}
@@ -218,8 +218,8 @@ def backward_weights(x, dy, dw_out, sh, sw, ph, pw, dh, dw):
 # pixel-major with the block's channels contiguous (one vector per pixel) and zero-padded, its taps
 # summed by the depthwise microkernels (jit/microkernels.py). The phase layout above copies each plane
 # row by row: on MobileNet's 7 x 7 and 14 x 14 planes those short copies took longer than the sums.
-# Each output is the same sum as forward's (taps in order from zero, one fused multiply-add each):
-# the same bits.
+# Each output is the same sum as the phase kernels' (taps in order from zero, one fused multiply-add
+# each): the same bits.
 
 
 @njit(inline="always")
@@ -290,30 +290,42 @@ def _start_item(x, item, blocks, lanes, ph, pw, transpose, planes, padded):
 
 
 @njit(nogil=True, parallel=True, cache=True)
-def blocked_taps(x, wb, off, y, sh, sw, ph, pw, kernels, transpose, widest, planes, padded, sums):
-    """y (N x C x Ho x Wo) = per channel, the sum over the taps t (in the table's order) of wb[block, t,
-    lane] times x zero-padded by (ph, pw) at ``off[t]`` elements of the blocked layout past output (r,
-    q)'s origin (r*sh, q*sw). wb (C/lanes rounded up x T x lanes): the taps' weights per block of
-    channels. ``planes``, ``padded``, ``sums``: one flat buffer per thread of numba's pool (H*W,
-    Hp*Wp and Ho*Wo cells of lanes values). One work item per image and block of channels."""
+def blocked_taps(x, wb, off, counts, y, sh, sw, ph, pw, kernels, transpose, widest, planes, padded, sums):
+    """y (N x C x Ho x Wo) by phases of its rows and columns (P x Q = counts.shape: 1 x 1 for a
+    forward, stride_h x stride_w for a strided input gradient): output (a + P*u, b + Q*v) is the sum
+    over phase (a, b)'s taps t < counts[a, b] (in the table's order, from zero) of wb[block, a, b, t,
+    lane] times x zero-padded by (ph, pw) at off[a, b, t] elements of the blocked layout past (u*sh,
+    v*sw); zero where a phase has no taps. wb (C/lanes rounded up x P x Q x T x lanes), off (P x Q
+    x T). ``planes``, ``padded``, ``sums``: one flat buffer per thread of numba's pool (H*W, Hp*Wp and
+    Ho*Wo cells of lanes values). One work item per image and block of channels."""
     n_, w_ = x.shape[0], x.shape[3]
-    blocks, taps, lanes = wb.shape
+    blocks, lanes = wb.shape[0], wb.shape[4]
+    row_phases, col_phases = counts.shape
     ho, wo = y.shape[2], y.shape[3]
     wp = w_ + 2 * pw
     size = x.itemsize
-    spans = (wo + widest - 1) // widest
-    off0 = np.int64(off.ctypes.data)
     for item in prange(n_ * blocks):
         n, b, c0, valid, thread = _start_item(x, item, blocks, lanes, ph, pw, transpose, planes, padded)
         xb, yb = padded[thread], sums[thread]
-        xb0, yb0, w0 = np.int64(xb.ctypes.data), np.int64(yb.ctypes.data), np.int64(wb[b].ctypes.data)
-        for r in range(ho):
-            row = xb0 + size * (r * sh * wp * lanes)
-            for k in range(spans):
-                start = k * wo // spans
-                stop = (k + 1) * wo // spans
-                call6(kernels[stop - start - 1], row + size * start * sw * lanes, w0,
-                      yb0 + size * (r * wo + start) * lanes, off0, np.int64(taps), np.int64(sw * lanes))
+        xb0, yb0 = np.int64(xb.ctypes.data), np.int64(yb.ctypes.data)
+        for a in range(row_phases):
+            for c in range(col_phases):
+                taps = counts[a, c]
+                columns = (wo - c + col_phases - 1) // col_phases
+                spans = (columns + widest - 1) // widest
+                w0, o0 = np.int64(wb[b, a, c].ctypes.data), np.int64(off[a, c].ctypes.data)
+                for r in range(a, ho, row_phases):
+                    if taps == 0:
+                        for q in range(c, wo, col_phases):
+                            yb[(r * wo + q) * lanes:(r * wo + q + 1) * lanes] = 0
+                        continue
+                    row = xb0 + size * ((r - a) // row_phases * sh * wp * lanes)
+                    for k in range(spans):
+                        start = k * columns // spans
+                        stop = (k + 1) * columns // spans
+                        call7(kernels[stop - start - 1], row + size * start * sw * lanes, w0,
+                              yb0 + size * (r * wo + c + start * col_phases) * lanes, o0, np.int64(taps),
+                              np.int64(sw * lanes), np.int64(col_phases * lanes))
         _from_block(yb, n, c0, valid, lanes, transpose, y)
 
 

@@ -36,6 +36,11 @@ def call9(typingctx, address, a, b, c, d, e, f, g, h, i):
 
 
 @intrinsic
+def call7(typingctx, address, a, b, c, d, e, f, g):
+    return _signature_and_call(7)
+
+
+@intrinsic
 def call6(typingctx, address, a, b, c, d, e, f):
     return _signature_and_call(6)
 

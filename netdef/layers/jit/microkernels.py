@@ -318,12 +318,13 @@ def pixels_kernel_ir(e: _Emitter, name: str, count: int, depthwise: bool = False
 
 def depthwise_kernel_ir(e: _Emitter, name: str, width: int) -> None:
     """acc[j] = sum_t wt[t*lanes ...] * x[off[t] + j*ps ...] lane by lane, t over the taps in order from
-    zero; stored to y[j*lanes ...]: ``width`` output pixels of one block of ``lanes`` channels of a
+    zero; stored to y[j*ys ...]: ``width`` output pixels of one block of ``lanes`` channels of a
     depthwise convolution, input and output in the channel-blocked layout (a pixel's block of
     channels contiguous), so that each tap is one vector load and multiply-add per pixel. Arguments
-    (all i64): x, wt, y, off (i64 table), taps (>= 1), ps (elements between the pixels' inputs)."""
+    (all i64): x, wt, y, off (i64 table), taps (>= 1), ps and ys (elements between the pixels' inputs,
+    and between their outputs)."""
     s, v = e.s, e.vec
-    e(f"define void @{name}(i64 %xa, i64 %wa, i64 %ya, i64 %offa, i64 %taps, i64 %ps) {{")
+    e(f"define void @{name}(i64 %xa, i64 %wa, i64 %ya, i64 %offa, i64 %taps, i64 %ps, i64 %ys) {{")
     e("entry:")
     e.pointers("x", "w", "y", "off")
     e("br label %loop")
@@ -343,7 +344,8 @@ def depthwise_kernel_ir(e: _Emitter, name: str, width: int) -> None:
     e.count_up("t", "taps", "loop", "done")
     e("done:")
     for j in range(width):
-        e(f"%y{j}.p = getelementptr {s.element}, ptr %y, i64 {j * s.lanes}")
+        e(f"%yo{j} = mul i64 %ys, {j}")
+        e(f"%y{j}.p = getelementptr {s.element}, ptr %y, i64 %yo{j}")
         e(f"store {v} %n{j}, ptr %y{j}.p, align {e.align}")
     e("ret void")
     e("}")
