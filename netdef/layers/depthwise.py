@@ -172,13 +172,6 @@ def _blocked_taps(x, w, plan: _Plan, out, scratch):
 
     compiled = microkernels.kernels_for(x.dtype)
     lanes = compiled.shape.lanes
-    c, taps = w.shape[0], w.shape[2] * w.shape[3]
-    blocks = -(-c // lanes)
-    # Each phase's weights in its taps' order (the zero column past the taps where a phase has fewer), per block.
-    weights = np.zeros((blocks * lanes, taps + 1), x.dtype)
-    weights[:c, :taps] = w.reshape(c, taps)
-    weights = weights[:, plan.taps].reshape((blocks, lanes) + plan.taps.shape)
-    weights = np.ascontiguousarray(np.moveaxis(weights, 1, -1))
     scratch = scratch if scratch is not None else Scratch()
     threads = numba.config.NUMBA_NUM_THREADS  # numba's pool: get_thread_id() is below it
     (h, wd), (ho, wo), pad = x.shape[2:], out.shape[2:], plan.pad
@@ -186,8 +179,10 @@ def _blocked_taps(x, w, plan: _Plan, out, scratch):
     planes = scratch.get("depthwise_planes", (threads, h * wd * lanes), x.dtype, np)
     padded_blocks = scratch.get("depthwise_padded", (threads, padded_cells * lanes), x.dtype, np)
     sums = scratch.get("depthwise_sums", (threads, ho * wo * lanes), x.dtype, np)
-    kernels.blocked_taps(x, weights, plan.offsets, plan.counts, out, *plan.stride, *pad, compiled.depthwise,
-                         compiled.transpose[0], compiled.shape.widest_depthwise, planes, padded_blocks, sums)
+    weights = scratch.get("depthwise_weights", (threads, plan.taps.size * lanes), x.dtype, np)
+    kernels.blocked_taps(x, w, plan.taps, plan.offsets, plan.counts, out, *plan.stride, *pad, lanes,
+                         compiled.depthwise, compiled.transpose[0], compiled.shape.widest_depthwise, planes,
+                         padded_blocks, sums, weights)
 
 
 def _blocked_weights(x, dy, geom: Geometry, dw, scratch):

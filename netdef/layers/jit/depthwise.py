@@ -289,33 +289,52 @@ def _start_item(x, item, blocks, lanes, ph, pw, transpose, planes, padded):
     return n, b, c0, valid, thread
 
 
+@njit(inline="always")
+def _block_weights(w, taps, counts, c0, valid, lanes, out):
+    """``out`` (P x Q x T x lanes, flat) = the weights of channels c0 ... c0 + valid (zero past them)
+    for each phase's taps in order: w[c0 + lane, taps[a, b, t]] (w as C x kh*kw)."""
+    kernel = w.shape[2] * w.shape[3]
+    flat = w.reshape(w.size)
+    row_phases, col_phases, most = taps.shape
+    for a in range(row_phases):
+        for b in range(col_phases):
+            for t in range(counts[a, b]):
+                at = ((a * col_phases + b) * most + t) * lanes
+                for lane in range(lanes):
+                    out[at + lane] = flat[(c0 + lane) * kernel + taps[a, b, t]] if lane < valid else 0
+
+
 @njit(nogil=True, parallel=True, cache=True)
-def blocked_taps(x, wb, off, counts, y, sh, sw, ph, pw, kernels, transpose, widest, planes, padded, sums):
+def blocked_taps(x, w, taps, off, counts, y, sh, sw, ph, pw, lanes, kernels, transpose, widest, planes, padded,
+                 sums, weights):
     """y (N x C x Ho x Wo) by phases of its rows and columns (P x Q = counts.shape: 1 x 1 for a
     forward, stride_h x stride_w for a strided input gradient): output (a + P*u, b + Q*v) is the sum
-    over phase (a, b)'s taps t < counts[a, b] (in the table's order, from zero) of wb[block, a, b, t,
-    lane] times x zero-padded by (ph, pw) at off[a, b, t] elements of the blocked layout past (u*sh,
-    v*sw); zero where a phase has no taps. wb (C/lanes rounded up x P x Q x T x lanes), off (P x Q
-    x T). ``planes``, ``padded``, ``sums``: one flat buffer per thread of numba's pool (H*W, Hp*Wp and
-    Ho*Wo cells of lanes values). One work item per image and block of channels."""
-    n_, w_ = x.shape[0], x.shape[3]
-    blocks, lanes = wb.shape[0], wb.shape[4]
-    row_phases, col_phases = counts.shape
+    over phase (a, b)'s taps t < counts[a, b] (in the table's order, from zero) of w[channel, 0,
+    taps[a, b, t]] (w's kernel flat) times x zero-padded by (ph, pw) at off[a, b, t] elements of the
+    blocked layout past (u*sh, v*sw); zero where a phase has no taps. Blocks of ``lanes`` channels
+    (the kernels' vector). ``planes``, ``padded``, ``sums``, ``weights``: one flat buffer per thread
+    of numba's pool (H*W, Hp*Wp and Ho*Wo cells of lanes values; P*Q*T*lanes). One work item per
+    image and block of channels."""
+    n_, c_, w_ = x.shape[0], x.shape[1], x.shape[3]
+    blocks = (c_ + lanes - 1) // lanes
+    row_phases, col_phases, most = taps.shape
     ho, wo = y.shape[2], y.shape[3]
     wp = w_ + 2 * pw
     size = x.itemsize
     for item in prange(n_ * blocks):
         n, b, c0, valid, thread = _start_item(x, item, blocks, lanes, ph, pw, transpose, planes, padded)
-        xb, yb = padded[thread], sums[thread]
-        xb0, yb0 = np.int64(xb.ctypes.data), np.int64(yb.ctypes.data)
+        xb, yb, wb = padded[thread], sums[thread], weights[thread]
+        _block_weights(w, taps, counts, c0, valid, lanes, wb)
+        xb0, yb0, wb0 = np.int64(xb.ctypes.data), np.int64(yb.ctypes.data), np.int64(wb.ctypes.data)
         for a in range(row_phases):
             for c in range(col_phases):
-                taps = counts[a, c]
+                count = counts[a, c]
                 columns = (wo - c + col_phases - 1) // col_phases
                 spans = (columns + widest - 1) // widest
-                w0, o0 = np.int64(wb[b, a, c].ctypes.data), np.int64(off[a, c].ctypes.data)
+                w0 = wb0 + size * ((a * col_phases + c) * most * lanes)
+                o0 = np.int64(off[a, c].ctypes.data)
                 for r in range(a, ho, row_phases):
-                    if taps == 0:
+                    if count == 0:
                         for q in range(c, wo, col_phases):
                             yb[(r * wo + q) * lanes:(r * wo + q + 1) * lanes] = 0
                         continue
@@ -324,7 +343,7 @@ def blocked_taps(x, wb, off, counts, y, sh, sw, ph, pw, kernels, transpose, wide
                         start = k * columns // spans
                         stop = (k + 1) * columns // spans
                         call7(kernels[stop - start - 1], row + size * start * sw * lanes, w0,
-                              yb0 + size * (r * wo + c + start * col_phases) * lanes, o0, np.int64(taps),
+                              yb0 + size * (r * wo + c + start * col_phases) * lanes, o0, np.int64(count),
                               np.int64(sw * lanes), np.int64(col_phases * lanes))
         _from_block(yb, n, c0, valid, lanes, transpose, y)
 
