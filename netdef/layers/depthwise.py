@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import numpy as np
 
@@ -162,55 +163,53 @@ def _input_gradient_plan(geom: Geometry, in_hw: tuple, out_hw: tuple, lanes: int
     return _Plan((1, 1), border, *_frozen(taps, offsets, counts))
 
 
-def _blocked_taps(x, w, plan: _Plan, out, scratch):
-    """out = jit/depthwise.blocked_taps of x and w by ``plan``."""
+def _thread_buffers(scratch, dtype, lanes: int, in_hw, pad, out_hw) -> tuple:
+    """The blocked kernels' buffers, one row per thread of numba's pool (get_thread_id() is below its
+    size): planes (the input's or the top gradient's cells), the padded input, the output's cells."""
     import numba
 
+    from .scratch import Scratch
+
+    scratch = scratch if scratch is not None else Scratch()
+    threads = numba.config.NUMBA_NUM_THREADS
+    cells, out_cells = math.prod(in_hw), math.prod(out_hw)
+    padded_cells = (in_hw[0] + 2 * pad[0]) * (in_hw[1] + 2 * pad[1])
+    return (scratch.get("depthwise_planes", (threads, max(cells, out_cells) * lanes), dtype, np),
+            scratch.get("depthwise_padded", (threads, padded_cells * lanes), dtype, np),
+            scratch.get("depthwise_sums", (threads, out_cells * lanes), dtype, np), scratch)
+
+
+def _blocked_taps(x, w, plan: _Plan, out, scratch):
+    """out = jit/depthwise.blocked_taps of x and w by ``plan``."""
     from .jit import depthwise as kernels
     from .jit import microkernels
-    from .scratch import Scratch
 
     compiled = microkernels.kernels_for(x.dtype)
     lanes = compiled.shape.lanes
-    scratch = scratch if scratch is not None else Scratch()
-    threads = numba.config.NUMBA_NUM_THREADS  # numba's pool: get_thread_id() is below it
-    (h, wd), (ho, wo), pad = x.shape[2:], out.shape[2:], plan.pad
-    padded_cells = (h + 2 * pad[0]) * (wd + 2 * pad[1])
-    planes = scratch.get("depthwise_planes", (threads, h * wd * lanes), x.dtype, np)
-    padded_blocks = scratch.get("depthwise_padded", (threads, padded_cells * lanes), x.dtype, np)
-    sums = scratch.get("depthwise_sums", (threads, ho * wo * lanes), x.dtype, np)
-    weights = scratch.get("depthwise_weights", (threads, plan.taps.size * lanes), x.dtype, np)
-    kernels.blocked_taps(x, w, plan.taps, plan.offsets, plan.counts, out, *plan.stride, *pad, lanes,
-                         compiled.depthwise, compiled.transpose[0], compiled.shape.widest_depthwise, planes,
-                         padded_blocks, sums, weights)
+    *buffers, scratch = _thread_buffers(scratch, x.dtype, lanes, x.shape[2:], plan.pad, out.shape[2:])
+    weights = scratch.get("depthwise_weights", (buffers[0].shape[0], plan.taps.size * lanes), x.dtype, np)
+    kernels.blocked_taps(x, w, plan.taps, plan.offsets, plan.counts, out, *plan.stride, *plan.pad, lanes,
+                         compiled.depthwise, compiled.transpose[0], compiled.shape.widest_depthwise, *buffers,
+                         weights)
 
 
 def _blocked_weights(x, dy, geom: Geometry, dw, scratch):
     """dw += the weight gradient by jit/depthwise.blocked_weights: each image's sums over its pixels
     in the element type (as the direct path's and Caffe's products), the images' added in order in
     float64 (the phase kernel sums everything in float64: the two differ by rounding)."""
-    import numba
-
     from .jit import depthwise as kernels
     from .jit import microkernels
-    from .scratch import Scratch
 
     compiled = microkernels.kernels_for(x.dtype)
     lanes = compiled.shape.lanes
     n, c = x.shape[:2]
     kh, kw = dw.shape[2:]
     blocks = -(-c // lanes)
-    scratch = scratch if scratch is not None else Scratch()
-    threads = numba.config.NUMBA_NUM_THREADS  # numba's pool: get_thread_id() is below it
-    (h, wd), (ho, wo) = x.shape[2:], dy.shape[2:]
-    (ph, pw) = geom.pad
-    planes = scratch.get("depthwise_planes", (threads, max(h * wd, ho * wo) * lanes), x.dtype, np)
-    padded_blocks = scratch.get("depthwise_padded", (threads, (h + 2 * ph) * (wd + 2 * pw) * lanes), x.dtype, np)
-    gradients = scratch.get("depthwise_sums", (threads, ho * wo * lanes), x.dtype, np)
+    *buffers, scratch = _thread_buffers(scratch, x.dtype, lanes, x.shape[2:], geom.pad, dy.shape[2:])
     parts = scratch.get("depthwise_weight_parts", (n, blocks, kh * kw, lanes), x.dtype, np)
-    offsets = _forward_plan(geom, wd, lanes).offsets.reshape(-1)
-    kernels.blocked_weights(x, dy, offsets, parts, *geom.stride, ph, pw, compiled.depthwise_weights,
-                            compiled.transpose[0], compiled.shape.depthwise_taps, planes, padded_blocks, gradients)
+    offsets = _forward_plan(geom, x.shape[3], lanes).offsets.reshape(-1)
+    kernels.blocked_weights(x, dy, offsets, parts, *geom.stride, *geom.pad, compiled.depthwise_weights,
+                            compiled.transpose[0], compiled.shape.depthwise_taps, *buffers)
     total = parts.sum(axis=0, dtype=np.float64)  # blocks x T x lanes, the images in order
     dw.reshape(c, kh * kw)[...] += total.transpose(0, 2, 1).reshape(blocks * lanes, kh * kw)[:c]
 

@@ -313,7 +313,7 @@ def blocked_taps(x, w, taps, off, counts, y, sh, sw, ph, pw, lanes, kernels, tra
     taps[a, b, t]] (w's kernel flat) times x zero-padded by (ph, pw) at off[a, b, t] elements of the
     blocked layout past (u*sh, v*sw); zero where a phase has no taps. Blocks of ``lanes`` channels
     (the kernels' vector). ``planes``, ``padded``, ``sums``, ``weights``: one flat buffer per thread
-    of numba's pool (H*W, Hp*Wp and Ho*Wo cells of lanes values; P*Q*T*lanes). One work item per
+    of numba's pool (at least H*W, Hp*Wp and Ho*Wo cells of lanes values; P*Q*T*lanes). One work item per
     image and block of channels."""
     n_, c_, w_ = x.shape[0], x.shape[1], x.shape[3]
     blocks = (c_ + lanes - 1) // lanes
