@@ -229,7 +229,6 @@ class ConvolutionLayer(_ConvolutionBase):
         dtype = bottom[0].dtype
         self.algorithm = self._choose_algorithm(backend.xp(), dtype)
         self.rows_input_gradient = self._choose_rows_input_gradient() if self.algorithm == "rows" else None
-        self.direct_input_gradient = None
         # The row path is chosen for its backward; where the direct kernels can compute the layer,
         # its forward is theirs (faster at every width; LeNet's conv2 at batch 64, 2 threads: see
         # direct.ROWS_BELOW_WIDTH). The backward then expands the last chunk's rows itself.
@@ -237,8 +236,7 @@ class ConvolutionLayer(_ConvolutionBase):
             self.algorithm == "rows" and self._direct_usable(np.dtype(dtype)) and direct.compiles(np.dtype(dtype)))
         if self.direct_forward:
             self._plan_direct(dtype)
-            if self.algorithm != "direct":
-                self.direct_input_gradient = None
+        self.direct_input_gradient = self._direct.input_gradient_choice if self.algorithm == "direct" else None
 
     def algorithm_summary(self) -> str:
         """The algorithms chosen for these shapes, for benchmarks and logs: "rows", "rows/col2im",
@@ -504,7 +502,6 @@ class ConvolutionLayer(_ConvolutionBase):
             self._direct = direct.DirectConvolution(self.geom, self.num, self.channels, self.num_output,
                                                     self.group, self.in_spatial, self.out_spatial, dtype)
             self._direct_key = key
-        self.direct_input_gradient = self._direct.input_gradient_choice
 
     def _forward_direct(self, bottom, top):
         bias = self.blobs[1].data if self.bias_term else None
