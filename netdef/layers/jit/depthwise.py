@@ -29,7 +29,7 @@ let_idle_kernel_threads_sleep()  # before numba starts its thread pool
 
 from numba import get_thread_id, njit, prange  # noqa: E402 (after the wait policy)
 
-from .kernel_calls import call5, call7, call9  # noqa: E402
+from .kernel_calls import call5, call7, call9, span  # noqa: E402
 
 FAST = {"contract"}
 FAST_SUMS = {"contract", "reassoc"}
@@ -236,9 +236,9 @@ def _planes_of_block(a, n, c0, valid, lanes):
 @njit(inline="always")
 def _into_padded_block(x, n, c0, valid, lanes, ph, pw, transpose, plane, padded):
     """``padded`` (Hp*Wp x lanes, flat) = channels c0 ... c0 + lanes of x[n] zero-padded by (ph, pw),
-    by way of ``plane`` (at least H*W x lanes, flat): square tiles by ``transpose``, the rest (the cells past
-    the last whole tile, a block with ``valid`` < lanes channels) one value at a time (zeros past
-    ``valid``)."""
+    by way of ``plane`` (at least H*W x lanes, flat): square tiles by ``transpose``, the rest (the
+    cells past the last whole tile, a block with ``valid`` < lanes channels) one value at a time
+    (zeros past ``valid``)."""
     h_, w_ = x.shape[2], x.shape[3]
     cells = h_ * w_
     hp, wp = h_ + 2 * ph, w_ + 2 * pw
@@ -313,8 +313,8 @@ def blocked_taps(x, w, taps, off, counts, y, sh, sw, ph, pw, lanes, kernels, tra
     taps[a, b, t]] (w's kernel flat) times x zero-padded by (ph, pw) at off[a, b, t] elements of the
     blocked layout past (u*sh, v*sw); zero where a phase has no taps. Blocks of ``lanes`` channels
     (the kernels' vector). ``planes``, ``padded``, ``sums``, ``weights``: one flat buffer per thread
-    of numba's pool (at least H*W, Hp*Wp and Ho*Wo cells of lanes values; P*Q*T*lanes). One work item per
-    image and block of channels."""
+    of numba's pool (at least H*W, Hp*Wp and Ho*Wo cells of lanes values; P*Q*T*lanes). One work
+    item per image and block of channels."""
     n_, c_, w_ = x.shape[0], x.shape[1], x.shape[3]
     blocks = (c_ + lanes - 1) // lanes
     row_phases, col_phases, most = taps.shape
@@ -340,8 +340,7 @@ def blocked_taps(x, w, taps, off, counts, y, sh, sw, ph, pw, lanes, kernels, tra
                         continue
                     row = xb0 + size * ((r - a) // row_phases * sh * wp * lanes)
                     for k in range(spans):
-                        start = k * columns // spans
-                        stop = (k + 1) * columns // spans
+                        start, stop = span(k, spans, columns)
                         call7(kernels[stop - start - 1], row + size * start * sw * lanes, w0,
                               yb0 + size * (r * wo + c + start * col_phases) * lanes, o0, np.int64(count),
                               np.int64(sw * lanes), np.int64(col_phases * lanes))
@@ -369,8 +368,7 @@ def blocked_weights(x, dy, off, parts, sh, sw, ph, pw, kernels, transpose, wides
         part[:] = 0
         xb0, gb0, part0 = np.int64(xb.ctypes.data), np.int64(gb.ctypes.data), np.int64(part.ctypes.data)
         for k in range(spans):
-            start = k * taps // spans
-            stop = (k + 1) * taps // spans
+            start, stop = span(k, spans, taps)
             call9(kernels[stop - start - 1], xb0, gb0, part0 + size * start * lanes,
                   np.int64(off.ctypes.data) + 8 * start, np.int64(ho), np.int64(wo), np.int64(pixel_step),
                   np.int64(row_step), np.int64(wo * lanes))

@@ -24,15 +24,9 @@ let_idle_kernel_threads_sleep()  # before numba starts its thread pool
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402 (after the wait policy)
 
-from .kernel_calls import addresses, call5, call9, call10  # noqa: E402
+from .kernel_calls import addresses, call5, call9, call10, span  # noqa: E402
 
 OPTIONS = dict(nogil=True, cache=True)
-
-
-@njit(inline="always")
-def _span(k, count, total):
-    """Start and stop of span ``k`` of ``count`` near-equal spans of ``total``."""
-    return k * total // count, (k + 1) * total // count
 
 
 @njit(parallel=True, **OPTIONS)
@@ -85,7 +79,7 @@ def taps(xp, wb, off, part, y, bias, kernels, stride_h, stride_w, widest, chunk_
             for h in range(h_start, min(ho, h_start + block_rows)):
                 x_row = x_image + size * (h * stride_h * wp)
                 for k in range(spans):
-                    start, stop = _span(k, spans, wo)
+                    start, stop = span(k, spans, wo)
                     call10(kernels[variant, stop - start - 1], x_row + size * start * stride_w,
                             w_block + size * t_start * block, p_block + size * (h * wo + start) * block,
                             o0 + 8 * t_start, np.int64(count), np.int64(stride_w),
@@ -115,7 +109,7 @@ def pixels(xp, dyb, off, dwb, kernels, stride_h, stride_w, widest, chunk, thread
         for task in prange(tasks):
             g = task // (b_ * spans)
             b = (task // spans) % b_
-            start, stop = _span(task % spans, spans, t_)
+            start, stop = span(task % spans, spans, t_)
             for n in range(n_start, n_stop):
                 call9(kernels[stop - start - 1],
                        x0 + size * ((n * c_ + g * group_channels) * hp * wp),

@@ -2,7 +2,7 @@
 
 numba's intrinsics take no *args, so there is one per arity the kernels have; every argument is an
 i64 (addresses, counts, strides). ``addresses`` gives the data pointers of arrays as the kernels take
-them.
+them, ``span`` the near-equal pieces a row of pixels or a run of taps is cut into, one call each.
 """
 from __future__ import annotations
 
@@ -54,3 +54,9 @@ def call5(typingctx, address, a, b, c, d, e):
 def addresses(a, b, c, d):
     """The data addresses of four arrays, as the kernels take them."""
     return np.int64(a.ctypes.data), np.int64(b.ctypes.data), np.int64(c.ctypes.data), np.int64(d.ctypes.data)
+
+
+@njit(inline="always")
+def span(k, count, total):
+    """Start and stop of span ``k`` of ``count`` near-equal spans of ``total``."""
+    return k * total // count, (k + 1) * total // count

@@ -29,7 +29,8 @@ channels whose input is blocked too.
 Each output or gradient element is one accumulator, summed in a fixed order (taps in order; images,
 rows and columns in order) with fused multiply-adds: the result is the same whatever the blocking, the
 thread count or the vector width, so runs and resumes are bit-exact. The kernels are called from numba
-(jit/direct_conv.py, jit/depthwise.py; jit/kernel_calls.py) through their addresses; the compiled code lives as long as the process.
+(jit/direct_conv.py, jit/depthwise.py; jit/kernel_calls.py) through their addresses; the compiled code
+lives as long as the process.
 """
 from __future__ import annotations
 
