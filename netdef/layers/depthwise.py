@@ -54,6 +54,24 @@ def forward(x, w, geom: Geometry, out, scratch=None):
     return forward_reference(x, w, geom, out)
 
 
+def forward_mapped(x, w, geom: Geometry, out, channel_map, scratch=None) -> bool:
+    """Writes ``channel_map`` (layers/fusion.ChannelMap) of the depthwise convolution into ``out``,
+    each block of channels mapped as the blocked kernel writes it, while it is still in cache (one
+    pass over the output fewer than the convolution and then the map; the same bits). False, with
+    nothing written, where the blocked kernels do not compute it or the map's per-channel values
+    are not over ``out``'s channels."""
+    m = channel_map
+    n, o = out.shape[:2]
+    if m.dims is not None and tuple(m.dims) != (n, o, math.prod(out.shape[2:])):
+        return False
+    if not (jit.usable(x, w, out, m.shift, m.mean, m.std, m.scale, m.bias) and _blocked(x.shape[1], w)):
+        return False
+    slope = None if m.negative_slope is None else x.dtype.type(m.negative_slope)
+    _blocked_taps(x, w, _forward_plan(geom, x.shape[3], _lanes(x.dtype)), out, scratch,
+                  (m.shift, m.mean, m.std, m.scale, m.bias, slope))
+    return True
+
+
 def backward_data(dy, w, geom: Geometry, out, scratch=None):
     """Writes the input gradient of the depthwise convolution into ``out`` (N x C x H x W)."""
     if jit.usable(dy, w, out):
@@ -179,8 +197,12 @@ def _thread_buffers(scratch, dtype, lanes: int, in_hw, pad, out_hw) -> tuple:
             scratch.get("depthwise_sums", (threads, out_cells * lanes), dtype, np), scratch)
 
 
-def _blocked_taps(x, w, plan: _Plan, out, scratch):
-    """out = jit/depthwise.blocked_taps of x and w by ``plan``."""
+_NO_MAP = (None,) * 6
+
+
+def _blocked_taps(x, w, plan: _Plan, out, scratch, channel_map=_NO_MAP):
+    """out = jit/depthwise.blocked_taps of x and w by ``plan``, then ``channel_map`` (the map's shift,
+    mean, std, scale, bias and negative slope, each None where absent)."""
     from .jit import depthwise as kernels
     from .jit import microkernels
 
@@ -190,7 +212,7 @@ def _blocked_taps(x, w, plan: _Plan, out, scratch):
     weights = scratch.get("depthwise_weights", (buffers[0].shape[0], plan.taps.size * lanes), x.dtype, np)
     kernels.blocked_taps(x, w, plan.taps, plan.offsets, plan.counts, out, *plan.stride, *plan.pad, lanes,
                          compiled.depthwise, compiled.transpose[0], compiled.shape.widest_depthwise, *buffers,
-                         weights)
+                         weights, *channel_map)
 
 
 def _blocked_weights(x, dy, geom: Geometry, dw, scratch):

@@ -310,15 +310,20 @@ class ConvolutionLayer(_ConvolutionBase):
     def forward_mapped(self, bottom, top, channel_map):
         # Every algorithm writes the output into the top's array itself: mapped there in place. The
         # pointwise and depthwise products add the bias in a pass of their own: the map adds it.
+        # The depthwise kernels apply the map as they write each block of channels.
         products = {"pointwise": self._pointwise_products, "depthwise": self._depthwise_products}.get(self.algorithm)
-        with_bias = None
-        if products is not None and self.bias_term and len(top) == 1:
-            dims = (self.num, self.num_output, math.prod(self.out_spatial))
-            with_bias = fusion.compose(fusion.ChannelMap(dims, shift=self.blobs[1].data), channel_map)
-        if with_bias is None:
+        if products is None or len(top) != 1:
             return fusion.forward_then_map(self, bottom, top, channel_map)
+        mapped = channel_map
+        if self.bias_term:
+            dims = (self.num, self.num_output, math.prod(self.out_spatial))
+            mapped = fusion.compose(fusion.ChannelMap(dims, shift=self.blobs[1].data), channel_map)
+            if mapped is None:
+                return fusion.forward_then_map(self, bottom, top, channel_map)
+        if self.algorithm == "depthwise" and self._depthwise_mapped(bottom[0], top[0], mapped):
+            return True
         products(bottom, top)
-        fusion.apply(with_bias, top[0].data, top[0].data)
+        fusion.apply(mapped, top[0].data, top[0].data)
         return True
 
     def backward(self, top, propagate_down, bottom):
@@ -400,6 +405,13 @@ class ConvolutionLayer(_ConvolutionBase):
             y = t.data.reshape((self.num, self.num_output) + self.out_spatial)
             depthwise.forward(b.data.reshape((self.num, self.channels) + self.in_spatial), w, self.geom, y,
                               self.scratch)
+
+    def _depthwise_mapped(self, b, t, channel_map) -> bool:
+        """The depthwise products with ``channel_map`` applied as each block is written, where
+        depthwise.forward_mapped computes them (False: nothing written)."""
+        return depthwise.forward_mapped(b.data.reshape((self.num, self.channels) + self.in_spatial), self.blobs[0].data,
+                                        self.geom, t.data.reshape((self.num, self.num_output) + self.out_spatial),
+                                        channel_map, self.scratch)
 
     def _backward_depthwise(self, top, propagate_down, bottom):
         w = self.blobs[0].data

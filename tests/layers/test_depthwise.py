@@ -174,6 +174,63 @@ def test_channel_blocked_weight_gradient(monkeypatch, dtype, channels, plane, ke
     np.testing.assert_array_equal(results[0], results[1])
 
 
+def _channel_maps(batch, channels, cells, dtype):
+    """Maps with each of the stages a TEST-phase chain composes onto a depthwise convolution: a
+    bias, BatchNorm, Scale with and without its bias, ReLU (slope 0 and leaky); per-channel values
+    over the output's channels."""
+    from netdef.layers.fusion import ChannelMap
+
+    dims = (batch, channels, cells)
+    v = lambda: RNG.standard_normal(channels).astype(dtype)  # noqa: E731
+    std = np.abs(v()) + dtype(0.5)
+    return {
+        "bias+batchnorm+scale+relu": ChannelMap(dims, v(), v(), std, v(), v(), 0.0),
+        "batchnorm+scale": ChannelMap(dims, mean=v(), std=std, scale=v(), bias=v()),
+        "scale(no bias)+leaky": ChannelMap(dims, scale=v(), negative_slope=0.1),
+        "relu": ChannelMap(negative_slope=0.0),
+    }
+
+
+@pytest.mark.skipif(not direct.compiles(np.dtype(np.float32)), reason="the microkernels do not compile on this CPU")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("channels,plane,kernel,stride,pad,dilation", BLOCKED_CASES[:4])
+def test_channel_map_applied_as_blocks_are_written_gives_the_map_after_the_convolution(
+        dtype, channels, plane, kernel, stride, pad, dilation):
+    """depthwise.forward_mapped (the map applied to each block of channels as the blocked kernel
+    writes it) against the convolution and then fusion.apply: the same bits, with whole and partial
+    blocks, for every combination of stages; inputs with NaN, infinities and signed zeros."""
+    from netdef.layers import fusion
+
+    geom = Geometry((kernel, kernel), (stride, stride), (pad, pad), (dilation, dilation))
+    x = RNG.standard_normal((2, channels) + plane).astype(dtype)
+    x.reshape(-1)[:5] = [np.nan, np.inf, -np.inf, -0.0, 0.0]
+    w = RNG.standard_normal((channels, 1, kernel, kernel)).astype(dtype)
+    out = (2, channels) + geom.conv_out(plane)
+    for name, m in _channel_maps(2, channels, int(np.prod(out[2:])), dtype).items():
+        expected = fusion.apply(m, depthwise.forward(x, w, geom, np.empty(out, dtype)), np.empty(out, dtype))
+        y = np.full(out, 7.0, dtype)
+        assert depthwise.forward_mapped(x, w, geom, y, m), name
+        assert np.array_equal(y, expected, equal_nan=True), name
+        assert np.array_equal(np.signbit(y), np.signbit(expected)), name
+
+
+def test_channel_map_over_other_channels_is_left_to_the_caller():
+    """A map whose per-channel values are not over the output's channels (or a convolution the
+    blocked kernels do not compute: channel multiplier 2) is refused and nothing is written."""
+    from netdef.layers.fusion import ChannelMap
+
+    geom = Geometry((3, 3), (1, 1), (1, 1), (1, 1))
+    x = RNG.standard_normal((2, 8, 5, 5)).astype(np.float32)
+    y = np.full((2, 8, 5, 5), 7.0, np.float32)
+    other = ChannelMap((2, 4, 50), scale=np.ones(4, np.float32))
+    assert not depthwise.forward_mapped(x, RNG.standard_normal((8, 1, 3, 3)).astype(np.float32), geom, y, other)
+    doubled = np.full((2, 16, 5, 5), 7.0, np.float32)
+    relu = ChannelMap(negative_slope=0.0)
+    assert not depthwise.forward_mapped(x, RNG.standard_normal((16, 1, 3, 3)).astype(np.float32), geom, doubled,
+                                        relu)
+    assert (y == 7.0).all() and (doubled == 7.0).all()
+
+
 def test_convolution_algorithm_choice(monkeypatch):
     def algorithm(channels, **fields):
         layer, _, _ = build(parse_layer(conv_text(**fields)), [np.zeros((1, channels, 9, 9))], 1)
