@@ -42,23 +42,64 @@ def matmul(a, b, out=None):
         return get_array_module(a).matmul(a, b, out=out)
     if a.shape[-2] == 1 or b.shape[-1] == 1:
         return _matrix_vector(blas, a, b, out)
+    if out is None:
+        out = np.empty(_product_shape(a, b), a.dtype)
+    panels = _gemm_panels(a, b, out)
+    if panels is None:
+        return np.matmul(a, b, out=out)
+    blas.gemm_panels(*panels)
+    return out
+
+
+def matmul_row_mapped(a, b, out, row_map) -> bool:
+    """out = ``row_map``(a @ b), where each row of the product (of each matrix of a batch) is one
+    channel of the map (layers/fusion.ChannelMap: a pointwise convolution's output channels):
+    every panel of the product is mapped by the thread that computed it, while it is still in
+    cache, instead of in a pass of its own over ``out`` afterwards. The same bits as ``matmul``
+    and then ``fusion.apply``. False, with nothing written, where ``matmul`` would not run the
+    product on jit/blas.py's panels (NumPy's products, matrix-vector ones), where ``out`` is not
+    C-contiguous, or where the map's per-channel values are not over the product's rows."""
+    blas = _blas()
+    if blas is None or not _takes(a, b, out) or _multiply_adds(a, b) < PARALLEL_MIN_MULTIPLY_ADDS:
+        return False
+    if a.shape[-2] == 1 or b.shape[-1] == 1 or not out.flags.c_contiguous:
+        return False
+    if row_map.dims is not None and row_map.dims[1] != a.shape[-2]:
+        return False
+    if not jit.usable(out, row_map.shift, row_map.mean, row_map.std, row_map.scale, row_map.bias):
+        return False
+    panels = _gemm_panels(a, b, out)
+    if panels is None:
+        return False
+    m = row_map
+    slope = None if m.negative_slope is None else out.dtype.type(m.negative_slope)
+    blas.gemm_panels_mapped(*panels, out.reshape((-1,) + out.shape[-2:]), m.shift, m.mean, m.std, m.scale, m.bias,
+                            slope)
+    return True
+
+
+def _product_shape(a, b) -> tuple:
+    m, n = a.shape[-2], b.shape[-1]
+    return (_items(a, b), m, n) if max(a.ndim, b.ndim) == 3 else (m, n)
+
+
+def _gemm_panels(a, b, out):
+    """jit/blas.py's ``gemm_panels`` arguments for out = a @ b (operands ``matmul`` takes), or None
+    where ``out`` does not fit (its shape, memory shared with an operand, rows not contiguous) or an
+    operand has no unit stride: NumPy's product then."""
     items = _items(a, b)
     m, k = a.shape[-2:]
     n = b.shape[-1]
-    shape = (items, m, n) if max(a.ndim, b.ndim) == 3 else (m, n)
-    if out is None:
-        out = np.empty(shape, a.dtype)
-    elif out.shape != shape or np.may_share_memory(out, a) or np.may_share_memory(out, b):
-        return np.matmul(a, b, out=out)
+    if out.shape != _product_shape(a, b) or np.may_share_memory(out, a) or np.may_share_memory(out, b):
+        return None
     operands = [_matrix(x) for x in (a, b)]
     c = _matrix(out)
     if None in operands or c is None or c[0] != _NO_TRANS:
-        return np.matmul(a, b, out=out)
+        return None
     (trans_a, lda, step_a), (trans_b, ldb, step_b) = operands
     parts, split_rows = _skinny_panels(m, n, k) if items == 1 and trans_b == _TRANS else _panels(items, m, n)
-    blas.gemm_panels(a.dtype == np.float64, trans_a, trans_b, m, n, k, a.ctypes.data, lda, step_a, b.ctypes.data,
-                     ldb, step_b, out.ctypes.data, c[1], c[2], items, parts, split_rows)
-    return out
+    return (a.dtype == np.float64, trans_a, trans_b, m, n, k, a.ctypes.data, lda, step_a, b.ctypes.data, ldb, step_b,
+            out.ctypes.data, c[1], c[2], items, parts, split_rows)
 
 
 _BLAS = []  # jit/blas.py once imported (it binds OpenBLAS's functions when first imported)

@@ -28,7 +28,7 @@ from ..proto import netdef_pb2 as pb
 from . import depthwise, direct, elementwise, fusion
 from . import im2col as _cols
 from . import jit, kernels
-from .matmul import matmul
+from .matmul import matmul, matmul_row_mapped
 from .base import TRAIN, Layer, register_layer
 from .im2col import (Geometry, Workspace, add_row_weight_grad, col2im, column_layout, copy_from_rows, copy_to_rows,
                      im2col, offset_slices, padded, row_col2im, row_plan, row_product, row_weight_product,
@@ -310,9 +310,9 @@ class ConvolutionLayer(_ConvolutionBase):
     def forward_mapped(self, bottom, top, channel_map):
         # Every algorithm writes the output into the top's array itself: mapped there in place. The
         # pointwise and depthwise products add the bias in a pass of their own: the map adds it.
-        # The depthwise kernels apply the map as they write each block of channels.
-        products = {"pointwise": self._pointwise_products, "depthwise": self._depthwise_products}.get(self.algorithm)
-        if products is None or len(top) != 1:
+        # The depthwise kernels apply the map as they write each block of channels, the pointwise
+        # products as each thread's panel is computed.
+        if self.algorithm not in ("pointwise", "depthwise") or len(top) != 1:
             return fusion.forward_then_map(self, bottom, top, channel_map)
         mapped = channel_map
         if self.bias_term:
@@ -320,10 +320,14 @@ class ConvolutionLayer(_ConvolutionBase):
             mapped = fusion.compose(fusion.ChannelMap(dims, shift=self.blobs[1].data), channel_map)
             if mapped is None:
                 return fusion.forward_then_map(self, bottom, top, channel_map)
-        if self.algorithm == "depthwise" and self._depthwise_mapped(bottom[0], top[0], mapped):
-            return True
-        products(bottom, top)
-        fusion.apply(mapped, top[0].data, top[0].data)
+        if self.algorithm == "pointwise":
+            done = self._pointwise_products(bottom, top, mapped)
+        else:
+            done = self._depthwise_mapped(bottom[0], top[0], mapped)
+            if not done:
+                self._depthwise_products(bottom, top)
+        if not done:
+            fusion.apply(mapped, top[0].data, top[0].data)
         return True
 
     def backward(self, top, propagate_down, bottom):
@@ -459,19 +463,28 @@ class ConvolutionLayer(_ConvolutionBase):
         strided_pixels(data.reshape((self.num, self.channels) + self.in_spatial), self.geom.stride, picked)
         return picked.reshape(self.num, self.channels, -1)
 
-    def _pointwise_products(self, bottom, top):
+    def _pointwise_products(self, bottom, top, channel_map=None) -> bool:
+        """The products into the tops; with ``channel_map``, mapped as each panel is computed where
+        matmul_row_mapped can (the output channels are the products' rows). Whether every top was
+        mapped (False: the caller maps them)."""
         xp = backend.get_array_module(bottom[0].data)
         w = self.blobs[0].data.reshape(self.num_output, self.channels)
+        mapped = channel_map is not None
         for b, t in zip(bottom, top):
             x = self._pointwise_input(b.data)
             y = t.data.reshape(self.num, self.num_output, -1)
             if not self._pointwise_stacked():
-                matmul(w, x, out=y)
+                if not (mapped and matmul_row_mapped(w, x, y, channel_map)):
+                    matmul(w, x, out=y)
+                    mapped = False
                 continue
             yt = self.scratch.get("pointwise_yt", (self.num_output,) + x.shape[::2], x.dtype, xp)
-            matmul(w, self._channel_major(x, "pointwise_xt").reshape(self.channels, -1),
-                   out=yt.reshape(self.num_output, -1))
+            xt = self._channel_major(x, "pointwise_xt").reshape(self.channels, -1)
+            if not (mapped and matmul_row_mapped(w, xt, yt.reshape(self.num_output, -1), channel_map)):
+                matmul(w, xt, out=yt.reshape(self.num_output, -1))
+                mapped = False
             xp.copyto(y, yt.transpose(1, 0, 2))
+        return mapped
 
     def _backward_pointwise(self, top, propagate_down, bottom):
         xp = backend.get_array_module(top[0].diff)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import netdef
-from netdef.layers import fusion, jit
+from netdef.layers import direct, fusion, jit
+from netdef.layers import matmul as matmul_module
 from netdef.layers.fusion import ChannelMap
 from netdef.net import NetError
 
@@ -164,6 +165,39 @@ def test_a_net_run_fused_gives_every_blob_the_bits_of_its_layers_one_by_one():
     assert (fused["conv1"] >= 0).all() and (fused["fc"] < 0).any()  # the maps did run
     net.fuse_layers = False
     assert len(net.forward_steps()) == len(net.layers)
+
+
+LARGE_POINTWISE = """
+name: "wide"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: BATCH dim: 64 dim: SIDE dim: SIDE } } }
+layer { name: "pw" type: "Convolution" bottom: "data" top: "pw" convolution_param { num_output: 96 kernel_size: 1 } }
+layer { name: "bn" type: "BatchNorm" bottom: "pw" top: "pw" }
+layer { name: "scale" type: "Scale" bottom: "pw" top: "pw" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "pw" top: "pw" }
+layer { name: "dw" type: "Convolution" bottom: "pw" top: "dw"
+        convolution_param { num_output: 96 group: 96 kernel_size: 3 pad: 1 bias_term: false } }
+layer { name: "dw_relu" type: "ReLU" bottom: "dw" top: "dw" }
+"""
+
+
+@pytest.mark.parametrize("batch,side", [(1, 20), (3, 8)], ids=["per image", "batch stacked"])
+def test_pointwise_and_depthwise_chains_mapped_inside_their_kernels_give_the_layers_bits(monkeypatch, batch, side):
+    """Products large enough for the kernels' pool (matmul_row_mapped: each panel mapped as it is
+    computed; with a small plane, one product for the stacked batch) and the blocked depthwise
+    kernel with the map applied as it writes: the bits of the layers one by one, and no pass of
+    fusion.apply of their own."""
+    net = random_net(LARGE_POINTWISE.replace("BATCH", str(batch)).replace("SIDE", str(side)))
+    assert names(net, net.forward_steps()) == [["data"], ["pw", "bn", "scale", "relu"], ["dw", "dw_relu"]]
+    unfused = run(net, fused=False)
+    calls = []
+    original_apply = fusion.apply
+    monkeypatch.setattr(fusion, "apply", lambda *args: calls.append(args) or original_apply(*args))
+    fused = run(net, fused=True)
+    for name in unfused:
+        assert same_bits(fused[name], unfused[name]), name
+    assert (fused["pw"] >= 0).all() and (fused["pw"] > 0).any()
+    if jit.usable(fused["pw"]) and matmul_module._blas() is not None and direct.compiles(fused["pw"].dtype):
+        assert calls == []
 
 
 def test_a_range_that_ends_inside_a_chain_runs_its_layers_one_by_one():

@@ -201,3 +201,65 @@ def test_openblas_keeps_its_thread_count():
         products.matmul(a, a)
         assert openblas_threads() == during
     assert openblas_threads() == before
+
+
+def _row_map(dims, dtype, rng, stages):
+    """A channel map with the given stages over products of ``dims`` (items, rows, columns), a
+    channel per row (layers/fusion.ChannelMap)."""
+    from netdef.layers.fusion import ChannelMap
+
+    v = lambda: rng.standard_normal(dims[1]).astype(dtype)  # noqa: E731
+    if stages == "relu":
+        return ChannelMap(negative_slope=0.0)
+    if stages == "bias+batchnorm+scale+relu":
+        return ChannelMap(dims, v(), v(), np.abs(v()) + dtype(0.5), v(), v(), 0.0)
+    return ChannelMap(dims, mean=v(), std=np.abs(v()) + dtype(0.5), scale=v(), bias=v())  # batchnorm+scale
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("stages", ["bias+batchnorm+scale+relu", "batchnorm+scale", "relu"])
+def test_a_product_mapped_by_panels_gives_the_product_then_the_map(dtype, threads, stages):
+    """matmul_row_mapped (each panel through the channel map of its rows as it is computed) against
+    matmul and then fusion.apply: the same bits, for panels of rows, of columns, a batch (one matrix
+    per image, the weights broadcast), a transposed operand; NaN, infinities and signed zeros."""
+    from netdef.layers import fusion
+
+    rng = np.random.default_rng(7)
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        for m, k, n, batch, trans_b in [(960, 160, 49, None, False), (32, 192, 784, None, False),
+                                        (64, 30, 700, 3, False), (33, 300, 70, None, True)]:
+            a = rng.standard_normal((m, k)).astype(dtype)
+            b = (operand(rng, k, n, dtype, trans_b) if batch is None
+                 else rng.standard_normal((batch, k, n)).astype(dtype))
+            b[..., 0, :3] = [np.nan, np.inf, -np.inf]
+            a[0, :2] = [0.0, -0.0]
+            m_map = _row_map((batch or 1, m, n), dtype, rng, stages)
+            want = products.matmul(a, b)
+            fusion.apply(m_map, want, want)
+            got = np.full(want.shape, 7.0, dtype)
+            assert products.matmul_row_mapped(a, b, got, m_map)
+            assert np.array_equal(got, want, equal_nan=True) and np.array_equal(np.signbit(got), np.signbit(want))
+    finally:
+        numba.set_num_threads(before)
+
+
+def test_a_mapped_product_it_cannot_take_is_left_to_the_caller():
+    """Too small for the pool, a matrix-vector product, a map over other channels than the rows, or a
+    non-contiguous ``out``: False and nothing written."""
+    from netdef.layers.fusion import ChannelMap
+
+    rng = np.random.default_rng(8)
+    relu = ChannelMap(negative_slope=0.0)
+    a, b = rng.standard_normal((64, 100)).astype(np.float32), rng.standard_normal((100, 300)).astype(np.float32)
+    small = np.full((8, 30), 7.0, np.float32)
+    assert not products.matmul_row_mapped(a[:8, :10], b[:10, :30], small, relu)
+    column = np.full((64, 1), 7.0, np.float32)
+    assert not products.matmul_row_mapped(a, b[:, :1].copy(), column, relu)
+    out = np.full((64, 300), 7.0, np.float32)
+    assert not products.matmul_row_mapped(a, b, out, ChannelMap((1, 300, 1), scale=np.ones(300, np.float32)))
+    wide = np.full((64, 400), 7.0, np.float32)
+    assert not products.matmul_row_mapped(a, b, wide[:, :300], relu)
+    assert (small == 7).all() and (column == 7).all() and (out == 7).all() and (wide == 7).all()

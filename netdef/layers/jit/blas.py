@@ -34,6 +34,8 @@ let_idle_kernel_threads_sleep()  # before numba starts its thread pool
 import numpy as np  # noqa: E402
 from numba import njit, prange, types  # noqa: E402 (after the wait policy)
 
+from .fusion import mapped_value  # noqa: E402
+
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enumerations
 # Panel edges fall on multiples of this many rows or columns: whole tiles of OpenBLAS's kernels.
 PANEL_ALIGN = 16
@@ -143,6 +145,43 @@ def gemm_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_
         for task in prange(items * parts):
             _gemm_panel(task, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c,
                         parts, split_rows)
+    if threads != 1:
+        _set_threads(threads)
+
+
+@njit(inline="always")
+def _map_panel(task, parts, split_rows, m, n, c_matrices, shift, mean, std, scale, bias, negative_slope):
+    """Panel ``task``'s elements of C (``c_matrices``: items x m x n) through the channel map, row r
+    of each matrix being channel r (jit/fusion.mapped_value)."""
+    item = task // parts
+    lo, hi = _bounds(task % parts, parts, m if split_rows else n)
+    rows = (lo, hi) if split_rows else (0, m)
+    cols = (0, n) if split_rows else (lo, hi)
+    for r in range(rows[0], rows[1]):
+        row = c_matrices[item, r, cols[0]:cols[1]]
+        for j in range(row.shape[0]):
+            row[j] = mapped_value(row[j], r, shift, mean, std, scale, bias, negative_slope)
+
+
+@njit(nogil=True, parallel=True, cache=True, error_model="numpy")
+def gemm_panels_mapped(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, items,
+                       parts, split_rows, c_matrices, shift, mean, std, scale, bias, negative_slope):
+    """``gemm_panels``, then each panel through a channel map (layers/fusion.py: ``shift`` ...
+    ``negative_slope``, None where a stage is absent; row r of each matrix is channel r) by the thread
+    that computed it, while it is in cache. ``c_matrices``: C as an items x m x n array (contiguous,
+    at address ``c``). The error model is NumPy's for the map's division, as jit/fusion.py's."""
+    threads = _get_threads()
+    if threads != 1:
+        _set_threads(1)
+    if items * parts == 1:
+        _gemm_panel(0, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, 1,
+                    split_rows)
+        _map_panel(0, 1, split_rows, m, n, c_matrices, shift, mean, std, scale, bias, negative_slope)
+    else:
+        for task in prange(items * parts):
+            _gemm_panel(task, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c,
+                        parts, split_rows)
+            _map_panel(task, parts, split_rows, m, n, c_matrices, shift, mean, std, scale, bias, negative_slope)
     if threads != 1:
         _set_threads(threads)
 
