@@ -128,27 +128,6 @@ def _gemm_panel(task, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb,
                c_at, ldc)
 
 
-@njit(nogil=True, parallel=True, cache=True)
-def gemm_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, items, parts,
-                split_rows):
-    """c[i] = op(a[i]) @ op(b[i]) for the ``items`` matrices (float64 when ``double``, else float32) at
-    addresses a + i * step_a elements (and so on; steps and leading dimensions in elements, a step of 0
-    broadcasts), each cut into ``parts`` panels: one OpenBLAS call per panel on the pool's threads (one
-    panel: in the calling thread)."""
-    threads = _get_threads()
-    if threads != 1:
-        _set_threads(1)
-    if items * parts == 1:
-        _gemm_panel(0, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, 1,
-                    split_rows)
-    else:
-        for task in prange(items * parts):
-            _gemm_panel(task, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c,
-                        parts, split_rows)
-    if threads != 1:
-        _set_threads(threads)
-
-
 @njit(inline="always")
 def _map_panel(task, parts, split_rows, m, n, c_matrices, shift, mean, std, scale, bias, negative_slope):
     """Panel ``task``'s elements of C (``c_matrices``: items x m x n) through the channel map, row r
@@ -163,6 +142,40 @@ def _map_panel(task, parts, split_rows, m, n, c_matrices, shift, mean, std, scal
             row[j] = mapped_value(row[j], r, shift, mean, std, scale, bias, negative_slope)
 
 
+@njit(inline="always")
+def _run_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, items, parts,
+                split_rows, c_matrices, shift, mean, std, scale, bias, negative_slope):
+    """The panels of ``gemm_panels``, each then mapped by ``_map_panel`` where ``c_matrices`` is given
+    (numba compiles the branch out where it is None)."""
+    threads = _get_threads()
+    if threads != 1:
+        _set_threads(1)
+    if items * parts == 1:
+        _gemm_panel(0, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, 1,
+                    split_rows)
+        if c_matrices is not None:
+            _map_panel(0, 1, split_rows, m, n, c_matrices, shift, mean, std, scale, bias, negative_slope)
+    else:
+        for task in prange(items * parts):
+            _gemm_panel(task, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c,
+                        parts, split_rows)
+            if c_matrices is not None:
+                _map_panel(task, parts, split_rows, m, n, c_matrices, shift, mean, std, scale, bias, negative_slope)
+    if threads != 1:
+        _set_threads(threads)
+
+
+@njit(nogil=True, parallel=True, cache=True)
+def gemm_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, items, parts,
+                split_rows):
+    """c[i] = op(a[i]) @ op(b[i]) for the ``items`` matrices (float64 when ``double``, else float32) at
+    addresses a + i * step_a elements (and so on; steps and leading dimensions in elements, a step of 0
+    broadcasts), each cut into ``parts`` panels: one OpenBLAS call per panel on the pool's threads (one
+    panel: in the calling thread)."""
+    _run_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, items, parts,
+                split_rows, None, None, None, None, None, None, None)
+
+
 @njit(nogil=True, parallel=True, cache=True, error_model="numpy")
 def gemm_panels_mapped(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, items,
                        parts, split_rows, c_matrices, shift, mean, std, scale, bias, negative_slope):
@@ -170,20 +183,8 @@ def gemm_panels_mapped(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb
     ``negative_slope``, None where a stage is absent; row r of each matrix is channel r) by the thread
     that computed it, while it is in cache. ``c_matrices``: C as an items x m x n array (contiguous,
     at address ``c``). The error model is NumPy's for the map's division, as jit/fusion.py's."""
-    threads = _get_threads()
-    if threads != 1:
-        _set_threads(1)
-    if items * parts == 1:
-        _gemm_panel(0, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, 1,
-                    split_rows)
-        _map_panel(0, 1, split_rows, m, n, c_matrices, shift, mean, std, scale, bias, negative_slope)
-    else:
-        for task in prange(items * parts):
-            _gemm_panel(task, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c,
-                        parts, split_rows)
-            _map_panel(task, parts, split_rows, m, n, c_matrices, shift, mean, std, scale, bias, negative_slope)
-    if threads != 1:
-        _set_threads(threads)
+    _run_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, items, parts,
+                split_rows, c_matrices, shift, mean, std, scale, bias, negative_slope)
 
 
 @njit(inline="always")
