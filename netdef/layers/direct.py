@@ -43,14 +43,21 @@ MIN_TAPS = 32
 # twice the rate of col2im's product and scatter.
 DIRECT_INPUT_GRADIENT_ABOVE = 2.5
 # Where the row-product path can compute a convolution, its backward is used instead of the direct
-# path's when the output rows are narrower than this (each kernel call then gets a short row:
-# ResNet-50's 7 x 7 layers, one thread, forward+backward 58 ms direct against 47 by rows), or when the
-# direct path's input gradient would be col2im's in a TRAIN net (the row path's is faster: LeNet's
+# path's when the output rows are narrower than this (each kernel call then gets a short row), or when
+# the direct path's input gradient would be col2im's in a TRAIN net (the row path's is faster: LeNet's
 # conv2, 11.4 against 8.8 ms forward+backward). Only in TRAIN nets, and only the backward: the direct
 # forward is the faster at these widths too (ResNet-50's 7 x 7 x 512 layers at batch 1, 2 threads:
 # 1.4-1.6 ms against 2.4-2.7; LeNet's conv2 at batch 64 in a TRAIN net, 1.9-2.0 ms against 4.0-4.2,
-# its backward 6.7-6.9 against 7.6-7.9 without the forward's expanded rows to start from).
-ROWS_BELOW_WIDTH = 8
+# its backward 6.7-6.9 against 7.6-7.9 without the forward's expanded rows to start from). The
+# width was 8 while the direct backward was slower (ResNet-50's 7 x 7 layers, one thread: 58 ms
+# forward+backward direct against 47 by rows); with its later weight packing and gradient steps the
+# direct backward of 7-wide outputs is the faster (backward ms, direct against rows: ResNet-50's
+# 7 x 7 x 512 3x3 at batch 8, 2 threads 21.1 against 36.0, one thread 40.1 against 49.2; ResNet-101's
+# at batch 4, 2 threads 13.5 against 19.8, one thread 24.3 against 34.6; GoogLeNet's inception_5b 3x3
+# and 5x5 at batch 8: 6.4 and 1.7 against 13.5 and 3.2; 16 x 64 -> 128 on 6 x 6: 1.27 against 1.75),
+# even at 5 wide (32 x 256 -> 256: 12.2 against 12.0), and the slower at 4 and 2 wide (64 x 128 -> 128
+# on 4 x 4: 4.7 against 4.4; 64 x 64 -> 64 on 2 x 2: 1.04 against 0.65).
+ROWS_BELOW_WIDTH = 5
 # The forward's taps go in chunks whose packed weights take about this many bytes: they and the input
 # rows the chunk's taps read stay in L1 (48 KiB here) while a block of output rows is computed. 32 KiB
 # left the rows (28 channels x 6 rows of a 56-wide image, 39 KB) to L2. One thread, CPU time, VGG-16 at

@@ -106,9 +106,9 @@ def test_direct_input_gradient_choice():
 
 
 def test_row_path_where_it_beats_the_direct_one():
-    """Where the row-product path applies, it takes the backward of narrow outputs of a TRAIN net and of the
-    convolutions whose direct input gradient would be col2im's (their forward stays direct); the direct path the
-    rest (and everything the rows cannot)."""
+    """Where the row-product path applies, it takes the backward of narrow outputs (under 5 wide) of a TRAIN
+    net and of the convolutions whose direct input gradient would be col2im's (their forward stays direct);
+    the direct path the rest (and everything the rows cannot)."""
     def algorithm(channels, size, phase=TRAIN, **fields):
         layer, _, _ = build(parse_layer(conv_text(**fields), phase), [np.zeros((1, channels, size, size), np.float32)],
                             1, dtype=np.float32)
@@ -117,7 +117,9 @@ def test_row_path_where_it_beats_the_direct_one():
     assert algorithm(32, 16, num_output=32, kernel_size=5, pad=2) == "direct/direct"   # CIFAR-10 conv2
     assert algorithm(20, 12, num_output=50, kernel_size=5) == "direct+rows/col2im"     # LeNet conv2
     assert algorithm(20, 12, TEST, num_output=50, kernel_size=5) == "direct/col2im"  # forward only
-    assert algorithm(512, 7, num_output=512, kernel_size=3, pad=1) == "direct+rows/convolution"  # ResNet's 7 x 7
+    assert algorithm(512, 7, num_output=512, kernel_size=3, pad=1) == "direct/direct"  # ResNet's 7 x 7
+    assert algorithm(128, 4, num_output=128, kernel_size=3, pad=1) == "direct+rows/convolution"  # narrow
+    assert algorithm(128, 4, TEST, num_output=128, kernel_size=3, pad=1) == "direct/direct"  # forward only
     assert algorithm(512, 7, TEST, num_output=512, kernel_size=3, pad=1) == "direct/direct"  # forward only
     assert algorithm(512, 7, num_output=512, kernel_size=3, pad=1, group=2) == "direct/direct"  # no rows
     assert algorithm(3, 32, num_output=32, kernel_size=5, pad=2) == "direct/col2im"    # CIFAR-10 conv1
