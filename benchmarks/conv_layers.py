@@ -1,6 +1,7 @@
 """Each convolution of a zoo net alone: netdef's forward and backward against PyTorch's conv2d.
 
     python benchmarks/conv_layers.py [--nets lenet,cifar10_quick] [--iters 15] [--threads N] [--cpu-time]
+                                     [--no-direct] [--rows-below-width W]
 
 For every Convolution layer of the net (built as cpu_forward_backward.py builds it, batch included) it
 prints the algorithm netdef chose (and, on the row path, its input gradient), its forward and backward
@@ -100,11 +101,16 @@ def main():
                              "figures that other jobs on the machine barely move)")
     parser.add_argument("--no-direct", action="store_true",
                         help="without the direct path (layers/direct.py): the row-product and column paths")
+    parser.add_argument("--rows-below-width", type=int, default=None,
+                        help="TRAIN convolutions whose outputs are narrower than this take the row path's backward "
+                             "(direct.ROWS_BELOW_WIDTH; 8 before 2026-11-26)")
     args = parser.parse_args()
-    if args.no_direct:
-        from netdef.layers import direct
+    from netdef.layers import direct
 
+    if args.no_direct:
         direct.ENABLED = False
+    if args.rows_below_width is not None:
+        direct.ROWS_BELOW_WIDTH = args.rows_below_width
     import torch
 
     set_threads(args.threads, True)

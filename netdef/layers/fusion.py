@@ -25,6 +25,10 @@ from ..backend import get_array_module
 from . import batchnorm, elementwise, jit
 
 SHIFT, NORMALIZE, AFFINE, RECTIFY = range(4)  # the stages, in the order a map applies them
+# Layers whose kernels can apply a map to each block of their output as they write it (the pointwise
+# and depthwise convolutions) do so: one pass over the output fewer, the same bits. False: the map
+# runs in a pass of its own after the layer (what benchmarks/fused_maps.py compares with).
+MAPS_IN_KERNELS = True
 
 
 class ChannelMap:

@@ -321,9 +321,9 @@ class ConvolutionLayer(_ConvolutionBase):
             if mapped is None:
                 return fusion.forward_then_map(self, bottom, top, channel_map)
         if self.algorithm == "pointwise":
-            done = self._pointwise_products(bottom, top, mapped)
+            done = self._pointwise_products(bottom, top, mapped if fusion.MAPS_IN_KERNELS else None)
         else:
-            done = self._depthwise_mapped(bottom[0], top[0], mapped)
+            done = fusion.MAPS_IN_KERNELS and self._depthwise_mapped(bottom[0], top[0], mapped)
             if not done:
                 self._depthwise_products(bottom, top)
         if not done:
