@@ -37,8 +37,8 @@ _NO_TRANS, _TRANS = 111, 112  # CBLAS's enumerations (jit/blas.py)
 
 def matmul(a, b, out=None):
     """``np.matmul(a, b, out=out)``, on the kernels' pool where it can (the module docstring)."""
-    blas = _blas()
-    if blas is None or not _takes(a, b, out) or _multiply_adds(a, b) < PARALLEL_MIN_MULTIPLY_ADDS:
+    blas = _pool_blas(a, b, out)
+    if blas is None:
         return get_array_module(a).matmul(a, b, out=out)
     if a.shape[-2] == 1 or b.shape[-1] == 1:
         return _matrix_vector(blas, a, b, out)
@@ -59,8 +59,8 @@ def matmul_row_mapped(a, b, out, row_map) -> bool:
     and then ``fusion.apply``. False, with nothing written, where ``matmul`` would not run the
     product on jit/blas.py's panels (NumPy's products, matrix-vector ones), where ``out`` is not
     C-contiguous, or where the map's per-channel values are not over the product's rows."""
-    blas = _blas()
-    if blas is None or not _takes(a, b, out) or _multiply_adds(a, b) < PARALLEL_MIN_MULTIPLY_ADDS:
+    blas = _pool_blas(a, b, out)
+    if blas is None:
         return False
     if a.shape[-2] == 1 or b.shape[-1] == 1 or not out.flags.c_contiguous:
         return False
@@ -76,6 +76,15 @@ def matmul_row_mapped(a, b, out, row_map) -> bool:
     blas.gemm_panels_mapped(*panels, out.reshape((-1,) + out.shape[-2:]), m.shift, m.mean, m.std, m.scale, m.bias,
                             slope)
     return True
+
+
+def _pool_blas(a, b, out):
+    """jit/blas.py where it computes a @ b on the kernels' pool (operands it takes, enough
+    multiply-adds to be worth the pool), else None: NumPy's product."""
+    blas = _blas()
+    if blas is None or not _takes(a, b, out) or _multiply_adds(a, b) < PARALLEL_MIN_MULTIPLY_ADDS:
+        return None
+    return blas
 
 
 def _product_shape(a, b) -> tuple:

@@ -464,12 +464,12 @@ class ConvolutionLayer(_ConvolutionBase):
         return picked.reshape(self.num, self.channels, -1)
 
     def _pointwise_products(self, bottom, top, channel_map=None) -> bool:
-        """The products into the tops; with ``channel_map``, mapped as each panel is computed where
-        matmul_row_mapped can (the output channels are the products' rows). Whether every top was
-        mapped (False: the caller maps them)."""
+        """The products into the tops; with ``channel_map`` and one top, mapped as each panel is
+        computed where matmul_row_mapped can (the output channels are the products' rows). Whether
+        the top was mapped (False: nothing is, the caller maps it)."""
         xp = backend.get_array_module(bottom[0].data)
         w = self.blobs[0].data.reshape(self.num_output, self.channels)
-        mapped = channel_map is not None
+        mapped = channel_map is not None and len(top) == 1
         for b, t in zip(bottom, top):
             x = self._pointwise_input(b.data)
             y = t.data.reshape(self.num, self.num_output, -1)
