@@ -107,15 +107,15 @@ def test_direct_input_gradient_choice():
 
 def test_row_path_where_it_beats_the_direct_one():
     """Where the row-product path applies, it takes the backward of narrow outputs (under 5 wide) of a TRAIN
-    net and of the convolutions whose direct input gradient would be col2im's (their forward stays direct);
-    the direct path the rest (and everything the rows cannot)."""
+    net, and the input gradient of the convolutions whose direct input gradient would be col2im's (their
+    forward and weight gradient stay direct); the direct path the rest (and everything the rows cannot)."""
     def algorithm(channels, size, phase=TRAIN, **fields):
         layer, _, _ = build(parse_layer(conv_text(**fields), phase), [np.zeros((1, channels, size, size), np.float32)],
                             1, dtype=np.float32)
         return layer.algorithm_summary()
 
     assert algorithm(32, 16, num_output=32, kernel_size=5, pad=2) == "direct/direct"   # CIFAR-10 conv2
-    assert algorithm(20, 12, num_output=50, kernel_size=5) == "direct+rows/col2im"     # LeNet conv2
+    assert algorithm(20, 12, num_output=50, kernel_size=5) == "direct/rows-col2im"     # LeNet conv2
     assert algorithm(20, 12, TEST, num_output=50, kernel_size=5) == "direct/col2im"  # forward only
     assert algorithm(512, 7, num_output=512, kernel_size=3, pad=1) == "direct/direct"  # ResNet's 7 x 7
     assert algorithm(128, 4, num_output=128, kernel_size=3, pad=1) == "direct+rows/convolution"  # narrow
@@ -123,6 +123,36 @@ def test_row_path_where_it_beats_the_direct_one():
     assert algorithm(512, 7, TEST, num_output=512, kernel_size=3, pad=1) == "direct/direct"  # forward only
     assert algorithm(512, 7, num_output=512, kernel_size=3, pad=1, group=2) == "direct/direct"  # no rows
     assert algorithm(3, 32, num_output=32, kernel_size=5, pad=2) == "direct/col2im"    # CIFAR-10 conv1
+
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_direct_weight_gradient_beside_the_row_input_gradient(monkeypatch, dtype):
+    """LeNet's conv2 in a TRAIN net: the direct forward and weight gradient, the row path's col2im input
+    gradient. Two bottoms sharing the weights, two iterations: every result as the column path's, to
+    rounding; and its gradients numerically."""
+    fields = dict(num_output=50, kernel_size=5)
+    text = parse_layer(conv_text(**fields))
+    xs = [RNG.standard_normal((3, 20, 12, 12)).astype(dtype) for _ in range(2)]
+    layer, _, top = build(text, xs, 2, dtype=dtype)
+    assert layer.algorithm_summary() == "direct/rows-col2im"
+    params = [p.data.copy() for p in layer.blobs]
+    dys = [RNG.standard_normal(top[0].shape).astype(dtype) for _ in range(2)]
+
+    def run(combined):
+        monkeypatch.setattr(direct, "ENABLED", combined)
+        monkeypatch.setattr(im2col_mod, "ROW_PRODUCTS", combined)
+        lay, bot, tp = build(text, xs, 2, params=params, dtype=dtype)
+        assert lay.algorithm_summary() == ("direct/rows-col2im" if combined else "columns")
+        return two_passes(lay, bot, tp, xs, dys)
+
+    tolerance = 2e-5 if dtype == np.float32 else 1e-12
+    for got, want in zip(run(True), run(False)):
+        np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance * np.abs(want).max())
+    monkeypatch.setattr(direct, "ENABLED", True)
+    monkeypatch.setattr(im2col_mod, "ROW_PRODUCTS", True)
+    checked = check_gradients(parse_layer(conv_text(num_output=5, kernel_size=3)), [RNG.standard_normal((2, 22, 7, 7))])
+    assert checked.algorithm_summary() == "direct/rows-col2im"
 
 
 def test_direct_results_do_not_depend_on_the_thread_count():
