@@ -18,7 +18,8 @@ SoftmaxWithLoss for training) it prints:
   the median of --rss-runs such processes, run alternately (PyTorch's peak for ResNet-50 varied
   1555-1731 MiB between single runs; --no-rss skips these subprocesses).
 
-PyTorch runs the same net through torch_mirror.py (its own operators, weights copied from netdef's).
+PyTorch runs the same net through torch_mirror.py (its own operators, weights copied from netdef's:
+He-normal random ones, ``fill_weights``; ``--zero-weights`` keeps the deploy files' zeros).
 Both use the same thread count (--threads, default: all cores). Timed steps alternate netdef and
 PyTorch, so the machine's other load falls on both, each timed step right after untimed runs of the same
 step (warm, as in a training loop); figures are medians after warm-up. Ratios below 1
@@ -141,11 +142,46 @@ def sgemm_gflops(size: int = 1024, iters: int = 7) -> float:
 
 
 # ----------------------------------------------------------------------------------------- timing
+# Whether the nets keep the all-zero weights their deploy files give them (--zero-weights: the tables
+# made before 2026-11-26 16:30) instead of fill_weights'.
+ZERO_WEIGHTS = False
+
+
+def fill_weights(net, rng) -> None:
+    """Weights as a net trained from scratch has them: He-normal filters and inner products (variance
+    2 / fan-in), small biases, BatchNorm statistics of unit-scale activations, Scale near 1 (any other
+    learned blob small and random). The deploy files name no fillers, so without this every weight is
+    0 and every activation after the first layer constant. Speed can depend on the values: PyTorch's
+    max_pool2d took 2.1 ms over LeNet's pool1 input (64 x 20 x 24 x 24, 2 threads) of zeros and 3.7 over
+    random values, and its SqueezeNet TEST forward (batch 8) 134-149 ms on the zero weights against
+    199-210 on these, netdef's 114-125 on both. A user's values are not constant."""
+    for layer in net.layers:
+        blobs = layer.blobs
+        if layer.type in ("Convolution", "Deconvolution", "InnerProduct"):
+            weights = blobs[0].data
+            weights[...] = rng.standard_normal(weights.shape) * np.sqrt(2.0 / weights[0].size)
+            for blob in blobs[1:]:
+                blob.data[...] = rng.standard_normal(blob.shape) * 0.01
+        elif layer.type == "BatchNorm":
+            blobs[0].data[...] = rng.standard_normal(blobs[0].shape) * 0.1
+            blobs[1].data[...] = rng.uniform(0.5, 1.5, blobs[1].shape)
+            blobs[2].data[...] = 1
+        elif layer.type == "Scale":
+            blobs[0].data[...] = 1 + rng.standard_normal(blobs[0].shape) * 0.1
+            for blob in blobs[1:]:
+                blob.data[...] = rng.standard_normal(blob.shape) * 0.1
+        else:
+            for blob in blobs:
+                blob.data[...] = rng.standard_normal(blob.shape) * 0.1
+
+
 def netdef_nets(key, batch):
     deploy, batch, classes = deploy_param(key, batch)
     netdef.set_random_seed(0)
     train = netdef.Net(train_param(deploy), netdef.TRAIN)
     rng = np.random.default_rng(0)
+    if not ZERO_WEIGHTS:
+        fill_weights(train, rng)
     shape = train.blobs["data"].shape
     train.blobs["data"].data[...] = rng.standard_normal(shape).astype(np.float32)
     train.blobs["label"].data[...] = rng.integers(0, classes, batch).astype(np.float32)
@@ -298,6 +334,8 @@ def peak_rss(framework: str, key: str, batch: int | None, threads: int | None) -
         cmd += ["--batch", str(batch)]
     if threads:
         cmd += ["--threads", str(threads)]
+    if ZERO_WEIGHTS:
+        cmd += ["--zero-weights"]
     done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
     if done.returncode:
         return float("nan")
@@ -351,8 +389,13 @@ def main() -> None:
     parser.add_argument("--no-direct", action="store_true",
                         help="convolutions without the direct path (layers/direct.py): the row-product and "
                              "column paths, as before it (the RSS subprocesses keep the defaults)")
+    parser.add_argument("--zero-weights", action="store_true",
+                        help="keep the deploy files' all-zero weights (as the tables before 2026-11-26 16:30) "
+                             "instead of fill_weights' He-normal ones")
     parser.add_argument("--rss-child", choices=("netdef", "torch"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global ZERO_WEIGHTS
+    ZERO_WEIGHTS = args.zero_weights
     keys = [k.strip() for k in args.nets.split(",") if k.strip()]
     for key in keys:
         if key not in NETS:
