@@ -154,7 +154,7 @@ def fill_weights(net, rng) -> None:
     0 and every activation after the first layer constant. Speed can depend on the values: PyTorch's
     max_pool2d took 2.1 ms over LeNet's pool1 input (64 x 20 x 24 x 24, 2 threads) of zeros and 3.7 over
     random values, and its SqueezeNet TEST forward (batch 8) 134-149 ms on the zero weights against
-    199-210 on these, netdef's 114-125 on both. A user's values are not constant."""
+    199-205 on these, netdef's 110-125 on both. A user's values are not constant."""
     for layer in net.layers:
         blobs = layer.blobs
         if layer.type in ("Convolution", "Deconvolution", "InnerProduct"):
