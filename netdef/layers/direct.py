@@ -43,9 +43,10 @@ MIN_TAPS = 32
 # twice the rate of col2im's product and scatter.
 DIRECT_INPUT_GRADIENT_ABOVE = 2.5
 # Where the row-product path can compute a convolution, its backward is used instead of the direct
-# path's when the output rows are narrower than this (each kernel call then gets a short row), or when
-# the direct path's input gradient would be col2im's in a TRAIN net (the row path's is faster: LeNet's
-# conv2, 11.4 against 8.8 ms forward+backward). Only in TRAIN nets, and only the backward: the direct
+# path's when the output rows are narrower than this (each kernel call then gets a short row), and its
+# input gradient alone when the direct path's would be col2im's in a TRAIN net (the row path's is
+# faster: LeNet's conv2, 11.4 against 8.8 ms forward+backward; its weight gradient stays direct, see
+# vision.py's direct_weight_gradient). Only in TRAIN nets, and only the backward: the direct
 # forward is the faster at these widths too (ResNet-50's 7 x 7 x 512 layers at batch 1, 2 threads:
 # 1.4-1.6 ms against 2.4-2.7; LeNet's conv2 at batch 64 in a TRAIN net, 1.9-2.0 ms against 4.0-4.2,
 # its backward 6.7-6.9 against 7.6-7.9 without the forward's expanded rows to start from). The

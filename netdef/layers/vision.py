@@ -231,7 +231,7 @@ class ConvolutionLayer(_ConvolutionBase):
         self.rows_input_gradient = self._choose_rows_input_gradient() if self.algorithm == "rows" else None
         # The row path is chosen for its backward; where the direct kernels can compute the layer,
         # its forward is theirs (faster at every width; LeNet's conv2 at batch 64, 2 threads: see
-        # direct.ROWS_BELOW_WIDTH). The backward then expands the last chunk's rows itself.
+        # direct.ROWS_BELOW_WIDTH). The backward then expands the rows itself where it needs them.
         self.direct_forward = self.algorithm == "direct" or (
             self.algorithm == "rows" and self._direct_usable(np.dtype(dtype)) and direct.compiles(np.dtype(dtype)))
         # Where the row path was chosen for its input gradient alone (outputs at least

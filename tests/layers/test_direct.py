@@ -125,7 +125,6 @@ def test_row_path_where_it_beats_the_direct_one():
     assert algorithm(3, 32, num_output=32, kernel_size=5, pad=2) == "direct/col2im"    # CIFAR-10 conv1
 
 
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_direct_weight_gradient_beside_the_row_input_gradient(monkeypatch, dtype):
     """LeNet's conv2 in a TRAIN net: the direct forward and weight gradient, the row path's col2im input
