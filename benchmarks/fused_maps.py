@@ -7,7 +7,7 @@ A TEST net's chain of a pointwise or depthwise convolution and the BatchNorm, Sc
 after it is one step whose channel map the convolution's kernels apply to each block of their output as
 they write it (layers/fusion.py, ``MAPS_IN_KERNELS``); switched off, the products are written first
 and the map runs in a pass of its own over the output. For every net (the zoo's deploy.prototxt, the
-batch set, random weights, BatchNorm statistics positive) this checks that both give the same bits,
+batch set, cpu_forward_backward's He-normal weights and BatchNorm statistics) this checks that both give the same bits,
 then times forwards alternately, one of each in turn, and prints the medians and their ratio. One
 process and one net for both, so the machine's load falls on both alike.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_forward_backward import NETS, deploy_param  # noqa: E402 (netdef first, as that script starts)
+from cpu_forward_backward import NETS, deploy_param, fill_weights  # noqa: E402 (netdef first, as that script starts)
 
 import numpy as np  # noqa: E402
 
@@ -33,10 +33,7 @@ def random_test_net(key: str, batch: int):
     deploy, _, _ = deploy_param(key, batch)
     net = netdef.Net(deploy, netdef.TEST)
     rng = np.random.default_rng(0)
-    for layer in net.layers:
-        for blob in layer.blobs:
-            values = rng.random(blob.shape) + 0.5 if layer.type == "BatchNorm" else rng.standard_normal(blob.shape)
-            blob.data[...] = values * (1.0 if layer.type == "BatchNorm" else 0.1)
+    fill_weights(net, rng)
     for name in net.inputs:
         net.blobs[name].data[...] = rng.standard_normal(net.blobs[name].shape)
     return net
