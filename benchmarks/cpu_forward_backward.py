@@ -13,7 +13,10 @@ SoftmaxWithLoss for training) it prints:
 - forward-only ms (netdef's TEST phase against PyTorch's eval() under torch.no_grad()) and the ratio;
 - the sgemm floor: the net's multiply-adds (convolutions and inner products; 3x forward for forward +
   backward, less the input gradient nobody needs) at the GFLOP/s of a large float32 matrix product
-  measured at the start of the run, and netdef's forward+backward time over it;
+  (1024 x 1024, NumPy's BLAS) timed in the same alternating rounds as the net's steps (its median, the
+  ``sgemm`` column), and netdef's forward+backward time over it. The header's sgemm, measured once at
+  the start, only describes the machine: this one's speed moves by 30% within minutes, and a floor
+  from another minute than the net's timings moved LeNet's "x floor" by as much;
 - peak RSS (MiB) of a fresh process per framework that builds the net and runs forward+backward,
   the median of --rss-runs such processes, run alternately (PyTorch's peak for ResNet-50 varied
   1555-1731 MiB between single runs; --no-rss skips these subprocesses).
@@ -129,14 +132,23 @@ def multiply_adds(net) -> tuple[int, int]:
     return forward, both
 
 
-def sgemm_gflops(size: int = 1024, iters: int = 7) -> float:
+SGEMM_SIZE = 1024
+
+
+def sgemm_step(size: int = SGEMM_SIZE):
+    """One float32 product of two size x size matrices, as a step ``alternate`` can time."""
     a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
     b = a.T.copy()
     c = np.empty_like(a)
+    return lambda: np.matmul(a, b, out=c)
+
+
+def sgemm_gflops(size: int = SGEMM_SIZE, iters: int = 7) -> float:
+    product = sgemm_step(size)
     times = []
     for _ in range(iters + 2):
         start = time.perf_counter()
-        np.matmul(a, b, out=c)
+        product()
         times.append(time.perf_counter() - start)
     return 2 * size ** 3 / statistics.median(times[2:]) / 1e9
 
@@ -424,7 +436,7 @@ def main() -> None:
           f"OPENBLAS_THREAD_TIMEOUT={os.environ.get('OPENBLAS_THREAD_TIMEOUT', 'unset')}; clock {args.clock}; load average {os.getloadavg()[0]:.2f}; "
           f"{time.strftime('%Y-%m-%d %H:%M')}")
     print(f"{'net':<15}{'batch':>6} | {'fwd+bwd ms':>10}{'torch':>9}{'ratio':>7} | {'fwd ms':>8}{'torch':>8}"
-          f"{'ratio':>7} | {'floor ms':>8}{'x floor':>8} | {'RSS MiB':>8}{'torch':>7}")
+          f"{'ratio':>7} | {'sgemm':>6}{'floor ms':>9}{'x floor':>8} | {'RSS MiB':>8}{'torch':>7}")
     for key in keys:
         label = NETS[key][0]
         train, test = netdef_nets(key, args.batch)
@@ -438,19 +450,20 @@ def main() -> None:
             test.fuse_layers = fused
             test.forward_range()
 
-        steps = {"fwd": fwd_netdef, "fwd_torch": fwd_torch}
+        steps = {"fwd": fwd_netdef, "fwd_torch": fwd_torch, "sgemm": sgemm_step()}
         if not args.test_only:
             steps = {"fb": fb_netdef, "fb_torch": fb_torch, **steps}
         if args.unfused:
             steps["fwd_unfused"] = lambda: fwd_netdef(fused=False)
         ms = {"fb": float("nan"), "fb_torch": float("nan"), **alternate(steps, args.iters)}
         _, both = multiply_adds(train)
-        floor = 2 * both / (gflops * 1e9) * 1000
+        net_gflops = 2 * SGEMM_SIZE ** 3 / (ms["sgemm"] / 1000) / 1e9
+        floor = 2 * both / (net_gflops * 1e9) * 1000
         rss = median_peak_rss(key, args) if not args.no_rss else (float("nan"),) * 2
         batch = train.blobs["data"].shape[0]
         print(f"{label:<15}{batch:>6} | {ms['fb']:>10.1f}{ms['fb_torch']:>9.1f}{ms['fb'] / ms['fb_torch']:>7.2f} | "
               f"{ms['fwd']:>8.1f}{ms['fwd_torch']:>8.1f}{ms['fwd'] / ms['fwd_torch']:>7.2f} | "
-              f"{floor:>8.1f}{ms['fb'] / floor:>8.2f} | {rss[0]:>8.0f}{rss[1]:>7.0f}", flush=True)
+              f"{net_gflops:>6.0f}{floor:>9.1f}{ms['fb'] / floor:>8.2f} | {rss[0]:>8.0f}{rss[1]:>7.0f}", flush=True)
         if args.unfused:
             print(f"    TEST forward with the layers one by one {ms['fwd_unfused']:.1f} ms: fused / unfused "
                   f"{ms['fwd'] / ms['fwd_unfused']:.2f}, unfused / torch {ms['fwd_unfused'] / ms['fwd_torch']:.2f}")
