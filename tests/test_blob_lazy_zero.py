@@ -107,3 +107,55 @@ def test_gradients_after_a_deferred_clear_are_bit_identical(transpose, out):
         grads[deferred] = [blob.diff.copy() for blob in net.learnable_params]
     for eager, lazy in zip(grads[False], grads[True]):
         assert eager.tobytes() == lazy.tobytes()
+
+
+CONV_NET = """
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 3 dim: 20 dim: SIZE dim: SIZE } } }
+layer { name: "direct" type: "Convolution" bottom: "x" top: "c1" param { name: "w" } param { name: "b" }
+        convolution_param { num_output: 20 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "shared" type: "Convolution" bottom: "c1" top: "c2" param { name: "w" } param { name: "b" }
+        convolution_param { num_output: 20 kernel_size: 3 pad: 1 } }
+layer { name: "rows" type: "Convolution" bottom: "c2" top: "c3"
+        convolution_param { num_output: 50 kernel_size: 5 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "pointwise" type: "Convolution" bottom: "c3" top: "c4"
+        convolution_param { num_output: 12 kernel_size: 1 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "c4" bottom: "t" top: "loss" }
+layer { name: "t" type: "Input" top: "t" input_param { shape { dim: 3 dim: 12 dim: OUT dim: OUT } } }
+"""
+
+
+@pytest.mark.parametrize("size", [12, 40])   # 40: the pointwise products per sample, not stacked
+def test_convolution_gradients_after_a_deferred_clear_are_bit_identical(size):
+    """The direct weight gradient (two layers sharing their filters: the second adds to what the first
+    wrote), the row path's (LeNet's conv2 shape: its weight gradient direct) and the pointwise one write
+    the gradient right after a deferred clear: the same bits as adding it to zeros; over two passes
+    (iter_size 2) the sum of each pass's gradient."""
+    text = CONV_NET.replace("SIZE", str(size)).replace("OUT", str(size - 4))
+    text = text[text.index("layer { name: \"t\""):] + text[:text.index("layer { name: \"t\"")]  # inputs first
+    rng = np.random.default_rng(5)
+    inputs = [dict(x=rng.standard_normal((3, 20, size, size)).astype(np.float32),
+                   t=rng.standard_normal((3, 12, size - 4, size - 4)).astype(np.float32)) for _ in range(2)]
+    grads, algorithms = {}, {}
+    for deferred in (False, True, "each"):
+        netdef.set_random_seed(7)
+        net = netdef.Net(text, netdef.TRAIN)
+        for blob in net.learnable_params:
+            blob.diff = np.full(blob.shape, 0.25, np.float32)
+        net.clear_param_diffs(deferred=deferred is True)
+        grads[deferred] = [np.zeros(blob.shape, np.float32) for blob in net.learnable_params]
+        for feed in inputs:
+            if deferred == "each":   # each pass's gradient alone, summed here: the reference
+                net.clear_param_diffs(deferred=True)
+            net.forward(**feed)
+            net.backward()
+            if deferred == "each":
+                for total, blob in zip(grads[deferred], net.learnable_params):
+                    total += blob.diff
+        if deferred != "each":
+            grads[deferred] = [blob.diff.copy() for blob in net.learnable_params]
+        algorithms[deferred] = {name: net.layer_dict[name].algorithm_summary() for name in ("direct", "rows", "pointwise")}
+    for eager, lazy, each in zip(grads[False], grads[True], grads["each"]):
+        assert eager.tobytes() == lazy.tobytes()
+        np.testing.assert_allclose(lazy, each, rtol=1e-4, atol=1e-4 * np.abs(each).max())
+    assert algorithms[True]["direct"].startswith("direct/") and algorithms[True]["pointwise"] == "pointwise"
+    assert algorithms[True]["rows"].startswith("direct/rows") or size != 12, algorithms

@@ -507,17 +507,24 @@ class ConvolutionLayer(_ConvolutionBase):
             x = self._pointwise_input(b.data)
             dyt = self._channel_major(dy, "pointwise_dyt").reshape(self.num_output, -1) if stacked else None
             if self.param_propagate_down[0]:
-                dw = self.blobs[0].diff.reshape(self.num_output, self.channels)
+                # Right after the solver's clear the first product is written into the gradient itself
+                # (what adding it to zeros gives), without the passes that zero it and read it back.
+                diff, overwrite = self.blobs[0].diff_for_accumulation()
+                dw = diff.reshape(self.num_output, self.channels)
                 part = self.scratch.get("pointwise_dw", dw.shape, dw.dtype, xp)
                 if stacked:
                     # One (O x N*S)(N*S x C) product: the sum over the batch's pixels in one pass.
-                    matmul(dyt, self._channel_major(x, "pointwise_xt").reshape(self.channels, -1).T, out=part)
-                    dw += part
+                    matmul(dyt, self._channel_major(x, "pointwise_xt").reshape(self.channels, -1).T,
+                           out=dw if overwrite else part)
+                    if not overwrite:
+                        dw += part
                 else:
                     for n in range(self.num):
                         # One product per sample: (O x S)(S x C) needs no copy of either operand.
-                        matmul(dy[n], x[n].T, out=part)
-                        dw += part
+                        first = overwrite and n == 0
+                        matmul(dy[n], x[n].T, out=dw if first else part)
+                        if not first:
+                            dw += part
             if down:
                 # With strides, into the buffer of the picked pixels (which the weight gradient has used)
                 dx = x if self._pointwise_strided() else b.diff.reshape(x.shape)
@@ -552,7 +559,8 @@ class ConvolutionLayer(_ConvolutionBase):
             dy = t.diff.reshape((self.num, self.num_output) + self.out_spatial)
             self._bias_gradient(dy.reshape(self.num, self.num_output, -1))
             if self.param_propagate_down[0]:
-                self._direct.weight_gradient(x, dy, self.blobs[0].diff, self.scratch)
+                dw, overwrite = self.blobs[0].diff_for_accumulation()
+                self._direct.weight_gradient(x, dy, dw, self.scratch, overwrite=overwrite)
             if not down:
                 continue
             dx = b.diff.reshape(x.shape)
@@ -660,7 +668,8 @@ class ConvolutionLayer(_ConvolutionBase):
             x = b.data.reshape((self.num, c) + self.in_spatial)
             rows_w = want_w and not self.direct_weight_gradient
             if want_w and not rows_w:
-                self._direct.weight_gradient(x, dy_all, self.blobs[0].diff, self.scratch)
+                dw, overwrite = self.blobs[0].diff_for_accumulation()
+                self._direct.weight_gradient(x, dy_all, dw, self.scratch, overwrite=overwrite)
             if not (rows_w or propagate_down[i]):
                 continue
             dx_all = b.diff.reshape(x.shape) if propagate_down[i] else None
