@@ -9,8 +9,8 @@ be built (shapes only) without touching memory. Rules layers follow:
 - The solver clears parameter gradients lazily (``defer_zero_diff``): the array keeps its stale values
   and reading ``diff`` zeroes it first, while a layer that adds a gradient may ask
   ``diff_for_accumulation`` and, right after a clear, write the gradient instead of adding it to zeros
-  (InnerProduct does: its weights are most of AlexNet's and VGG-16's parameters). An iteration of
-  AlexNet then does not write zeros over 244 MB of gradients only to read them back
+  (InnerProduct and Convolution do: between them, nearly every parameter of the zoo's nets). An
+  iteration of AlexNet then does not write zeros over 244 MB of gradients only to read them back
   (benchmarks/README.md, issue 7). Blobs whose diff another blob shares (``share_diff``) are always
   zeroed at once: the other blob could not know.
 """
