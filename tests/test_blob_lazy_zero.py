@@ -117,7 +117,9 @@ layer { name: "shared" type: "Convolution" bottom: "c1" top: "c2" param { name: 
         convolution_param { num_output: 20 kernel_size: 3 pad: 1 } }
 layer { name: "rows" type: "Convolution" bottom: "c2" top: "c3"
         convolution_param { num_output: 50 kernel_size: 5 weight_filler { type: "gaussian" std: 0.1 } } }
-layer { name: "pointwise" type: "Convolution" bottom: "c3" top: "c4"
+layer { name: "grouped" type: "Convolution" bottom: "c3" top: "c3g"
+        convolution_param { num_output: 50 kernel_size: 3 pad: 1 group: 2 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "pointwise" type: "Convolution" bottom: "c3g" top: "c4"
         convolution_param { num_output: 12 kernel_size: 1 weight_filler { type: "gaussian" std: 0.1 } } }
 layer { name: "loss" type: "EuclideanLoss" bottom: "c4" bottom: "t" top: "loss" }
 layer { name: "t" type: "Input" top: "t" input_param { shape { dim: 3 dim: 12 dim: OUT dim: OUT } } }
@@ -127,7 +129,7 @@ layer { name: "t" type: "Input" top: "t" input_param { shape { dim: 3 dim: 12 di
 @pytest.mark.parametrize("size", [12, 40])   # 40: the pointwise products per sample, not stacked
 def test_convolution_gradients_after_a_deferred_clear_are_bit_identical(size):
     """The direct weight gradient (two layers sharing their filters: the second adds to what the first
-    wrote), the row path's (LeNet's conv2 shape: its weight gradient direct) and the pointwise one write
+    wrote; a grouped layer), the row path's (LeNet's conv2 shape: its weight gradient direct) and the pointwise one write
     the gradient right after a deferred clear: the same bits as adding it to zeros; over two passes
     (iter_size 2) the sum of each pass's gradient."""
     text = CONV_NET.replace("SIZE", str(size)).replace("OUT", str(size - 4))
@@ -153,9 +155,10 @@ def test_convolution_gradients_after_a_deferred_clear_are_bit_identical(size):
                     total += blob.diff
         if deferred != "each":
             grads[deferred] = [blob.diff.copy() for blob in net.learnable_params]
-        algorithms[deferred] = {name: net.layer_dict[name].algorithm_summary() for name in ("direct", "rows", "pointwise")}
+        algorithms[deferred] = {name: net.layer_dict[name].algorithm_summary() for name in ("direct", "rows", "grouped", "pointwise")}
     for eager, lazy, each in zip(grads[False], grads[True], grads["each"]):
         assert eager.tobytes() == lazy.tobytes()
         np.testing.assert_allclose(lazy, each, rtol=1e-4, atol=1e-4 * np.abs(each).max())
     assert algorithms[True]["direct"].startswith("direct/") and algorithms[True]["pointwise"] == "pointwise"
+    assert algorithms[True]["grouped"].startswith("direct/"), algorithms
     assert algorithms[True]["rows"].startswith("direct/rows") or size != 12, algorithms
