@@ -110,6 +110,7 @@ def test_gradients_after_a_deferred_clear_are_bit_identical(transpose, out):
 
 
 CONV_NET = """
+layer { name: "t" type: "Input" top: "t" input_param { shape { dim: 3 dim: 12 dim: OUT dim: OUT } } }
 layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 3 dim: 20 dim: SIZE dim: SIZE } } }
 layer { name: "direct" type: "Convolution" bottom: "x" top: "c1" param { name: "w" } param { name: "b" }
         convolution_param { num_output: 20 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.1 } } }
@@ -122,18 +123,16 @@ layer { name: "grouped" type: "Convolution" bottom: "c3" top: "c3g"
 layer { name: "pointwise" type: "Convolution" bottom: "c3g" top: "c4"
         convolution_param { num_output: 12 kernel_size: 1 weight_filler { type: "gaussian" std: 0.1 } } }
 layer { name: "loss" type: "EuclideanLoss" bottom: "c4" bottom: "t" top: "loss" }
-layer { name: "t" type: "Input" top: "t" input_param { shape { dim: 3 dim: 12 dim: OUT dim: OUT } } }
 """
 
 
 @pytest.mark.parametrize("size", [12, 40])   # 40: the pointwise products per sample, not stacked
 def test_convolution_gradients_after_a_deferred_clear_are_bit_identical(size):
     """The direct weight gradient (two layers sharing their filters: the second adds to what the first
-    wrote; a grouped layer), the row path's (LeNet's conv2 shape: its weight gradient direct) and the pointwise one write
-    the gradient right after a deferred clear: the same bits as adding it to zeros; over two passes
-    (iter_size 2) the sum of each pass's gradient."""
+    wrote; a grouped layer), the row path's (LeNet's conv2 shape: its weight gradient direct) and the
+    pointwise one write the gradient right after a deferred clear: the same bits as adding it to zeros;
+    over two passes (iter_size 2) the sum of each pass's gradient."""
     text = CONV_NET.replace("SIZE", str(size)).replace("OUT", str(size - 4))
-    text = text[text.index("layer { name: \"t\""):] + text[:text.index("layer { name: \"t\"")]  # inputs first
     rng = np.random.default_rng(5)
     inputs = [dict(x=rng.standard_normal((3, 20, size, size)).astype(np.float32),
                    t=rng.standard_normal((3, 12, size - 4, size - 4)).astype(np.float32)) for _ in range(2)]
