@@ -552,6 +552,12 @@ class ConvolutionLayer(_ConvolutionBase):
             self._direct.forward(b.data.reshape((self.num, self.channels) + self.in_spatial), self.blobs[0].data,
                                  bias, t.data.reshape((self.num, self.num_output) + self.out_spatial), self.scratch)
 
+    def _direct_weight_gradient(self, x, dy):
+        """The direct kernels' weight gradient of x and dy into the weights' diff: written right after
+        the solver's deferred clear (what adding it to zeros gives), added otherwise."""
+        dw, overwrite = self.blobs[0].diff_for_accumulation()
+        self._direct.weight_gradient(x, dy, dw, self.scratch, overwrite=overwrite)
+
     def _backward_direct(self, top, propagate_down, bottom):
         w = self.blobs[0].data
         for b, t, down in zip(bottom, top, propagate_down):
@@ -559,8 +565,7 @@ class ConvolutionLayer(_ConvolutionBase):
             dy = t.diff.reshape((self.num, self.num_output) + self.out_spatial)
             self._bias_gradient(dy.reshape(self.num, self.num_output, -1))
             if self.param_propagate_down[0]:
-                dw, overwrite = self.blobs[0].diff_for_accumulation()
-                self._direct.weight_gradient(x, dy, dw, self.scratch, overwrite=overwrite)
+                self._direct_weight_gradient(x, dy)
             if not down:
                 continue
             dx = b.diff.reshape(x.shape)
@@ -667,9 +672,8 @@ class ConvolutionLayer(_ConvolutionBase):
                 elementwise.add_channel_sums(dy_all.reshape(self.num, o, -1), self.blobs[1].diff)
             x = b.data.reshape((self.num, c) + self.in_spatial)
             rows_w = want_w and not self.direct_weight_gradient
-            if want_w and not rows_w:
-                dw, overwrite = self.blobs[0].diff_for_accumulation()
-                self._direct.weight_gradient(x, dy_all, dw, self.scratch, overwrite=overwrite)
+            if want_w and self.direct_weight_gradient:
+                self._direct_weight_gradient(x, dy_all)
             if not (rows_w or propagate_down[i]):
                 continue
             dx_all = b.diff.reshape(x.shape) if propagate_down[i] else None
