@@ -42,7 +42,10 @@ def start_weights() -> np.ndarray:
 
 
 def own_start(r: int) -> np.ndarray:
-    return start_weights() + np.float32(r + 1) * np.arange(10, dtype=np.float32) / 10
+    # Independent directions per rank. Starts on one line (r + 1 times one vector) made the mixed
+    # average of ranks 0 and 2 equal rank 1's own start, so a well-mixed rank 1 looked unmixed.
+    offset = np.random.default_rng(100 + r).standard_normal(10).astype(np.float32)
+    return start_weights() + offset
 
 
 def check_easgd_by_hand() -> None:
@@ -51,7 +54,7 @@ def check_easgd_by_hand() -> None:
     if rank == 0:
         rule.set_flat_weights(start_weights())
     rule.broadcast_initial()  # everyone takes rank 0's weights; the centre is set to them
-    assert np.array_equal(rule.flat_weights(), start_weights())
+    assert np.array_equal(rule.flat_weights(), start_weights()), "rank 0's weights were not broadcast"
     rule.set_flat_weights(own_start(rank))
     for turn in range(size):
         comm.barrier()
@@ -71,19 +74,19 @@ def check_easgd_by_hand() -> None:
     np.testing.assert_allclose(rule.flat_weights(), centre, rtol=1e-6, atol=1e-7)
     rule.swap_out_model()
     np.testing.assert_allclose(rule.flat_weights(), expected[rank], rtol=1e-6, atol=1e-7)
-    assert not np.allclose(centre, start_weights())
+    assert not np.allclose(centre, start_weights()), "the centre did not move"
 
 
 def check_easgd_conserves_the_sum() -> None:
     net = tiny_net()
     rule = EasgdExchange(comm, net, ExchangeOptions(exchange="easgd", tau=3))
-    assert abs(rule.alpha - np.float32(0.9) / size) < 1e-7  # the paper's alpha = beta / p
+    assert abs(rule.alpha - np.float32(0.9) / size) < 1e-7, rule.alpha  # the paper's alpha = beta / p
     rule.broadcast_initial()  # the centre: rank 0's initial weights, zeros
     rule.set_flat_weights(own_start(rank) * (rank + 2))
     before = gathered(rule).sum(axis=0)
     for iteration in range(12):
         rule.begin_iteration(iteration)
-        assert rule.mixes_after_update() == ((iteration + 1) % 3 == 0)
+        assert rule.mixes_after_update() == ((iteration + 1) % 3 == 0), iteration
         rule.after_update()  # steps at iterations 2, 5, 8, 11, the ranks at once
     rule.settle()
     rule.swap_in_model()
@@ -91,7 +94,7 @@ def check_easgd_conserves_the_sum() -> None:
     rule.swap_out_model()
     after = gathered(rule).sum(axis=0) + centre
     np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-5)
-    assert np.abs(centre).max() > 0.1  # the centre moved
+    assert np.abs(centre).max() > 0.1, centre  # the centre moved
 
 
 def check_gossip_conservation() -> None:
@@ -120,7 +123,7 @@ def check_gossip_conservation() -> None:
     total_pushes = np.array([pushes], dtype=np.int64)
     comm.allreduce(total_pushes)
     assert counts.sum() == total_pushes[0] > 10, (counts, total_pushes)
-    assert not np.allclose(rule.flat_weights(), own_start(rank))
+    assert not np.allclose(rule.flat_weights(), own_start(rank)), ("no message changed this rank's weights", rule.merged)
     rule.close()
 
 
@@ -132,4 +135,4 @@ def main() -> None:
     print(f"rank {rank} ok", flush=True)
 
 
-run_guarded(comm, main)
+run_guarded(comm, main, debug=True)  # a failure names its line
