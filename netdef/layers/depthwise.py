@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import backend
 from . import direct, jit
+from .fusion import mapper_arguments
 from .im2col import Geometry, offset_slices, padded
 
 
@@ -66,9 +67,7 @@ def forward_mapped(x, w, geom: Geometry, out, channel_map, scratch=None) -> bool
         return False
     if not (jit.usable(x, w, out, m.shift, m.mean, m.std, m.scale, m.bias) and _blocked(x.shape[1], w)):
         return False
-    slope = None if m.negative_slope is None else x.dtype.type(m.negative_slope)
-    _blocked_taps(x, w, _forward_plan(geom, x.shape[3], _lanes(x.dtype)), out, scratch,
-                  (m.shift, m.mean, m.std, m.scale, m.bias, slope))
+    _blocked_taps(x, w, _forward_plan(geom, x.shape[3], _lanes(x.dtype)), out, scratch, m)
     return True
 
 
@@ -197,12 +196,9 @@ def _thread_buffers(scratch, dtype, lanes: int, in_hw, pad, out_hw) -> tuple:
             scratch.get("depthwise_sums", (threads, out_cells * lanes), dtype, np), scratch)
 
 
-_NO_MAP = (None,) * 6
-
-
-def _blocked_taps(x, w, plan: _Plan, out, scratch, channel_map=_NO_MAP):
-    """out = jit/depthwise.blocked_taps of x and w by ``plan``, then ``channel_map`` (the map's shift,
-    mean, std, scale, bias and negative slope, each None where absent)."""
+def _blocked_taps(x, w, plan: _Plan, out, scratch, channel_map=None):
+    """out = jit/depthwise.blocked_taps of x and w by ``plan``, then ``channel_map`` (a
+    layers/fusion.ChannelMap over out's channels, or None)."""
     from .jit import depthwise as kernels
     from .jit import microkernels
 
@@ -212,7 +208,7 @@ def _blocked_taps(x, w, plan: _Plan, out, scratch, channel_map=_NO_MAP):
     weights = scratch.get("depthwise_weights", (buffers[0].shape[0], plan.taps.size * lanes), x.dtype, np)
     kernels.blocked_taps(x, w, plan.taps, plan.offsets, plan.counts, out, *plan.stride, *plan.pad, lanes,
                          compiled.depthwise, compiled.transpose[0], compiled.shape.widest_depthwise, *buffers,
-                         weights, *channel_map)
+                         weights, *mapper_arguments(channel_map, x.dtype))
 
 
 def _blocked_weights(x, dy, geom: Geometry, dw, scratch):

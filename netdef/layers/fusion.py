@@ -19,6 +19,8 @@ other array the layers' own reference functions in sequence, which is also the t
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..backend import get_array_module
@@ -153,6 +155,35 @@ def weighted_sum_mapped(xs, coeffs, m: ChannelMap, out):
         return out
     elementwise.weighted_sum(xs, coeffs, out)
     return apply(m, out, out)
+
+
+def mapper_arguments(m: ChannelMap | None, dtype) -> tuple:
+    """What the kernels that map the blocks they write through a compiled mapper take (jit/fusion.py's
+    ``row_mapper``: jit/depthwise.blocked_taps, jit/blas.gemm_panels_mapped): the mapper's address (0
+    for no map) and the map's shift, mean, std, scale and bias arrays and its negative slope as a
+    one-value array, each stage that ``m`` lacks given as a placeholder array that nothing reads
+    (the kernels' argument types then never change with the stages: one compiled kernel per dtype).
+    ``m``'s arrays must be C-contiguous ``dtype`` arrays (``jit.usable``)."""
+    dtype = np.dtype(dtype)
+    unused = _placeholder(dtype)
+    if m is None or not m.stages:
+        return (0,) + (unused,) * 6
+    address = _kernels().row_mapper(dtype, m.shift is not None, m.mean is not None, m.scale is not None,
+                                    m.bias is not None, m.negative_slope is not None)
+    slope = unused if m.negative_slope is None else _one_value(dtype, float(m.negative_slope))
+    return (address,) + tuple(unused if a is None else a for a in (m.shift, m.mean, m.std, m.scale, m.bias)) + (slope,)
+
+
+@functools.lru_cache(maxsize=None)
+def _placeholder(dtype: np.dtype) -> np.ndarray:
+    return np.zeros(1, dtype=dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _one_value(dtype: np.dtype, value: float) -> np.ndarray:
+    # Shared between calls and only read by the kernels; float(value) keys the cache, and the
+    # value is rounded to the dtype as the kernels' own per-call scalar was (dtype.type(slope)).
+    return np.array([dtype.type(value)], dtype=dtype)
 
 
 def forward_then_map(layer, bottom, top, m: ChannelMap) -> bool:

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..backend import get_array_module
 from . import jit
+from .fusion import mapper_arguments
 
 # Below this OpenBLAS runs a product on one thread (2^18 multiply-adds per thread, 2 threads).
 PARALLEL_MIN_MULTIPLY_ADDS = 1 << 19
@@ -71,10 +72,7 @@ def matmul_row_mapped(a, b, out, row_map) -> bool:
     panels = _gemm_panels(a, b, out)
     if panels is None:
         return False
-    m = row_map
-    slope = None if m.negative_slope is None else out.dtype.type(m.negative_slope)
-    blas.gemm_panels_mapped(*panels, out.reshape((-1,) + out.shape[-2:]), m.shift, m.mean, m.std, m.scale, m.bias,
-                            slope)
+    blas.gemm_panels_mapped(*panels, *mapper_arguments(row_map, out.dtype))
     return True
 
 

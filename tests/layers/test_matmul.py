@@ -216,6 +216,23 @@ def _row_map(dims, dtype, rng, stages):
     return ChannelMap(dims, mean=v(), std=np.abs(v()) + dtype(0.5), scale=v(), bias=v())  # batchnorm+scale
 
 
+def test_maps_of_any_stages_run_in_one_compiled_panel_kernel():
+    """The mapped panels take every map with the same argument types (jit/fusion.row_mapper's
+    address and the stages' arrays): other stages compile no second whole kernel."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((96, 40)).astype(np.float32)
+    b = rng.standard_normal((40, 300)).astype(np.float32)
+    blas = products._pool_blas(a, b, np.empty((96, 300), np.float32))
+    if blas is None:
+        pytest.skip("the products run on NumPy here (no pool BLAS, or the product is below its size)")
+    compiled = None
+    for stages in ("relu", "batchnorm+scale", "bias+batchnorm+scale+relu"):
+        got = np.empty((96, 300), np.float32)
+        assert products.matmul_row_mapped(a, b, got, _row_map((1, 96, 300), np.float32, rng, stages)), stages
+        compiled = compiled or len(blas.gemm_panels_mapped.signatures)
+        assert len(blas.gemm_panels_mapped.signatures) == compiled, stages
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("stages", ["bias+batchnorm+scale+relu", "batchnorm+scale", "relu"])

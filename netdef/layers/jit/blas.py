@@ -34,7 +34,7 @@ let_idle_kernel_threads_sleep()  # before numba starts its thread pool
 import numpy as np  # noqa: E402
 from numba import njit, prange, types  # noqa: E402 (after the wait policy)
 
-from .fusion import mapped_value  # noqa: E402
+from .kernel_calls import call9  # noqa: E402
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enumerations
 # Panel edges fall on multiples of this many rows or columns: whole tiles of OpenBLAS's kernels.
@@ -129,38 +129,42 @@ def _gemm_panel(task, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb,
 
 
 @njit(inline="always")
-def _map_panel(task, parts, split_rows, m, n, c_matrices, shift, mean, std, scale, bias, negative_slope):
-    """Panel ``task``'s elements of C (``c_matrices``: items x m x n) through the channel map, row r
-    of each matrix being channel r (jit/fusion.mapped_value)."""
+def _map_panel(task, parts, split_rows, m, n, c, size, mapper, stages):
+    """Panel ``task``'s elements of C (at address ``c``: items x m x n, elements of ``size`` bytes)
+    through the channel map (``mapper``: jit/fusion.row_mapper's address; ``stages``: the addresses
+    of the map's arrays), row r of each matrix being channel r."""
     item = task // parts
     lo, hi = _bounds(task % parts, parts, m if split_rows else n)
     rows = (lo, hi) if split_rows else (0, m)
     cols = (0, n) if split_rows else (lo, hi)
+    if cols[1] <= cols[0]:
+        return
+    shifts, means, stds, scales, biases, slope = stages
     for r in range(rows[0], rows[1]):
-        row = c_matrices[item, r, cols[0]:cols[1]]
-        for j in range(row.shape[0]):
-            row[j] = mapped_value(row[j], r, shift, mean, std, scale, bias, negative_slope)
+        call9(mapper, c + size * ((item * m + r) * n + cols[0]), np.int64(cols[1] - cols[0]), np.int64(r), shifts,
+              means, stds, scales, biases, slope)
 
 
 @njit(inline="always")
 def _run_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, items, parts,
-                split_rows, c_matrices, shift, mean, std, scale, bias, negative_slope):
-    """The panels of ``gemm_panels``, each then mapped by ``_map_panel`` where ``c_matrices`` is given
-    (numba compiles the branch out where it is None)."""
+                split_rows, mapper, stages):
+    """The panels of ``gemm_panels``, each then mapped by ``_map_panel`` where ``mapper`` is not 0
+    (C then contiguous: ldc n, step_c m*n)."""
+    size = 8 if double else 4
     threads = _get_threads()
     if threads != 1:
         _set_threads(1)
     if items * parts == 1:
         _gemm_panel(0, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, 1,
                     split_rows)
-        if c_matrices is not None:
-            _map_panel(0, 1, split_rows, m, n, c_matrices, shift, mean, std, scale, bias, negative_slope)
+        if mapper != 0:
+            _map_panel(0, 1, split_rows, m, n, c, size, mapper, stages)
     else:
         for task in prange(items * parts):
             _gemm_panel(task, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c,
                         parts, split_rows)
-            if c_matrices is not None:
-                _map_panel(task, parts, split_rows, m, n, c_matrices, shift, mean, std, scale, bias, negative_slope)
+            if mapper != 0:
+                _map_panel(task, parts, split_rows, m, n, c, size, mapper, stages)
     if threads != 1:
         _set_threads(threads)
 
@@ -173,18 +177,21 @@ def gemm_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_
     broadcasts), each cut into ``parts`` panels: one OpenBLAS call per panel on the pool's threads (one
     panel: in the calling thread)."""
     _run_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, items, parts,
-                split_rows, None, None, None, None, None, None, None)
+                split_rows, 0, (0, 0, 0, 0, 0, 0))
 
 
-@njit(nogil=True, parallel=True, cache=True, error_model="numpy")
+@njit(nogil=True, parallel=True, cache=True)
 def gemm_panels_mapped(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, items,
-                       parts, split_rows, c_matrices, shift, mean, std, scale, bias, negative_slope):
-    """``gemm_panels``, then each panel through a channel map (layers/fusion.py: ``shift`` ...
-    ``negative_slope``, None where a stage is absent; row r of each matrix is channel r) by the thread
-    that computed it, while it is in cache. ``c_matrices``: C as an items x m x n array (contiguous,
-    at address ``c``). The error model is NumPy's for the map's division, as jit/fusion.py's."""
+                       parts, split_rows, mapper, shift, mean, std, scale, bias, slope):
+    """``gemm_panels`` with C contiguous (ldc n, step_c m*n), then each panel through a channel map
+    (layers/fusion.py; row r of each matrix is channel r) by the thread that computed it, while it is
+    in cache: ``mapper`` is jit/fusion.row_mapper's address, ``shift`` ... ``bias`` the map's
+    per-channel arrays and ``slope`` its negative slope as one value (arrays whatever stages the map
+    has: the mapper reads only its own)."""
+    stages = (np.int64(shift.ctypes.data), np.int64(mean.ctypes.data), np.int64(std.ctypes.data),
+              np.int64(scale.ctypes.data), np.int64(bias.ctypes.data), np.int64(slope.ctypes.data))
     _run_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, items, parts,
-                split_rows, c_matrices, shift, mean, std, scale, bias, negative_slope)
+                split_rows, mapper, stages)
 
 
 @njit(inline="always")

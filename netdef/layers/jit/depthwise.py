@@ -29,7 +29,6 @@ let_idle_kernel_threads_sleep()  # before numba starts its thread pool
 
 from numba import get_thread_id, njit, prange  # noqa: E402 (after the wait policy)
 
-from .fusion import mapped_value  # noqa: E402
 from .kernel_calls import call5, call7, call9, span  # noqa: E402
 
 FAST = {"contract"}
@@ -262,10 +261,11 @@ def _into_padded_block(x, n, c0, valid, lanes, ph, pw, transpose, plane, padded)
 
 
 @njit(inline="always")
-def _from_block(sums, n, c0, valid, lanes, transpose, y, shift, mean, std, scale, bias, negative_slope):
+def _from_block(sums, n, c0, valid, lanes, transpose, y, mapper, stages):
     """Channels c0 ... c0 + valid of y[n] (Ho x Wo) from ``sums`` (Ho*Wo x lanes, flat), by square
     tiles where the block is whole, the rest one value at a time; then each of those planes through
-    the channel map (jit/fusion.mapped_value) while it is still in cache, where a stage is given."""
+    the channel map while it is still in cache, where there is one (``mapper``: jit/fusion.row_mapper's
+    address, 0 for none; ``stages``: the addresses of the map's arrays)."""
     cells = y.shape[2] * y.shape[3]
     size = y.itemsize
     flat, base, dst0, whole = _planes_of_block(y, n, c0, valid, lanes)
@@ -275,12 +275,12 @@ def _from_block(sums, n, c0, valid, lanes, transpose, y, shift, mean, std, scale
     for q in range(whole, cells):
         for c in range(valid):
             flat[base + c * cells + q] = sums[q * lanes + c]
-    if shift is None and mean is None and scale is None and negative_slope is None:
+    if mapper == 0:
         return
+    shifts, means, stds, scales, biases, slope = stages
     for c in range(valid):
-        plane = flat[base + c * cells:base + (c + 1) * cells]
-        for q in range(cells):
-            plane[q] = mapped_value(plane[q], c0 + c, shift, mean, std, scale, bias, negative_slope)
+        call9(mapper, dst0 + size * c * cells, np.int64(cells), np.int64(c0 + c), shifts, means, stds, scales, biases,
+              slope)
 
 
 @njit(inline="always")
@@ -314,7 +314,7 @@ def _block_weights(w, taps, counts, c0, valid, lanes, out):
 
 @njit(nogil=True, parallel=True, cache=True, error_model="numpy")
 def blocked_taps(x, w, taps, off, counts, y, sh, sw, ph, pw, lanes, kernels, transpose, widest, planes, padded,
-                 sums, weights, shift, mean, std, scale, bias, negative_slope):
+                 sums, weights, mapper, shift, mean, std, scale, bias, slope):
     """y (N x C x Ho x Wo) by phases of its rows and columns (P x Q = counts.shape: 1 x 1 for a
     forward, stride_h x stride_w for a strided input gradient): output (a + P*u, b + Q*v) is the sum
     over phase (a, b)'s taps t < counts[a, b] (in the table's order, from zero) of w[channel, 0,
@@ -322,15 +322,18 @@ def blocked_taps(x, w, taps, off, counts, y, sh, sw, ph, pw, lanes, kernels, tra
     blocked layout past (u*sh, v*sw); zero where a phase has no taps. Blocks of ``lanes`` channels
     (the kernels' vector). ``planes``, ``padded``, ``sums``, ``weights``: one flat buffer per thread
     of numba's pool (at least H*W, Hp*Wp and Ho*Wo cells of lanes values; P*Q*T*lanes). One work
-    item per image and block of channels. ``shift`` ... ``negative_slope``: a channel map
-    (layers/fusion.py) applied to each block's output as it is written (None: no such stage); the
-    error model is NumPy's for its division, as jit/fusion.py's."""
+    item per image and block of channels. ``mapper`` (jit/fusion.row_mapper's address; 0: none)
+    applies a channel map (layers/fusion.py) to each block's planes as they are written: ``shift``
+    ... ``bias`` its per-channel arrays, ``slope`` its negative slope as one value (arrays whatever
+    stages the map has: the mapper reads only its own)."""
     n_, c_, w_ = x.shape[0], x.shape[1], x.shape[3]
     blocks = (c_ + lanes - 1) // lanes
     row_phases, col_phases, most = taps.shape
     ho, wo = y.shape[2], y.shape[3]
     wp = w_ + 2 * pw
     size = x.itemsize
+    stages = (np.int64(shift.ctypes.data), np.int64(mean.ctypes.data), np.int64(std.ctypes.data),
+              np.int64(scale.ctypes.data), np.int64(bias.ctypes.data), np.int64(slope.ctypes.data))
     for item in prange(n_ * blocks):
         n, b, c0, valid, thread = _start_item(x, item, blocks, lanes, ph, pw, transpose, planes, padded)
         xb, yb, wb = padded[thread], sums[thread], weights[thread]
@@ -354,7 +357,7 @@ def blocked_taps(x, w, taps, off, counts, y, sh, sw, ph, pw, lanes, kernels, tra
                         call7(kernels[stop - start - 1], row + size * start * sw * lanes, w0,
                               yb0 + size * (r * wo + c + start * col_phases) * lanes, o0, np.int64(count),
                               np.int64(sw * lanes), np.int64(col_phases * lanes))
-        _from_block(yb, n, c0, valid, lanes, transpose, y, shift, mean, std, scale, bias, negative_slope)
+        _from_block(yb, n, c0, valid, lanes, transpose, y, mapper, stages)
 
 
 @njit(nogil=True, parallel=True, cache=True)

@@ -7,6 +7,12 @@ Scale), then ReLU's comparison, so a fused chain gives the bits the layers give 
 that is absent is a None argument: numba compiles a version without it (dead branches pruned).
 Work items as Scale's kernel: chunks of at most BLOCK values of one (o, d) row. Twins:
 ``fusion.apply_reference`` and ``elementwise.weighted_sum`` followed by ``relu_forward``.
+
+The large kernels that apply a map to the blocks they write (jit/depthwise.py's blocked_taps,
+jit/blas.py's mapped panels) call it through ``row_mapper``'s address instead: given the stages as
+None-or-array arguments, numba compiled one whole kernel per combination of stages present, 5-9 s
+each (14 of blocked_taps' in the test suite, 2 to 3 for a zoo net); the mapper is a small function per
+combination, and the kernel is compiled once per dtype.
 """
 from __future__ import annotations
 
@@ -14,7 +20,10 @@ from ...threads import let_idle_kernel_threads_sleep
 
 let_idle_kernel_threads_sleep()  # before numba starts its thread pool
 
-from numba import njit, prange  # noqa: E402 (after the wait policy)
+import functools  # noqa: E402
+
+import numpy as np  # noqa: E402
+from numba import carray, cfunc, from_dtype, njit, prange, types  # noqa: E402 (after the wait policy)
 
 from .elementwise import block_bounds, block_count, channel_block, rectified_gradient, weighted_sum_block  # noqa: E402
 
@@ -42,6 +51,40 @@ def mapped_value(v, d, shift, mean, std, scale, bias, negative_slope):
     if negative_slope is not None:
         v = _rectify(v, negative_slope)
     return v
+
+
+def _compile_row_mapper(dtype: np.dtype, shift: bool, normalize: bool, scale: bool, bias: bool, rectify: bool):
+    """The compiled ``map_row`` for one dtype and one set of stages present (closure constants: numba
+    prunes the absent stages' branches, and caches each set apart)."""
+    pointer = types.CPointer(from_dtype(dtype))
+
+    @cfunc(types.void(pointer, types.int64, types.int64, pointer, pointer, pointer, pointer, pointer, pointer),
+           cache=True, nogil=True, error_model="numpy")
+    def map_row(row, count, channel, shifts, means, stds, scales, biases, slope):
+        # Views of the stage arrays up to this channel (None where absent), then the stages'
+        # expressions per value, as mapped_value computes them everywhere else.
+        values = carray(row, (count,))
+        size = channel + 1
+        s = carray(shifts, (size,)) if shift else None
+        m = carray(means, (size,)) if normalize else None
+        d = carray(stds, (size,)) if normalize else None
+        k = carray(scales, (size,)) if scale else None
+        b = carray(biases, (size,)) if bias else None
+        r = slope[0] if rectify else None
+        for i in range(count):
+            values[i] = mapped_value(values[i], channel, s, m, d, k, b, r)
+
+    return map_row
+
+
+@functools.lru_cache(maxsize=None)
+def row_mapper(dtype: np.dtype, shift: bool, normalize: bool, scale: bool, bias: bool, rectify: bool) -> int:
+    """The address of a compiled ``map_row(row, count, channel, shift, mean, std, scale, bias,
+    slope)``: the ``count`` values at address ``row`` (all of channel ``channel``) through the map's
+    stages, in place; the stage arguments are the addresses of the stages' per-channel arrays
+    (``slope``: of one value), of which only the present stages' are read. Called with
+    jit/kernel_calls.call9 (every argument an i64)."""
+    return _compile_row_mapper(np.dtype(dtype), shift, normalize, scale, bias, rectify).address
 
 
 @njit(nogil=True, parallel=True, error_model="numpy", cache=True)
