@@ -49,6 +49,10 @@ def test_in_place_layer_shares_the_blob():
 
 
 def test_forward_backward_matches_numeric_gradient():
+    # Seeded: the weights came from whatever state earlier tests left the generator in, and about
+    # 1 seed in 40 puts a ReLU input within eps of 0, where the central difference crosses the kink
+    # (seen when the suite ran in another order).
+    netdef.set_random_seed(0)
     net = netdef.Net(TINY, netdef.TRAIN)
     x, y = tiny_inputs()
     out = net.forward(data=x, label=y)
