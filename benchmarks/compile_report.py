@@ -7,9 +7,11 @@ compilation's seconds with the kernel and the test that triggered it, and the to
 per test file, to ``--compile-report`` (default compile_report.txt). Compilations in subprocesses
 (``netdef train``, MPI ranks) are not counted.
 
-    rm -rf /tmp/cold && NUMBA_CACHE_DIR=/tmp/cold PYTHONPATH=benchmarks python -m pytest -q -p compile_report
+    rm -rf /tmp/cold && NUMBA_CACHE_DIR=/tmp/cold PYTHONPATH=benchmarks python -m pytest -q -n 0 -p compile_report
 
-(``NUMBA_CACHE_DIR`` pointing at an empty folder makes every kernel compile as in a clean clone.)
+(``NUMBA_CACHE_DIR`` pointing at an empty folder makes every kernel compile as in a clean clone;
+``-n 0``: in one process, as the suite ran before it used two workers, each of which would write the
+report over the other's.)
 """
 from __future__ import annotations
 
