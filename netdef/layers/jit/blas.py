@@ -34,6 +34,7 @@ let_idle_kernel_threads_sleep()  # before numba starts its thread pool
 import numpy as np  # noqa: E402
 from numba import njit, prange, types  # noqa: E402 (after the wait policy)
 
+from .fusion import stage_addresses  # noqa: E402
 from .kernel_calls import call9  # noqa: E402
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enumerations
@@ -188,8 +189,7 @@ def gemm_panels_mapped(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb
     in cache: ``mapper`` is jit/fusion.row_mapper's address, ``shift`` ... ``bias`` the map's
     per-channel arrays and ``slope`` its negative slope as one value (arrays whatever stages the map
     has: the mapper reads only its own)."""
-    stages = (np.int64(shift.ctypes.data), np.int64(mean.ctypes.data), np.int64(std.ctypes.data),
-              np.int64(scale.ctypes.data), np.int64(bias.ctypes.data), np.int64(slope.ctypes.data))
+    stages = stage_addresses(shift, mean, std, scale, bias, slope)
     _run_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, items, parts,
                 split_rows, mapper, stages)
 

@@ -29,6 +29,7 @@ let_idle_kernel_threads_sleep()  # before numba starts its thread pool
 
 from numba import get_thread_id, njit, prange  # noqa: E402 (after the wait policy)
 
+from .fusion import stage_addresses  # noqa: E402
 from .kernel_calls import call5, call7, call9, span  # noqa: E402
 
 FAST = {"contract"}
@@ -332,8 +333,7 @@ def blocked_taps(x, w, taps, off, counts, y, sh, sw, ph, pw, lanes, kernels, tra
     ho, wo = y.shape[2], y.shape[3]
     wp = w_ + 2 * pw
     size = x.itemsize
-    stages = (np.int64(shift.ctypes.data), np.int64(mean.ctypes.data), np.int64(std.ctypes.data),
-              np.int64(scale.ctypes.data), np.int64(bias.ctypes.data), np.int64(slope.ctypes.data))
+    stages = stage_addresses(shift, mean, std, scale, bias, slope)
     for item in prange(n_ * blocks):
         n, b, c0, valid, thread = _start_item(x, item, blocks, lanes, ph, pw, transpose, planes, padded)
         xb, yb, wb = padded[thread], sums[thread], weights[thread]

@@ -77,6 +77,14 @@ def _compile_row_mapper(dtype: np.dtype, shift: bool, normalize: bool, scale: bo
     return map_row
 
 
+@njit(inline="always")
+def stage_addresses(shift, mean, std, scale, bias, slope):
+    """The addresses of a map's arrays, as ``row_mapper``'s function takes them after its first three
+    arguments (the kernels that call it compute them once per call)."""
+    return (np.int64(shift.ctypes.data), np.int64(mean.ctypes.data), np.int64(std.ctypes.data),
+            np.int64(scale.ctypes.data), np.int64(bias.ctypes.data), np.int64(slope.ctypes.data))
+
+
 @functools.lru_cache(maxsize=None)
 def row_mapper(dtype: np.dtype, shift: bool, normalize: bool, scale: bool, bias: bool, rectify: bool) -> int:
     """The address of a compiled ``map_row(row, count, channel, shift, mean, std, scale, bias,
