@@ -69,6 +69,7 @@ def worker(batch: int, reps: int) -> None:
 
 def run_worker(checkout: pathlib.Path, batch: int, reps: int) -> list[float]:
     code = (f"import sys; sys.path.insert(0, {str(checkout)!r}); sys.path.insert(0, {str(HERE)!r}); "
+            f"import netdef; assert netdef.__file__.startswith({str(checkout)!r}), netdef.__file__; "
             f"import mapped_kernels; mapped_kernels.worker({batch}, {reps})")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return [float(v) for v in done.stdout.split()]
