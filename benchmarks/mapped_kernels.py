@@ -1,104 +1,122 @@
 """The kernels that apply a channel map to the output they write, alone: the blocked depthwise
 convolution (``depthwise.forward_mapped``) and the pointwise product by panels
-(``matmul.matmul_row_mapped``), each with BatchNorm + Scale + ReLU mapped in, on MobileNet v2's and
+(``matmul.matmul_row_mapped``), with BatchNorm + Scale + ReLU mapped in, on MobileNet v2's and
 ResNet-50's shapes. Median microseconds per call.
 
-``--baseline PATH`` times another checkout's netdef too, each checkout in a process of its own, the
-processes alternating for ``--rounds`` rounds (the machine's speed drifts: compare within a round).
+``--baseline PATH`` times another checkout's kernels in the same process, call for call in turn with
+this checkout's (the order swapped every other call), and checks that both give the same bits. Its
+``netdef/layers`` modules are loaded under another package name (``netdef_baseline``) without the
+package's ``__init__`` (which would register the protobuf descriptors a second time). An earlier
+version ran each checkout in processes of its own, alternating: the process that ran second in a
+round ran faster whichever checkout it was, by as much as the change being measured.
 
-    python benchmarks/mapped_kernels.py --batches 8,1 --rounds 3 --baseline /path/to/other/checkout
+    python benchmarks/mapped_kernels.py --batches 8,1 --baseline /path/to/other/checkout
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import pathlib
+import shutil
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
+import types
 
-HERE = pathlib.Path(__file__).resolve().parent
-DEPTHWISE = ((144, 56), (576, 14))  # channels, plane side: MobileNet v2's first and 14 x 14 expansions
-POINTWISE = ((256, 64, 56), (960, 160, 7))  # output channels, input channels, plane side
+import numpy as np
 
-
-def median_us(fn, reps: int) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e6 * statistics.median(times)
+DEPTHWISE = ((144, 56), (576, 14), (960, 7))  # channels, plane side (MobileNet v2's expansions)
+POINTWISE = ((256, 64, 56), (960, 160, 7), (64, 384, 14))  # output channels, input channels, side
 
 
-def worker(batch: int, reps: int) -> None:
-    """Runs in the checkout under test (its netdef first on sys.path); prints one line of figures."""
-    import numpy as np
-
-    from netdef.layers import depthwise, matmul
-    from netdef.layers.fusion import ChannelMap
-    from netdef.layers.im2col import Geometry
-
-    rng = np.random.default_rng(0)
-
-    def channel_map(channels, dims):
-        values = lambda: rng.standard_normal(channels).astype(np.float32)  # noqa: E731
-        return ChannelMap(dims, mean=values(), std=np.abs(values()) + 1, scale=values(), bias=values(),
-                          negative_slope=0.0)
-
-    figures = []
-    geom = Geometry((3, 3), (1, 1), (1, 1), (1, 1))
-    for channels, side in DEPTHWISE:
-        x = rng.standard_normal((batch, channels, side, side)).astype(np.float32)
-        w = rng.standard_normal((channels, 1, 3, 3)).astype(np.float32)
-        out, m = np.empty_like(x), channel_map(channels, (batch, channels, side * side))
-        if not depthwise.forward_mapped(x, w, geom, out, m):
-            raise SystemExit("the blocked depthwise kernel does not take these arrays here")
-        figures.append(median_us(lambda: depthwise.forward_mapped(x, w, geom, out, m), reps))
-    for outputs, inputs, side in POINTWISE:
-        a = rng.standard_normal((outputs, inputs)).astype(np.float32)
-        b = rng.standard_normal((batch, inputs, side * side)).astype(np.float32)
-        out, m = np.empty((batch, outputs, side * side), np.float32), channel_map(outputs, (batch, outputs, side * side))
-        if not matmul.matmul_row_mapped(a, b, out, m):
-            raise SystemExit("the products run on NumPy here (no pool BLAS)")
-        figures.append(median_us(lambda: matmul.matmul_row_mapped(a, b, out, m), reps))
-    print(" ".join(f"{f:.1f}" for f in figures))
+def load_baseline(checkout: pathlib.Path):
+    """The baseline's layers.depthwise, layers.matmul, layers.fusion and layers.im2col modules."""
+    copy = pathlib.Path(tempfile.mkdtemp()) / "netdef_baseline"
+    shutil.copytree(checkout / "netdef", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    for name, path in (("netdef_baseline", copy), ("netdef_baseline.layers", copy / "layers")):
+        package = types.ModuleType(name)
+        package.__path__ = [str(path)]
+        sys.modules[name] = package
+    return tuple(importlib.import_module(f"netdef_baseline.layers.{m}") for m in ("depthwise", "matmul", "fusion",
+                                                                                  "im2col"))
 
 
-def run_worker(checkout: pathlib.Path, batch: int, reps: int) -> list[float]:
-    code = (f"import sys; sys.path.insert(0, {str(checkout)!r}); sys.path.insert(0, {str(HERE)!r}); "
-            f"import netdef; assert netdef.__file__.startswith({str(checkout)!r}), netdef.__file__; "
-            f"import mapped_kernels; mapped_kernels.worker({batch}, {reps})")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return [float(v) for v in done.stdout.split()]
+def this_checkout():
+    from netdef.layers import depthwise, fusion, im2col, matmul
+
+    return depthwise, matmul, fusion, im2col
+
+
+def timed_in_turn(calls: list, reps: int) -> list[float]:
+    """Median us of each call, the calls made in turn (reversed every other round)."""
+    for _ in range(10):
+        for call in calls:
+            call()
+    times = [[] for _ in calls]
+    for rep in range(reps):
+        order = list(range(len(calls))) if rep % 2 == 0 else list(range(len(calls)))[::-1]
+        for k in order:
+            start = time.perf_counter()
+            calls[k]()
+            times[k].append(time.perf_counter() - start)
+    return [1e6 * statistics.median(t) for t in times]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="8,1")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--reps", type=int, default=200)
-    parser.add_argument("--baseline", type=pathlib.Path, help="another checkout, timed in the same rounds")
+    parser.add_argument("--reps", type=int, default=300)
+    parser.add_argument("--baseline", type=pathlib.Path, help="another checkout, timed call for call in turn")
     args = parser.parse_args()
-    checkouts = {"this": HERE.parent}
+    versions = {"this": this_checkout()}
     if args.baseline:
-        checkouts["baseline"] = args.baseline.resolve()
-    names = [f"depthwise {c} x {s} x {s}" for c, s in DEPTHWISE] + [f"1x1 {o} x {i} on {s} x {s}"
-                                                                    for o, i, s in POINTWISE]
+        versions["baseline"] = load_baseline(args.baseline.resolve())
+    rng = np.random.default_rng(0)
+
+    def per_channel(channels):
+        values = [rng.standard_normal(channels).astype(np.float32) for _ in range(4)]
+        values[1] = np.abs(values[1]) + 1
+        return values
+
+    def maps(values, dims):
+        mean, std, scale, bias = values
+        return [v[2].ChannelMap(dims, mean=mean, std=std, scale=scale, bias=bias, negative_slope=0.0)
+                for v in versions.values()]
+
+    print("median us per call" + (", this / baseline" if args.baseline else ""))
     for batch in (int(b) for b in args.batches.split(",")):
-        results = {name: [] for name in checkouts}
-        for round_ in range(args.rounds):
-            # Every other round in the reverse order: the process that runs second in a round ran
-            # faster, whichever checkout it was (2026-11-26).
-            order = list(checkouts.items())
-            for name, path in order if round_ % 2 == 0 else order[::-1]:
-                results[name].append(run_worker(path, batch, args.reps))
-        print(f"batch {batch}: median us per call, one figure per round")
-        for k, kernel in enumerate(names):
-            cells = "; ".join(f"{name} " + ", ".join(f"{r[k]:.0f}" for r in rounds) for name, rounds in results.items())
-            print(f"  {kernel:<28} {cells}")
+        for channels, side in DEPTHWISE:
+            x = rng.standard_normal((batch, channels, side, side)).astype(np.float32)
+            w = rng.standard_normal((channels, 1, 3, 3)).astype(np.float32)
+            outs = [np.empty_like(x) for _ in versions]
+            cmaps = maps(per_channel(channels), (batch, channels, side * side))
+            calls = []
+            for (dw, _, _, im2col), out, m in zip(versions.values(), outs, cmaps):
+                geom = im2col.Geometry((3, 3), (1, 1), (1, 1), (1, 1))
+                if not dw.forward_mapped(x, w, geom, out, m):
+                    raise SystemExit("the blocked depthwise kernel does not take these arrays here")
+                calls.append(lambda dw=dw, geom=geom, out=out, m=m: dw.forward_mapped(x, w, geom, out, m))
+            report(f"batch {batch} depthwise 3x3, {channels} x {side} x {side}", outs, timed_in_turn(calls, args.reps))
+        for outputs, inputs, side in POINTWISE:
+            a = rng.standard_normal((outputs, inputs)).astype(np.float32)
+            b = rng.standard_normal((batch, inputs, side * side)).astype(np.float32)
+            outs = [np.empty((batch, outputs, side * side), np.float32) for _ in versions]
+            cmaps = maps(per_channel(outputs), (batch, outputs, side * side))
+            calls = []
+            for (_, mm, _, _), out, m in zip(versions.values(), outs, cmaps):
+                if not mm.matmul_row_mapped(a, b, out, m):
+                    raise SystemExit("the products run on NumPy here (no pool BLAS)")
+                calls.append(lambda mm=mm, out=out, m=m: mm.matmul_row_mapped(a, b, out, m))
+            report(f"batch {batch} 1x1 {outputs} x {inputs} on {side} x {side}", outs,
+                   timed_in_turn(calls, args.reps))
+
+
+def report(name: str, outs: list, medians: list[float]) -> None:
+    if len(outs) == 2 and not np.array_equal(outs[0], outs[1], equal_nan=True):
+        raise SystemExit(f"{name}: this checkout and the baseline give different values")
+    ratio = f"  {medians[0] / medians[1]:.3f}" if len(medians) == 2 else ""
+    print(f"  {name:<40} " + "  ".join(f"{m:9.1f}" for m in medians) + ratio)
 
 
 if __name__ == "__main__":

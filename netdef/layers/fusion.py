@@ -159,7 +159,7 @@ def weighted_sum_mapped(xs, coeffs, m: ChannelMap, out):
 
 def mapper_arguments(m: ChannelMap | None, dtype) -> tuple:
     """What the kernels that map the blocks they write through a compiled mapper take (jit/fusion.py's
-    ``row_mapper``: jit/depthwise.blocked_taps, jit/blas.gemm_panels_mapped): the mapper's address (0
+    ``rows_mapper``: jit/depthwise.blocked_taps, jit/blas.gemm_panels_mapped): the mapper's address (0
     for no map) and the map's shift, mean, std, scale and bias arrays and its negative slope as a
     one-value array, each stage that ``m`` lacks given as a placeholder array that nothing reads
     (the kernels' argument types then never change with the stages: one compiled kernel per dtype).
@@ -168,7 +168,7 @@ def mapper_arguments(m: ChannelMap | None, dtype) -> tuple:
     unused = _placeholder(dtype)
     if m is None or not m.stages:
         return (0,) + (unused,) * 6
-    address = _kernels().row_mapper(dtype, m.shift is not None, m.mean is not None, m.scale is not None,
+    address = _kernels().rows_mapper(dtype, m.shift is not None, m.mean is not None, m.scale is not None,
                                     m.bias is not None, m.negative_slope is not None)
     slope = unused if m.negative_slope is None else _one_value(dtype, float(m.negative_slope))
     return (address,) + tuple(unused if a is None else a for a in (m.shift, m.mean, m.std, m.scale, m.bias)) + (slope,)

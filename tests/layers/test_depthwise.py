@@ -217,7 +217,7 @@ def test_channel_map_applied_as_blocks_are_written_gives_the_map_after_the_convo
 @pytest.mark.skipif(not direct.compiles(np.dtype(np.float32)), reason="the microkernels do not compile on this CPU")
 def test_maps_of_any_stages_run_in_one_compiled_blocked_kernel():
     """The blocked kernel takes every map with the same argument types (the stages reach a small
-    compiled mapper by its address, jit/fusion.row_mapper): a chain with other stages compiles a
+    compiled mapper by its address, jit/fusion.rows_mapper): a chain with other stages compiles a
     mapper in a fraction of a second, not the whole kernel again (5-9 s each, 14 times in the
     suite when the stages were None-or-array arguments)."""
     from netdef.layers.jit import depthwise as kernels

@@ -217,7 +217,7 @@ def _row_map(dims, dtype, rng, stages):
 
 
 def test_maps_of_any_stages_run_in_one_compiled_panel_kernel():
-    """The mapped panels take every map with the same argument types (jit/fusion.row_mapper's
+    """The mapped panels take every map with the same argument types (jit/fusion.rows_mapper's
     address and the stages' arrays): other stages compile no second whole kernel."""
     rng = np.random.default_rng(3)
     a = rng.standard_normal((96, 40)).astype(np.float32)

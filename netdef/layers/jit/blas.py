@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 from numba import njit, prange, types  # noqa: E402 (after the wait policy)
 
 from .fusion import stage_addresses  # noqa: E402
-from .kernel_calls import call9  # noqa: E402
+from .kernel_calls import call11  # noqa: E402
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enumerations
 # Panel edges fall on multiples of this many rows or columns: whole tiles of OpenBLAS's kernels.
@@ -132,7 +132,7 @@ def _gemm_panel(task, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb,
 @njit(inline="always")
 def _map_panel(task, parts, split_rows, m, n, c, size, mapper, stages):
     """Panel ``task``'s elements of C (at address ``c``: items x m x n, elements of ``size`` bytes)
-    through the channel map (``mapper``: jit/fusion.row_mapper's address; ``stages``: the addresses
+    through the channel map (``mapper``: jit/fusion.rows_mapper's address; ``stages``: the addresses
     of the map's arrays), row r of each matrix being channel r."""
     item = task // parts
     lo, hi = _bounds(task % parts, parts, m if split_rows else n)
@@ -140,10 +140,11 @@ def _map_panel(task, parts, split_rows, m, n, c, size, mapper, stages):
     cols = (0, n) if split_rows else (lo, hi)
     if cols[1] <= cols[0]:
         return
+    if rows[1] <= rows[0]:
+        return
     shifts, means, stds, scales, biases, slope = stages
-    for r in range(rows[0], rows[1]):
-        call9(mapper, c + size * ((item * m + r) * n + cols[0]), np.int64(cols[1] - cols[0]), np.int64(r), shifts,
-              means, stds, scales, biases, slope)
+    call11(mapper, c + size * ((item * m + rows[0]) * n + cols[0]), np.int64(cols[1] - cols[0]), np.int64(n),
+           np.int64(rows[1] - rows[0]), np.int64(rows[0]), shifts, means, stds, scales, biases, slope)
 
 
 @njit(inline="always")
@@ -186,7 +187,7 @@ def gemm_panels_mapped(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb
                        parts, split_rows, mapper, shift, mean, std, scale, bias, slope):
     """``gemm_panels`` with C contiguous (ldc n, step_c m*n), then each panel through a channel map
     (layers/fusion.py; row r of each matrix is channel r) by the thread that computed it, while it is
-    in cache: ``mapper`` is jit/fusion.row_mapper's address, ``shift`` ... ``bias`` the map's
+    in cache: ``mapper`` is jit/fusion.rows_mapper's address, ``shift`` ... ``bias`` the map's
     per-channel arrays and ``slope`` its negative slope as one value (arrays whatever stages the map
     has: the mapper reads only its own)."""
     stages = stage_addresses(shift, mean, std, scale, bias, slope)

@@ -30,7 +30,7 @@ let_idle_kernel_threads_sleep()  # before numba starts its thread pool
 from numba import get_thread_id, njit, prange  # noqa: E402 (after the wait policy)
 
 from .fusion import stage_addresses  # noqa: E402
-from .kernel_calls import call5, call7, call9, span  # noqa: E402
+from .kernel_calls import call5, call7, call9, call11, span  # noqa: E402
 
 FAST = {"contract"}
 FAST_SUMS = {"contract", "reassoc"}
@@ -265,7 +265,7 @@ def _into_padded_block(x, n, c0, valid, lanes, ph, pw, transpose, plane, padded)
 def _from_block(sums, n, c0, valid, lanes, transpose, y, mapper, stages):
     """Channels c0 ... c0 + valid of y[n] (Ho x Wo) from ``sums`` (Ho*Wo x lanes, flat), by square
     tiles where the block is whole, the rest one value at a time; then each of those planes through
-    the channel map while it is still in cache, where there is one (``mapper``: jit/fusion.row_mapper's
+    the channel map while it is still in cache, where there is one (``mapper``: jit/fusion.rows_mapper's
     address, 0 for none; ``stages``: the addresses of the map's arrays)."""
     cells = y.shape[2] * y.shape[3]
     size = y.itemsize
@@ -279,9 +279,8 @@ def _from_block(sums, n, c0, valid, lanes, transpose, y, mapper, stages):
     if mapper == 0:
         return
     shifts, means, stds, scales, biases, slope = stages
-    for c in range(valid):
-        call9(mapper, dst0 + size * c * cells, np.int64(cells), np.int64(c0 + c), shifts, means, stds, scales, biases,
-              slope)
+    call11(mapper, dst0, np.int64(cells), np.int64(cells), np.int64(valid), np.int64(c0), shifts, means, stds, scales,
+           biases, slope)
 
 
 @njit(inline="always")
@@ -323,7 +322,7 @@ def blocked_taps(x, w, taps, off, counts, y, sh, sw, ph, pw, lanes, kernels, tra
     blocked layout past (u*sh, v*sw); zero where a phase has no taps. Blocks of ``lanes`` channels
     (the kernels' vector). ``planes``, ``padded``, ``sums``, ``weights``: one flat buffer per thread
     of numba's pool (at least H*W, Hp*Wp and Ho*Wo cells of lanes values; P*Q*T*lanes). One work
-    item per image and block of channels. ``mapper`` (jit/fusion.row_mapper's address; 0: none)
+    item per image and block of channels. ``mapper`` (jit/fusion.rows_mapper's address; 0: none)
     applies a channel map (layers/fusion.py) to each block's planes as they are written: ``shift``
     ... ``bias`` its per-channel arrays, ``slope`` its negative slope as one value (arrays whatever
     stages the map has: the mapper reads only its own)."""

@@ -9,7 +9,7 @@ Work items as Scale's kernel: chunks of at most BLOCK values of one (o, d) row. 
 ``fusion.apply_reference`` and ``elementwise.weighted_sum`` followed by ``relu_forward``.
 
 The large kernels that apply a map to the blocks they write (jit/depthwise.py's blocked_taps,
-jit/blas.py's mapped panels) call it through ``row_mapper``'s address instead: given the stages as
+jit/blas.py's mapped panels) call it through ``rows_mapper``'s address instead: given the stages as
 None-or-array arguments, numba compiled one whole kernel per combination of stages present, 5-9 s
 each (14 of blocked_taps' in the test suite, 2 to 3 for a zoo net); the mapper is a small function per
 combination, and the kernel is compiled once per dtype.
@@ -53,46 +53,71 @@ def mapped_value(v, d, shift, mean, std, scale, bias, negative_slope):
     return v
 
 
-def _compile_row_mapper(dtype: np.dtype, shift: bool, normalize: bool, scale: bool, bias: bool, rectify: bool):
-    """The compiled ``map_row`` for one dtype and one set of stages present (closure constants: numba
+@njit(inline="always", error_model="numpy")
+def _map_by_constants(v, shift, mean, std, scale, bias, negative_slope):
+    """``mapped_value`` with the channel's constants as scalars (None where a stage is absent): the
+    same expressions in the same order."""
+    if shift is not None:
+        v = v + shift
+    if mean is not None:
+        v = (v - mean) / std
+    if scale is not None:
+        if bias is not None:
+            v = v * scale + bias
+        else:
+            v = v * scale
+    if negative_slope is not None:
+        v = _rectify(v, negative_slope)
+    return v
+
+
+def _compile_rows_mapper(dtype: np.dtype, shift: bool, normalize: bool, scale: bool, bias: bool, rectify: bool):
+    """The compiled ``map_rows`` for one dtype and one set of stages present (closure constants: numba
     prunes the absent stages' branches, and caches each set apart)."""
-    pointer = types.CPointer(from_dtype(dtype))
+    pointer, i64 = types.CPointer(from_dtype(dtype)), types.int64
 
-    @cfunc(types.void(pointer, types.int64, types.int64, pointer, pointer, pointer, pointer, pointer, pointer),
+    @cfunc(types.void(pointer, i64, i64, i64, i64, pointer, pointer, pointer, pointer, pointer, pointer),
            cache=True, nogil=True, error_model="numpy")
-    def map_row(row, count, channel, shifts, means, stds, scales, biases, slope):
-        # Views of the stage arrays up to this channel (None where absent), then the stages'
-        # expressions per value, as mapped_value computes them everywhere else.
-        values = carray(row, (count,))
-        size = channel + 1
-        s = carray(shifts, (size,)) if shift else None
-        m = carray(means, (size,)) if normalize else None
-        d = carray(stds, (size,)) if normalize else None
-        k = carray(scales, (size,)) if scale else None
-        b = carray(biases, (size,)) if bias else None
+    def map_rows(first, count, stride, rows, channel, shifts, means, stds, scales, biases, slope):
+        # Views of the stage arrays up to the last channel (None where absent), then per row the
+        # stages' expressions per value, as mapped_value computes them everywhere else. The block's
+        # view reaches past the last row's values (stride > count); only those values are touched.
+        block = carray(first, (rows * stride,))
         r = slope[0] if rectify else None
-        for i in range(count):
-            values[i] = mapped_value(values[i], channel, s, m, d, k, b, r)
+        for row in range(rows):
+            # The row's constants as scalars: read inside the loop from arrays LLVM cannot prove
+            # apart from the row, they kept it from vectorizing.
+            c = channel + row
+            s = shifts[c] if shift else None
+            m = means[c] if normalize else None
+            d = stds[c] if normalize else None
+            k = scales[c] if scale else None
+            b = biases[c] if bias else None
+            values = block[row * stride:row * stride + count]
+            for i in range(count):
+                values[i] = _map_by_constants(values[i], s, m, d, k, b, r)
 
-    return map_row
+    return map_rows
 
 
 @njit(inline="always")
 def stage_addresses(shift, mean, std, scale, bias, slope):
-    """The addresses of a map's arrays, as ``row_mapper``'s function takes them after its first three
+    """The addresses of a map's arrays, as ``rows_mapper``'s function takes them after its first five
     arguments (the kernels that call it compute them once per call)."""
     return (np.int64(shift.ctypes.data), np.int64(mean.ctypes.data), np.int64(std.ctypes.data),
             np.int64(scale.ctypes.data), np.int64(bias.ctypes.data), np.int64(slope.ctypes.data))
 
 
 @functools.lru_cache(maxsize=None)
-def row_mapper(dtype: np.dtype, shift: bool, normalize: bool, scale: bool, bias: bool, rectify: bool) -> int:
-    """The address of a compiled ``map_row(row, count, channel, shift, mean, std, scale, bias,
-    slope)``: the ``count`` values at address ``row`` (all of channel ``channel``) through the map's
-    stages, in place; the stage arguments are the addresses of the stages' per-channel arrays
-    (``slope``: of one value), of which only the present stages' are read. Called with
-    jit/kernel_calls.call9 (every argument an i64)."""
-    return _compile_row_mapper(np.dtype(dtype), shift, normalize, scale, bias, rectify).address
+def rows_mapper(dtype: np.dtype, shift: bool, normalize: bool, scale: bool, bias: bool, rectify: bool) -> int:
+    """The address of a compiled ``map_rows(first, count, stride, rows, channel, shift, mean, std,
+    scale, bias, slope)``: ``rows`` rows of ``count`` values, ``stride`` elements apart from address
+    ``first`` on, row j all of channel ``channel + j``, through the map's stages in place; the stage
+    arguments are the addresses of the stages' per-channel arrays (``slope``: of one value), of which
+    only the present stages' are read. One call per block of rows, not per row: a call per 7 x 7
+    plane cost the depthwise kernel 7-10% (in-process A/B). Called with jit/kernel_calls.call11
+    (every argument an i64)."""
+    return _compile_rows_mapper(np.dtype(dtype), shift, normalize, scale, bias, rectify).address
 
 
 @njit(nogil=True, parallel=True, error_model="numpy", cache=True)

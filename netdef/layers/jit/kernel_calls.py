@@ -26,6 +26,11 @@ def _signature_and_call(arity: int):
 
 
 @intrinsic
+def call11(typingctx, address, a, b, c, d, e, f, g, h, i, j, k):
+    return _signature_and_call(11)
+
+
+@intrinsic
 def call10(typingctx, address, a, b, c, d, e, f, g, h, i, j):
     return _signature_and_call(10)
 
