@@ -38,7 +38,8 @@ def _rectify(v, negative_slope):
 
 @njit(inline="always", error_model="numpy")
 def mapped_value(v, d, shift, mean, std, scale, bias, negative_slope):
-    """One value of channel d through the map's stages (jit/batchnorm_chain.py's forward too)."""
+    """One value of channel d through the map's stages (jit/batchnorm_chain.py's forward too; its twin for
+    constants already read: _map_by_constants)."""
     if shift is not None:
         v = v + shift[d]
     if mean is not None:
@@ -56,7 +57,9 @@ def mapped_value(v, d, shift, mean, std, scale, bias, negative_slope):
 @njit(inline="always", error_model="numpy")
 def _map_by_constants(v, shift, mean, std, scale, bias, negative_slope):
     """``mapped_value`` with the channel's constants as scalars (None where a stage is absent): the
-    same expressions in the same order."""
+    same expressions in the same order, so a change to one is a change to both. Not one function:
+    mapped_value's stages are pruned by its None arguments, which a call in between would hide from
+    numba's branch pruning (tried: typing fails)."""
     if shift is not None:
         v = v + shift
     if mean is not None:
