@@ -138,9 +138,7 @@ def _map_panel(task, parts, split_rows, m, n, c, size, mapper, stages):
     lo, hi = _bounds(task % parts, parts, m if split_rows else n)
     rows = (lo, hi) if split_rows else (0, m)
     cols = (0, n) if split_rows else (lo, hi)
-    if cols[1] <= cols[0]:
-        return
-    if rows[1] <= rows[0]:
+    if cols[1] <= cols[0] or rows[1] <= rows[0]:
         return
     shifts, means, stds, scales, biases, slope = stages
     call11(mapper, c + size * ((item * m + rows[0]) * n + cols[0]), np.int64(cols[1] - cols[0]), np.int64(n),

@@ -82,9 +82,9 @@ def _compile_rows_mapper(dtype: np.dtype, shift: bool, normalize: bool, scale: b
     @cfunc(types.void(pointer, i64, i64, i64, i64, pointer, pointer, pointer, pointer, pointer, pointer),
            cache=True, nogil=True, error_model="numpy")
     def map_rows(first, count, stride, rows, channel, shifts, means, stds, scales, biases, slope):
-        # Views of the stage arrays up to the last channel (None where absent), then per row the
-        # stages' expressions per value, as mapped_value computes them everywhere else. The block's
-        # view reaches past the last row's values (stride > count); only those values are touched.
+        # Per row, the stages' expressions per value, as mapped_value computes them everywhere else.
+        # The block's view reaches past the last row's values (stride > count); only those values
+        # are touched.
         block = carray(first, (rows * stride,))
         r = slope[0] if rectify else None
         for row in range(rows):
