@@ -16,6 +16,7 @@ NumPy's: OpenBLAS runs those in the calling thread too, and in less time than th
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from ..backend import get_array_module
@@ -94,19 +95,50 @@ def _gemm_panels(a, b, out):
     """jit/blas.py's ``gemm_panels`` arguments for out = a @ b (operands ``matmul`` takes), or None
     where ``out`` does not fit (its shape, memory shared with an operand, rows not contiguous) or an
     operand has no unit stride: NumPy's product then."""
+    if np.may_share_memory(out, a) or np.may_share_memory(out, b):
+        return None
+    key = (a.shape, a.strides, b.shape, b.strides, out.shape, out.strides, a.dtype.char, numba.get_num_threads())
+    layout = _LAYOUTS.get(key, _UNKNOWN)
+    if layout is _UNKNOWN:
+        if len(_LAYOUTS) >= _LAYOUTS_KEPT:
+            _LAYOUTS.clear()
+        layout = _LAYOUTS[key] = _layout(a, b, out, key[-1])
+    if layout is None:
+        return None
+    double, trans_a, trans_b, m, n, k, lda, step_a, ldb, step_b, ldc, step_c, items, parts, split_rows = layout
+    address = _blas().data_address
+    return (double, trans_a, trans_b, m, n, k, address(a), lda, step_a, address(b), ldb, step_b, address(out), ldc,
+            step_c, items, parts, split_rows)
+
+
+# What _layout works out depends only on the operands' shapes, strides and dtype and the pool's threads:
+# kept by those (MobileNet v2's TEST forward at batch 1 runs 34 products, each of which spent about as
+# long working it out again as the 7 x 7 product itself takes). Cleared when it holds _LAYOUTS_KEPT,
+# which a process meets only if it keeps making products of new shapes.
+_LAYOUTS: dict = {}
+_LAYOUTS_KEPT = 4096
+_UNKNOWN = object()
+
+
+def _layout(a, b, out, threads: int):
+    """Everything ``gemm_panels`` takes for out = a @ b but the three data addresses, or None where
+    NumPy's product must run (see ``_gemm_panels``)."""
     items = _items(a, b)
     m, k = a.shape[-2:]
     n = b.shape[-1]
-    if out.shape != _product_shape(a, b) or np.may_share_memory(out, a) or np.may_share_memory(out, b):
+    if out.shape != _product_shape(a, b):
         return None
     operands = [_matrix(x) for x in (a, b)]
     c = _matrix(out)
     if None in operands or c is None or c[0] != _NO_TRANS:
         return None
     (trans_a, lda, step_a), (trans_b, ldb, step_b) = operands
-    parts, split_rows = _skinny_panels(m, n, k) if items == 1 and trans_b == _TRANS else _panels(items, m, n)
-    return (a.dtype == np.float64, trans_a, trans_b, m, n, k, a.ctypes.data, lda, step_a, b.ctypes.data, ldb, step_b,
-            out.ctypes.data, c[1], c[2], items, parts, split_rows)
+    if items == 1 and trans_b == _TRANS:
+        parts, split_rows = _skinny_panels(m, n, k, threads)
+    else:
+        parts, split_rows = _panels(items, m, n, threads)
+    return (a.dtype == np.float64, trans_a, trans_b, m, n, k, lda, step_a, ldb, step_b, c[1], c[2], items, parts,
+            split_rows)
 
 
 _BLAS = []  # jit/blas.py once imported (it binds OpenBLAS's functions when first imported)
@@ -172,7 +204,7 @@ def _matrix_vector(blas, a, b, out):
     rows, cols = matrix.shape if stored == _NO_TRANS else matrix.shape[::-1]
     # BLAS's op on the stored (row-major) matrix: a stored b is read transposed for out^T = b^T a^T.
     trans = (_TRANS if stored == _NO_TRANS else _NO_TRANS) if flip else stored
-    parts = _panels(1, outputs, 1)[0]  # the outputs as a column: cut like C's rows
+    parts = _panels(1, outputs, 1, numba.get_num_threads())[0]  # the outputs as a column: cut like C's rows
     blas.gemv_panels(a.dtype == np.float64, trans, rows, cols, matrix.ctypes.data, lead, vector.ctypes.data, incx,
                      y.ctypes.data, incy, parts)
     return out
@@ -208,30 +240,24 @@ def _matrix(x):
     return None
 
 
-def _skinny_panels(m: int, n: int, k: int) -> tuple[int, bool]:
+def _skinny_panels(m: int, n: int, k: int, threads: int) -> tuple[int, bool]:
     """A few rows times a large transposed matrix (a fully connected layer's forward at batch 1-8: x @
     w.T): panels of PANEL_ALIGN columns of C, each one pass over PANEL_ALIGN rows of w, small enough
     (SKINNY_MAX_MULTIPLY_ADDS) for OpenBLAS's small-matrix kernel, which reads them as they are where
     one product packs all of w through a transposing copy first. VGG-16's fc6 at batch 2 (2 x 25088 by
     25088 x 4096): 12.6-14 against 34-39 ms; fc7 (4096 x 4096) 1.3 against 6.2, at batch 4 1.5 against 6.2
     (PyTorch 1.2 and 2.5). Larger panels than that kernel takes ran as slowly as the whole product."""
-    from .jit.blas import PANEL_ALIGN
+    align = _blas().PANEL_ALIGN
+    if m > SKINNY_MAX_ROWS or m * align * k > SKINNY_MAX_MULTIPLY_ADDS:
+        return _panels(1, m, n, threads)
+    return -(-n // align), False
 
-    if m > SKINNY_MAX_ROWS or m * PANEL_ALIGN * k > SKINNY_MAX_MULTIPLY_ADDS:
-        return _panels(1, m, n)
-    return -(-n // PANEL_ALIGN), False
 
-
-def _panels(items: int, m: int, n: int) -> tuple[int, bool]:
+def _panels(items: int, m: int, n: int, threads: int) -> tuple[int, bool]:
     """(panels per matrix, whether they split the rows): C's rows (SPLIT_ROWS_FROM) or columns cut so
-    that every thread of the pool gets work, at most one panel per PANEL_ALIGN rows or columns."""
-    import numba
-
-    from .jit.blas import PANEL_ALIGN
-
-    threads = numba.get_num_threads()
+    that every thread of ``threads`` gets work, at most one panel per PANEL_ALIGN rows or columns."""
     split_rows = m >= n or m >= SPLIT_ROWS_FROM
     if threads == 1 or items >= threads:
         return 1, split_rows
     side = m if split_rows else n
-    return max(1, min(-(-threads // items), -(-side // PANEL_ALIGN))), split_rows
+    return max(1, min(-(-threads // items), -(-side // _blas().PANEL_ALIGN))), split_rows

@@ -204,15 +204,18 @@ class ScaleLayer(Layer):
         return bottom[1] if len(bottom) > 1 else self.blobs[0]
 
     def reshape(self, bottom, top):
-        p = self.layer_param.scale_param
         s = self._scale_blob(bottom)
-        self._dims = _broadcast_dims(self, bottom[0].shape, s.shape, p.axis)
-        if self.bias_index is not None:
-            b = self.blobs[self.bias_index]
-            if tuple(b.shape) != tuple(s.shape):
-                raise self.error(f"bias of shape {b.shape} does not match the scale's shape {s.shape}")
+        bias_shape = None if self.bias_index is None else self.blobs[self.bias_index].shape
+        shapes = (bottom[0].shape, s.shape, bias_shape)
+        if shapes != self._checked_shapes:  # the checks and dims follow from these shapes alone
+            self._dims = _broadcast_dims(self, bottom[0].shape, s.shape, self.layer_param.scale_param.axis)
+            if bias_shape is not None and tuple(bias_shape) != tuple(s.shape):
+                raise self.error(f"bias of shape {bias_shape} does not match the scale's shape {s.shape}")
+            self._checked_shapes = shapes
         if top[0] is not bottom[0]:
             top[0].reshape(bottom[0].shape)
+
+    _checked_shapes = None
 
     def forward(self, bottom, top):
         x = bottom[0].data

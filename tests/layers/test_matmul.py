@@ -62,6 +62,36 @@ def test_products_of_every_layout(dtype, shape, threads):
         numba.set_num_threads(before)
 
 
+def test_layouts_kept_by_shape_and_strides_give_each_product_its_own():
+    """The product's layout is worked out once per operands' shapes, strides, dtype and thread count
+    (``_LAYOUTS``): operands of one shape in other strides, views at other offsets of one array and
+    another thread count each get their own product, in turn and again."""
+    rng = np.random.default_rng(7)
+    m, k, n = 96, 80, 112
+    big = rng.standard_normal((2 * m, 2 * k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    cases = [rng.standard_normal((m, k)).astype(np.float32),       # C-contiguous
+             rng.standard_normal((k, m)).astype(np.float32).T,     # the same shape, transposed strides
+             big[:m, :k], big[m:, k:], big[5:5 + m, 3:3 + k]]      # one layout, three addresses
+    before = numba.get_num_threads()
+    try:
+        for _ in range(2):
+            for threads in (1, 2):
+                numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+                for a in cases:
+                    close_to_numpy(products.matmul(a, b), a, b)
+    finally:
+        numba.set_num_threads(before)
+    keys = [key for key in products._LAYOUTS if key[0] == (m, k) and key[2] == (k, n)]
+    assert len({key[1] for key in keys}) == 3  # strides: contiguous, transposed, rows of ``big``
+
+
+def test_data_address_is_the_first_element_of_any_view():
+    a = np.arange(600, dtype=np.float32).reshape(20, 30)
+    for view in (a, a.T, a[3:, 5:], a[3:, 5:].T, a[::2, 1:].reshape(1, 10, 29)[:, 2:]):
+        assert blas.data_address(view) == view.ctypes.data
+
+
 @pytest.mark.parametrize("rows", [2, 5, 8])
 def test_a_few_rows_by_a_large_transposed_matrix(rows):
     """A fully connected layer's forward at a small batch (x @ w.T) runs in panels of PANEL_ALIGN
@@ -69,11 +99,11 @@ def test_a_few_rows_by_a_large_transposed_matrix(rows):
     rng = np.random.default_rng(rows)
     x = rng.standard_normal((rows, 3000)).astype(np.float32)
     w = rng.standard_normal((300, 3000)).astype(np.float32)
-    assert products._skinny_panels(rows, 300, 3000) == (-(-300 // blas.PANEL_ALIGN), False)
+    assert products._skinny_panels(rows, 300, 3000, 2) == (-(-300 // blas.PANEL_ALIGN), False)
     close_to_numpy(products.matmul(x, w.T), x, w.T)
-    assert products._skinny_panels(products.SKINNY_MAX_ROWS + 1, 300, 3000) == products._panels(1, 9, 300)
+    assert products._skinny_panels(products.SKINNY_MAX_ROWS + 1, 300, 3000, 2) == products._panels(1, 9, 300, 2)
     if rows * blas.PANEL_ALIGN * 25088 > products.SKINNY_MAX_MULTIPLY_ADDS:  # VGG's fc6 at 5 or 8 rows
-        assert products._skinny_panels(rows, 300, 25088) == products._panels(1, rows, 300)
+        assert products._skinny_panels(rows, 300, 25088, 2) == products._panels(1, rows, 300, 2)
 
 
 def test_the_panels_equal_one_whole_product():
@@ -84,7 +114,7 @@ def test_the_panels_equal_one_whole_product():
     b = rng.standard_normal((300, 256)).astype(np.float32)
     with threadpool_limits(1):
         want = np.matmul(a, b)
-    assert products._panels(1, 512, 256)[0] == min(2, numba.get_num_threads())
+    assert products._panels(1, 512, 256, numba.get_num_threads())[0] == min(2, numba.get_num_threads())
     np.testing.assert_array_equal(products.matmul(a, b), want)
 
 
@@ -152,7 +182,7 @@ def test_a_fully_connected_forward_at_batch_one_does_not_depend_on_the_threads()
         numba.set_num_threads(1)
         one = products.matmul(x, w.T)
         numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
-        assert products._panels(1, 1000, 1)[0] == numba.get_num_threads()
+        assert products._panels(1, 1000, 1, numba.get_num_threads())[0] == numba.get_num_threads()
         np.testing.assert_array_equal(products.matmul(x, w.T), one)
     finally:
         numba.set_num_threads(before)

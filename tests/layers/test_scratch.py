@@ -17,6 +17,17 @@ def test_one_buffer_per_name_grown_to_the_largest_request():
     assert not np.shares_memory(other, again)
 
 
+def test_a_request_made_again_gets_its_view_until_the_buffer_is_replaced():
+    scratch = Scratch()
+    first = scratch.get("a", (2, 3), np.float32, np)
+    assert scratch.get("a", [2, 3], np.float32, np) is first
+    assert scratch.get("a", (3, 2), np.float32, np) is not first
+    grown = scratch.get("a", (40, 5), np.float32, np)  # a new buffer: the old views are not handed out
+    again = scratch.get("a", (2, 3), np.float32, np)
+    assert again is not first and np.shares_memory(again, grown) and not np.shares_memory(again, first)
+    assert scratch.nbytes == 40 * 5 * 4
+
+
 def test_fill_and_clear_apply_on_every_call():
     scratch = Scratch()
     scratch.get("a", (4,), np.float32, np)[...] = 7
