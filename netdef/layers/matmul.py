@@ -16,10 +16,10 @@ NumPy's: OpenBLAS runs those in the calling thread too, and in less time than th
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from ..backend import get_array_module
+from ..threads import kernel_threads
 from . import jit
 from .fusion import mapper_arguments
 
@@ -97,7 +97,7 @@ def _gemm_panels(a, b, out):
     operand has no unit stride: NumPy's product then."""
     if np.may_share_memory(out, a) or np.may_share_memory(out, b):
         return None
-    key = (a.shape, a.strides, b.shape, b.strides, out.shape, out.strides, a.dtype.char, numba.get_num_threads())
+    key = (a.shape, a.strides, b.shape, b.strides, out.shape, out.strides, a.dtype.char, kernel_threads())
     layout = _LAYOUTS.get(key, _UNKNOWN)
     if layout is _UNKNOWN:
         if len(_LAYOUTS) >= _LAYOUTS_KEPT:
@@ -204,7 +204,7 @@ def _matrix_vector(blas, a, b, out):
     rows, cols = matrix.shape if stored == _NO_TRANS else matrix.shape[::-1]
     # BLAS's op on the stored (row-major) matrix: a stored b is read transposed for out^T = b^T a^T.
     trans = (_TRANS if stored == _NO_TRANS else _NO_TRANS) if flip else stored
-    parts = _panels(1, outputs, 1, numba.get_num_threads())[0]  # the outputs as a column: cut like C's rows
+    parts = _panels(1, outputs, 1, kernel_threads())[0]  # the outputs as a column: cut like C's rows
     blas.gemv_panels(a.dtype == np.float64, trans, rows, cols, matrix.ctypes.data, lead, vector.ctypes.data, incx,
                      y.ctypes.data, incy, parts)
     return out
