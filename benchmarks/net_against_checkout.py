@@ -6,7 +6,8 @@
 For each net (built as cpu_forward_backward.py builds it: the zoo's deploy file, He-normal weights) it
 builds the TEST net with both checkouts' code, the same weights and input, checks that the two give
 the same bits, and times their forward passes alternately (the order swapped every round), printing
-the medians and this / baseline. ``--train`` also times forward+backward of the TRAIN nets (no bit
+the medians and this / baseline. ``--train`` also times forward+backward of the TRAIN nets as
+``netdef train`` runs them (``keep_blob_diffs`` off: each gradient released once consumed; no bit
 check there: Dropout draws its own masks in each).
 
 The baseline's ``netdef`` package is loaded under another name (``netdef_baseline``) with its
@@ -73,6 +74,8 @@ def in_turn(steps: list, rounds: int, warmup: int = 5) -> list[float]:
 
 
 def train_step(net):
+    net.keep_blob_diffs = False  # as `netdef train` runs its net: gradients released once consumed
+
     def step():
         net.forward()
         net.backward()

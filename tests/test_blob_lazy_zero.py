@@ -53,6 +53,49 @@ def test_anything_that_replaces_or_zeroes_the_diff_ends_the_deferral(then):
     assert list(blob.diff) == expected
 
 
+def test_a_gradient_to_overwrite_keeps_its_array_and_ends_a_deferred_clear():
+    blob = _blob_with_diff([1, 2, 3])
+    array = blob.diff
+    blob.defer_zero_diff()
+    assert blob.diff_to_overwrite() is array and array[2] == 3   # no pass: the caller writes it all
+    array[...] = 4
+    assert list(blob.diff) == [4, 4, 4]                           # the clear does not come later
+    blob.release_diff()
+    fresh = blob.diff_to_overwrite()
+    assert fresh is not array and fresh.shape == (3,) and blob.diff is fresh
+
+
+def test_pooling_backward_writes_a_released_gradient_whole():
+    """Pooling's backward takes its bottom's gradient to overwrite (not zeroed first): with the
+    gradient released (every iteration of a training net) it is the gradient with it held as zeros."""
+    net = netdef.Net("""
+    layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 9 dim: 9 } } }
+    layer { name: "t" type: "Input" top: "t" input_param { shape { dim: 2 dim: 4 dim: 3 dim: 3 } } }
+    layer { name: "c" type: "Convolution" bottom: "x" top: "c"
+            convolution_param { num_output: 4 kernel_size: 2 weight_filler { type: "gaussian" std: 0.5 } } }
+    layer { name: "p" type: "Pooling" bottom: "c" top: "p" pooling_param { pool: MAX kernel_size: 3 stride: 2 } }
+    layer { name: "a" type: "Pooling" bottom: "p" top: "a" pooling_param { pool: AVE kernel_size: 2 stride: 1 } }
+    layer { name: "loss" type: "EuclideanLoss" bottom: "a" bottom: "t" top: "loss" }
+    force_backward: true
+    """, netdef.TEST)
+    rng = np.random.default_rng(3)
+    net.blobs["x"].data[...] = rng.standard_normal(net.blobs["x"].shape)
+    net.blobs["t"].data[...] = rng.standard_normal(net.blobs["t"].shape)
+    gradients = []
+    for before in (0.0, np.nan, None):  # held as zeros, held with values that must not survive, released
+        for name in ("c", "p"):
+            if before is None:
+                net.blobs[name].release_diff()
+            else:
+                net.blobs[name].diff = np.full(net.blobs[name].shape, before, np.float32)
+        net.forward()
+        net.backward()
+        gradients.append(net.params["c"][0].diff.copy())
+        net.clear_param_diffs()
+    assert gradients[0].any() and np.array_equal(gradients[0], gradients[1])
+    assert np.array_equal(gradients[0], gradients[2])
+
+
 def test_a_reshape_that_keeps_the_array_keeps_the_deferral():
     blob = _blob_with_diff([1, 2, 3, 4])
     blob.defer_zero_diff()

@@ -1518,8 +1518,8 @@ class PoolingLayer(Layer):
             top[1].data = max_mask_flat(self.pool.state[1], self.pool).astype(top[1].dtype)
 
     def backward(self, top, propagate_down, bottom):
-        if propagate_down[0]:
-            self.pool.backward(top[0].diff, bottom[0].shape, bottom[0].diff)
+        if propagate_down[0]:  # Pool2D.backward writes every element of the bottom's gradient
+            self.pool.backward(top[0].diff, bottom[0].shape, bottom[0].diff_to_overwrite())
 
 
 @register_layer("SPP")
