@@ -4,27 +4,23 @@ convolution (``depthwise.forward_mapped``) and the pointwise product by panels
 ResNet-50's shapes. Median microseconds per call.
 
 ``--baseline PATH`` times another checkout's kernels in the same process, call for call in turn with
-this checkout's (the order swapped every other call), and checks that both give the same bits. Its
-``netdef/layers`` modules are loaded under another package name (``netdef_baseline``) without the
-package's ``__init__`` (which would register the protobuf descriptors a second time). An earlier
-version ran each checkout in processes of its own, alternating: the process that ran second in a
-round ran faster whichever checkout it was, by as much as the change being measured.
+this checkout's (the order swapped every other call), and checks that both give the same bits (its
+``netdef/layers`` modules loaded under another package name: other_checkout.py). An earlier version
+ran each checkout in processes of its own, alternating: the process that ran second in a round ran
+faster whichever checkout it was, by as much as the change being measured.
 
     python benchmarks/mapped_kernels.py --batches 8,1 --baseline /path/to/other/checkout
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import pathlib
-import shutil
-import statistics
 import sys
-import tempfile
-import time
-import types
 
 import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import other_checkout  # noqa: E402
 
 DEPTHWISE = ((144, 56), (576, 14), (960, 7))  # channels, plane side (MobileNet v2's expansions)
 POINTWISE = ((256, 64, 56), (960, 160, 7), (64, 384, 14))  # output channels, input channels, side
@@ -32,35 +28,14 @@ POINTWISE = ((256, 64, 56), (960, 160, 7), (64, 384, 14))  # output channels, in
 
 def load_baseline(checkout: pathlib.Path):
     """The baseline's layers.depthwise, layers.matmul, layers.fusion and layers.im2col modules."""
-    copy = pathlib.Path(tempfile.mkdtemp()) / "netdef_baseline"
-    shutil.copytree(checkout / "netdef", copy, ignore=shutil.ignore_patterns("__pycache__"))
-    for name, path in (("netdef_baseline", copy), ("netdef_baseline.layers", copy / "layers")):
-        package = types.ModuleType(name)
-        package.__path__ = [str(path)]
-        sys.modules[name] = package
-    return tuple(importlib.import_module(f"netdef_baseline.layers.{m}") for m in ("depthwise", "matmul", "fusion",
-                                                                                  "im2col"))
+    return other_checkout.load_baseline(checkout, "layers.depthwise", "layers.matmul", "layers.fusion",
+                                        "layers.im2col")
 
 
 def this_checkout():
     from netdef.layers import depthwise, fusion, im2col, matmul
 
     return depthwise, matmul, fusion, im2col
-
-
-def timed_in_turn(calls: list, reps: int) -> list[float]:
-    """Median us of each call, the calls made in turn (reversed every other round)."""
-    for _ in range(10):
-        for call in calls:
-            call()
-    times = [[] for _ in calls]
-    for rep in range(reps):
-        order = list(range(len(calls))) if rep % 2 == 0 else list(range(len(calls)))[::-1]
-        for k in order:
-            start = time.perf_counter()
-            calls[k]()
-            times[k].append(time.perf_counter() - start)
-    return [1e6 * statistics.median(t) for t in times]
 
 
 def main() -> None:
@@ -97,7 +72,7 @@ def main() -> None:
                 if not dw.forward_mapped(x, w, geom, out, m):
                     raise SystemExit("the blocked depthwise kernel does not take these arrays here")
                 calls.append(lambda dw=dw, geom=geom, out=out, m=m: dw.forward_mapped(x, w, geom, out, m))
-            report(f"batch {batch} depthwise 3x3, {channels} x {side} x {side}", outs, timed_in_turn(calls, args.reps))
+            report(f"batch {batch} depthwise 3x3, {channels} x {side} x {side}", outs, microseconds(calls, args.reps))
         for outputs, inputs, side in POINTWISE:
             a = rng.standard_normal((outputs, inputs)).astype(np.float32)
             b = rng.standard_normal((batch, inputs, side * side)).astype(np.float32)
@@ -109,7 +84,11 @@ def main() -> None:
                     raise SystemExit("the products run on NumPy here (no pool BLAS)")
                 calls.append(lambda mm=mm, out=out, m=m: mm.matmul_row_mapped(a, b, out, m))
             report(f"batch {batch} 1x1 {outputs} x {inputs} on {side} x {side}", outs,
-                   timed_in_turn(calls, args.reps))
+                   microseconds(calls, args.reps))
+
+
+def microseconds(calls: list, reps: int) -> list[float]:
+    return [1e6 * seconds for seconds in other_checkout.timed_in_turn(calls, reps)]
 
 
 def report(name: str, outs: list, medians: list[float]) -> None:

@@ -10,46 +10,26 @@ the medians and this / baseline. ``--train`` also times forward+backward of the 
 ``netdef train`` runs them (``keep_blob_diffs`` off: each gradient released once consumed; no bit
 check there: Dropout draws its own masks in each).
 
-The baseline's ``netdef`` package is loaded under another name (``netdef_baseline``) with its
-``proto`` modules taken from this checkout's (registering the protobuf descriptors twice fails),
-as mapped_kernels.py does with its layers. A change that speeds up the Python between the kernels
-by a few percent is below what separate processes can show on this machine: those alternated
-measured an order effect as large as such a change (benchmarks/README.md, 2026-11-26).
+The baseline's ``netdef`` package is loaded under another name (other_checkout.py, as
+mapped_kernels.py loads its layers). A change that speeds up the Python between the kernels by a few
+percent is below what separate processes can show on this machine: those alternated measured an
+order effect as large as such a change (benchmarks/README.md, 2026-11-26).
 """
 from __future__ import annotations
 
 import argparse
-import importlib
+import os
 import pathlib
-import shutil
-import statistics
 import sys
-import tempfile
 import time
-import types
 
 import numpy as np
 
 import netdef
-import netdef.proto
-import netdef.proto.netdef_pb2
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from cpu_forward_backward import deploy_param, netdef_nets, train_param  # noqa: E402
-
-
-def load_baseline(checkout: pathlib.Path):
-    """The baseline checkout's ``netdef.net`` module (its layers registered in its own registry)."""
-    copy = pathlib.Path(tempfile.mkdtemp()) / "netdef_baseline"
-    shutil.copytree(checkout / "netdef", copy, ignore=shutil.ignore_patterns("__pycache__"))
-    package = types.ModuleType("netdef_baseline")
-    package.__path__ = [str(copy)]
-    sys.modules["netdef_baseline"] = package
-    sys.modules["netdef_baseline.proto"] = netdef.proto
-    sys.modules["netdef_baseline.proto.netdef_pb2"] = netdef.proto.netdef_pb2
-    module = importlib.import_module("netdef_baseline.net")
-    importlib.import_module("netdef_baseline.layers")
-    return module
+from other_checkout import load_baseline, timed_in_turn  # noqa: E402
 
 
 def same_weights_and_input(source, target) -> None:
@@ -60,17 +40,8 @@ def same_weights_and_input(source, target) -> None:
         target.blobs[name].data[...] = source.blobs[name].data
 
 
-def in_turn(steps: list, rounds: int, warmup: int = 5) -> list[float]:
-    """Median ms of each step, the steps run in turn (reversed every other round)."""
-    times = [[] for _ in steps]
-    for r in range(rounds + warmup):
-        order = range(len(steps)) if r % 2 == 0 else reversed(range(len(steps)))
-        for k in order:
-            start = time.perf_counter()
-            steps[k]()
-            if r >= warmup:
-                times[k].append(time.perf_counter() - start)
-    return [1e3 * statistics.median(t) for t in times]
+def in_turn_ms(steps: list, rounds: int) -> list[float]:
+    return [1e3 * seconds for seconds in timed_in_turn(steps, rounds, warmup=5)]
 
 
 def train_step(net):
@@ -90,9 +61,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--train", action="store_true", help="also forward+backward of the TRAIN nets")
     args = parser.parse_args()
-    baseline = load_baseline(args.baseline.resolve())
+    baseline, _ = load_baseline(args.baseline.resolve(), "net", "layers")  # layers: its registry filled
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, baseline {args.baseline}, batch {args.batch}, "
-          f"{args.rounds} rounds, load average {__import__('os').getloadavg()[0]:.2f}")
+          f"{args.rounds} rounds, load average {os.getloadavg()[0]:.2f}")
     print(f"{'net':16} {'phase':12} {'this ms':>9} {'baseline':>9} {'ratio':>7}")
     for key in args.nets.split(","):
         train, test = netdef_nets(key, args.batch)
@@ -103,12 +74,12 @@ def main() -> None:
         for name in mine:
             if not np.array_equal(mine[name], theirs[name]):
                 raise SystemExit(f"{key}: the checkouts' TEST forward differ in {name!r}")
-        this_ms, base_ms = in_turn([test.forward, base_test.forward], args.rounds)
+        this_ms, base_ms = in_turn_ms([test.forward, base_test.forward], args.rounds)
         print(f"{key:16} {'TEST fwd':12} {this_ms:9.2f} {base_ms:9.2f} {this_ms / base_ms:7.3f}")
         if args.train:
             base_train = baseline.Net(train_param(deploy), netdef.TRAIN)
             same_weights_and_input(train, base_train)
-            this_ms, base_ms = in_turn([train_step(train), train_step(base_train)], args.rounds)
+            this_ms, base_ms = in_turn_ms([train_step(train), train_step(base_train)], args.rounds)
             print(f"{key:16} {'TRAIN f+b':12} {this_ms:9.2f} {base_ms:9.2f} {this_ms / base_ms:7.3f}")
 
 

@@ -18,6 +18,9 @@ import numpy as np
 from .. import backend, memory
 
 
+VIEWS_KEPT = 64  # views of one buffer kept to hand out again (Scratch.get)
+
+
 class Scratch:
     """``get(key, shape, dtype, xp, clear=False, fill=None)``: an array of that shape viewing the
     buffer named ``key`` (the Workspace signature); its contents are whatever the last user left,
@@ -27,7 +30,8 @@ class Scratch:
         self._buffers: dict = {}
         # The views of each buffer handed out so far, by (shape, dtype, array module): a net asks for
         # the same ones at every forward (MobileNet v2 at batch 1: about 70 a forward), and cutting a
-        # view anew took a few microseconds each. Dropped with the buffer when it is replaced.
+        # view anew took a few microseconds each. Dropped with the buffer when it is replaced, and
+        # when a name has VIEWS_KEPT of them (a net fed inputs of ever new sizes).
         self._views: dict = {}
 
     def get(self, key, shape, dtype, xp, clear=False, fill=None):
@@ -52,7 +56,10 @@ class Scratch:
             self._buffers[key] = buffer
             self._views[key] = {}
         array = buffer[:nbytes].view(dtype).reshape(sizes)
-        self._views[key][(shape, dtype, xp)] = array
+        views = self._views[key]
+        if len(views) >= VIEWS_KEPT:
+            views.clear()
+        views[(shape, dtype, xp)] = array
         return array
 
     @property

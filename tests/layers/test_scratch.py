@@ -2,6 +2,7 @@
 import numpy as np
 
 import netdef
+from netdef.layers import scratch as scratch_module
 from netdef.layers.scratch import Scratch
 
 
@@ -26,6 +27,15 @@ def test_a_request_made_again_gets_its_view_until_the_buffer_is_replaced():
     again = scratch.get("a", (2, 3), np.float32, np)
     assert again is not first and np.shares_memory(again, grown) and not np.shares_memory(again, first)
     assert scratch.nbytes == 40 * 5 * 4
+
+
+def test_the_views_kept_per_name_are_bounded():
+    scratch = Scratch()
+    scratch.get("a", (1000,), np.float32, np)
+    for size in range(1, 3 * scratch_module.VIEWS_KEPT):  # a net fed inputs of ever new sizes
+        view = scratch.get("a", (size,), np.float32, np)
+        assert view.shape == (size,) and scratch.get("a", (size,), np.float32, np) is view
+    assert len(scratch._views["a"]) <= scratch_module.VIEWS_KEPT
 
 
 def test_fill_and_clear_apply_on_every_call():
