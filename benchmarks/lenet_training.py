@@ -3,6 +3,7 @@ a plain PyTorch loop over the same records. Prints images per second and the rat
 
     python benchmarks/lenet_training.py [--iterations 300] [--rounds 3] [--ranks 2]
     python benchmarks/lenet_training.py --baseline /path/to/other/netdef --phases
+    python benchmarks/lenet_training.py --no-torch --ceiling
 
 ``--cpu-cost`` measures CPU time instead of throughput, which the load of other work on the machine
 disturbs far less: every configuration (PyTorch's loop included) with one compute thread per process
@@ -23,6 +24,11 @@ work on the machine hits them alike; figures are medians):
   iteration), netdef's defaults (each rank's share of the cores, ``netdef/threads.py``).
 - ``netdef N ranks, BLAS default``: the same with every rank's BLAS at the library's default thread
   count (what netdef did before it shared the cores out), shown with ``--oversubscribed``.
+- ``one rank's share alone``, shown with ``--ceiling``: ``netdef train`` with one rank's batch (64 /
+  N) and one rank's threads (cores / N), alone on the machine. The N ranks step together, so with
+  nothing exchanged, no waiting and no contention between them they would run at its iterations/s
+  (and its row's images/s, counted at 64 per iteration, is theirs): the ceiling printed against one
+  process.
 - ``PyTorch loop``: the same net, initialisation aside, trained by a plain loop (read 64 records
   from the LMDB cursor, decode the Datums, scale, forward, backward, SGD with momentum 0.9,
   weight decay 5e-4 and the ``inv`` rate), torch's default threads.
@@ -221,6 +227,9 @@ def main(argv=None) -> int:
                         help="also run the netdef configurations with the netdef package found in PATH")
     parser.add_argument("--phases", action="store_true",
                         help="then trace one run of each netdef configuration and print where the time goes")
+    parser.add_argument("--ceiling", action="store_true",
+                        help="also run one rank's share alone (its batch, its threads, no exchange): the most N "
+                             "ranks can reach against one process")
     parser.add_argument("--cpu-cost", action="store_true",
                         help="measure CPU milliseconds per iteration with one compute thread instead of throughput")
     parser.add_argument("--worker-torch", help=argparse.SUPPRESS)
@@ -250,6 +259,11 @@ def main(argv=None) -> int:
         baseline_env = clean_environment(pathlib.Path(args.baseline).resolve())
         for name in list(configs):
             configs[f"{name} (baseline)"] = (configs[name][0], baseline_env)
+    share_name = None
+    if args.ceiling:
+        threads = str(max(1, len(os.sched_getaffinity(0)) // args.ranks))
+        share_name = f"one rank's share alone ({threads} thread)"
+        configs[share_name] = (netdef_cmd + [per_rank.name], dict(env, OMP_NUM_THREADS=threads, NUMBA_NUM_THREADS=threads))
     if args.oversubscribed:
         cores = str(len(os.sched_getaffinity(0)))
         configs[f"netdef {args.ranks} ranks, BLAS default"] = (
@@ -284,6 +298,11 @@ def main(argv=None) -> int:
     for name, rates in results.items():
         median = statistics.median(rates)
         print(f"{name:<36}{median:8.2f}{median * IMAGES_PER_ITERATION:10.0f}{median / base:21.2f}x")
+    if share_name is not None:
+        # The ranks step together: with no exchange, no waiting and a core each, N ranks would run at the
+        # rate of one rank's share run alone, on the same images per iteration.
+        print(f"\nceiling: {args.ranks} ranks at most {statistics.median(results[share_name]) / base:.2f}x one "
+              f"process ({IMAGES_PER_ITERATION // args.ranks} images per rank, nothing exchanged, no waiting)")
     if "PyTorch loop" in results:
         print(f"\nnetdef 1 process / PyTorch loop, images per second: "
               f"{base / statistics.median(results['PyTorch loop']):.2f}x")

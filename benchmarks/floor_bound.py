@@ -1,0 +1,162 @@
+"""How close to the sgemm floor a net's matrix products alone can come: the bound under issue 7's
+"within 2x of the floor" target.
+
+    python benchmarks/floor_bound.py [--nets lenet,cifar10_quick] [--rounds 7] [--threads N]
+
+The floor (``cpu_forward_backward.py``) is a net's forward+backward multiply-adds at the rate of a
+1024 x 1024 float32 product. The products a convolution or inner product stands for are not that
+product: LeNet's first layer multiplies 20 x 25 by 25 x 36,864 (one input channel: 25 taps), its
+inner products have 64 rows. This prints, for every product of the net's forward+backward (each
+convolution as im2col would run it: forward, weight gradient and, where the net needs one, input
+gradient; per group for grouped ones; the inner products likewise), its time in NumPy's BLAS
+(OpenBLAS) and in PyTorch's ``torch.matmul`` (MKL in its x86 build), then
+
+- ``products at the better BLAS``: the sum over the products of the faster of the two, against the
+  floor: what the products alone cost where every one ran at the better library's rate, before any
+  layout copy, pooling, activation, loss or update;
+- netdef's and PyTorch's whole forward+backward of the same net (as ``cpu_forward_backward.py`` builds
+  them) against the same floor.
+
+Everything is timed in the same alternating rounds, sgemm included (this machine's speed moves by 30%
+within minutes); each product's time is its median over rounds of the best of a few calls.
+"""
+from __future__ import annotations
+
+from netdef.threads import let_idle_kernel_threads_sleep  # noqa: E402
+
+let_idle_kernel_threads_sleep()  # before torch loads its OpenMP runtime (cpu_forward_backward.py)
+
+import argparse  # noqa: E402
+import pathlib
+import statistics
+import sys
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from cpu_forward_backward import NETS, SGEMM_SIZE, netdef_nets, set_threads, sgemm_step, torch_train_step  # noqa: E402
+
+
+class Product(NamedTuple):
+    """``count`` products of an (m x k) by a (k x n) matrix, for ``what``."""
+    what: str
+    m: int
+    k: int
+    n: int
+    count: int = 1
+
+    @property
+    def multiply_adds(self) -> int:
+        return self.count * self.m * self.k * self.n
+
+
+def net_products(net) -> list[Product]:
+    """The matrix products of ``net``'s forward+backward, as im2col and the inner products run them
+    (the multiply-adds ``cpu_forward_backward.multiply_adds`` counts)."""
+    products = []
+    for li, layer in enumerate(net.layers):
+        if layer.type not in ("Convolution", "InnerProduct"):
+            continue
+        bottom, top = net._bottom_vecs[li][0], net._top_vecs[li][0]
+        needs_input_gradient = any(net.bottom_need_backward[li])
+        if layer.type == "Convolution":
+            batch, channels = bottom.shape[:2]
+            outputs, pixels = top.shape[1], int(np.prod(top.shape[2:]))
+            groups = layer.group
+            taps = channels // groups * int(np.prod(layer.blobs[0].shape[2:]))
+            per_group = outputs // groups
+            products += [Product(f"{layer.name} forward", per_group, taps, batch * pixels, groups),
+                         Product(f"{layer.name} weight gradient", per_group, batch * pixels, taps, groups)]
+            if needs_input_gradient:
+                products.append(Product(f"{layer.name} input gradient", taps, per_group, batch * pixels, groups))
+        else:
+            batch, inputs = bottom.shape[0], int(np.prod(bottom.shape[1:]))
+            outputs = top.shape[1]
+            products += [Product(f"{layer.name} forward", batch, inputs, outputs),
+                         Product(f"{layer.name} weight gradient", outputs, batch, inputs)]
+            if needs_input_gradient:
+                products.append(Product(f"{layer.name} input gradient", batch, outputs, inputs))
+    return products
+
+
+def product_steps(product: Product, torch, rng) -> tuple:
+    """(NumPy step, torch step) computing one of ``product``'s products (its count is applied later)."""
+    a = rng.standard_normal((product.m, product.k), dtype=np.float32)
+    b = rng.standard_normal((product.k, product.n), dtype=np.float32)
+    c = np.empty((product.m, product.n), np.float32)
+    ta, tb, tc = torch.from_numpy(a), torch.from_numpy(b), torch.empty((product.m, product.n))
+    return (lambda: np.matmul(a, b, out=c)), (lambda: torch.matmul(ta, tb, out=tc))
+
+
+def best_of(step, calls: int) -> float:
+    step()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def measure(key: str, rounds: int, calls: int, torch) -> None:
+    train, _ = netdef_nets(key, None)
+    batch = train.blobs["data"].shape[0]
+    products = net_products(train)
+    rng = np.random.default_rng(0)
+    steps = {p: product_steps(p, torch, rng) for p in products}
+    netdef_step = lambda: (train.clear_param_diffs(deferred=True), train.forward_backward())  # noqa: E731
+    torch_step = torch_train_step(torch, train)
+    sgemm = sgemm_step()
+    times = {name: [] for name in ("sgemm", "netdef", "torch")}
+    product_times = {p: ([], []) for p in products}
+    for _ in range(rounds):
+        times["sgemm"].append(best_of(sgemm, calls))
+        times["netdef"].append(best_of(netdef_step, calls))
+        times["torch"].append(best_of(torch_step, calls))
+        for p, (numpy_step, torch_product) in steps.items():
+            product_times[p][0].append(best_of(numpy_step, calls))
+            product_times[p][1].append(best_of(torch_product, calls))
+
+    gflops = 2 * SGEMM_SIZE ** 3 / statistics.median(times["sgemm"]) / 1e9
+    multiply_adds = sum(p.multiply_adds for p in products)
+    floor_ms = 2 * multiply_adds / gflops / 1e6
+    print(f"\n{key} (batch {batch}): {len(products)} products, {2 * multiply_adds / 1e6:.0f} MFLOP; "
+          f"sgemm {gflops:.0f} GFLOP/s in these rounds, floor {floor_ms:.2f} ms")
+    print(f"  {'product':<32} {'m x k x n':>22} {'NumPy ms':>9} {'GFLOP/s':>8} {'torch ms':>9} {'GFLOP/s':>8}")
+    better_ms = 0.0
+    for p in products:
+        ms = [1e3 * p.count * statistics.median(t) for t in product_times[p]]
+        better_ms += min(ms)
+        rates = [2 * p.multiply_adds / m / 1e6 for m in ms]
+        shape = f"{p.m} x {p.k} x {p.n}" + (f" x{p.count}" if p.count > 1 else "")
+        print(f"  {p.what:<32} {shape:>22} {ms[0]:9.3f} {rates[0]:8.0f} {ms[1]:9.3f} {rates[1]:8.0f}")
+    netdef_ms, torch_ms = (1e3 * statistics.median(times[k]) for k in ("netdef", "torch"))
+    print(f"  products at the better BLAS   {better_ms:8.2f} ms = {better_ms / floor_ms:.2f} x floor")
+    print(f"  netdef forward+backward       {netdef_ms:8.2f} ms = {netdef_ms / floor_ms:.2f} x floor")
+    print(f"  PyTorch forward+backward      {torch_ms:8.2f} ms = {torch_ms / floor_ms:.2f} x floor")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nets", default="lenet,cifar10_quick")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=5, help="calls per step and round; the best is kept")
+    parser.add_argument("--threads", type=int, help="threads for both frameworks (default: all cores)")
+    args = parser.parse_args()
+    unknown = [k for k in args.nets.split(",") if k not in NETS]
+    if unknown:
+        parser.error(f"unknown nets {unknown}; choose from {', '.join(NETS)}")
+    set_threads(args.threads, True)
+    import torch
+
+    for key in args.nets.split(","):
+        measure(key, args.rounds, args.calls, torch)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
