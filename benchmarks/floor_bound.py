@@ -18,19 +18,18 @@ gradient; per group for grouped ones; the inner products likewise), its time in 
   them) against the same floor.
 
 Everything is timed in the same alternating rounds, sgemm included (this machine's speed moves by 30%
-within minutes); each product's time is its median over rounds of the best of a few calls.
+within minutes): ``cpu_forward_backward.alternate``, medians, each step right after untimed runs of
+itself.
 """
 from __future__ import annotations
 
-from netdef.threads import let_idle_kernel_threads_sleep  # noqa: E402
+from netdef.threads import let_idle_kernel_threads_sleep
 
 let_idle_kernel_threads_sleep()  # before torch loads its OpenMP runtime (cpu_forward_backward.py)
 
 import argparse  # noqa: E402
 import pathlib
-import statistics
 import sys
-import time
 from typing import NamedTuple
 
 import numpy as np
@@ -38,7 +37,8 @@ import numpy as np
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from cpu_forward_backward import NETS, SGEMM_SIZE, netdef_nets, set_threads, sgemm_step, torch_train_step  # noqa: E402
+from cpu_forward_backward import (NETS, SGEMM_SIZE, alternate, netdef_nets, set_threads, sgemm_step,  # noqa: E402
+                                  torch_train_step)
 
 
 class Product(NamedTuple):
@@ -92,59 +92,40 @@ def product_steps(product: Product, torch, rng) -> tuple:
     return (lambda: np.matmul(a, b, out=c)), (lambda: torch.matmul(ta, tb, out=tc))
 
 
-def best_of(step, calls: int) -> float:
-    step()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def measure(key: str, rounds: int, calls: int, torch) -> None:
+def measure(key: str, rounds: int, torch) -> None:
     train, _ = netdef_nets(key, None)
     batch = train.blobs["data"].shape[0]
     products = net_products(train)
     rng = np.random.default_rng(0)
-    steps = {p: product_steps(p, torch, rng) for p in products}
-    netdef_step = lambda: (train.clear_param_diffs(deferred=True), train.forward_backward())  # noqa: E731
-    torch_step = torch_train_step(torch, train)
-    sgemm = sgemm_step()
-    times = {name: [] for name in ("sgemm", "netdef", "torch")}
-    product_times = {p: ([], []) for p in products}
-    for _ in range(rounds):
-        times["sgemm"].append(best_of(sgemm, calls))
-        times["netdef"].append(best_of(netdef_step, calls))
-        times["torch"].append(best_of(torch_step, calls))
-        for p, (numpy_step, torch_product) in steps.items():
-            product_times[p][0].append(best_of(numpy_step, calls))
-            product_times[p][1].append(best_of(torch_product, calls))
+    steps = {"sgemm": sgemm_step(),
+             "netdef": lambda: (train.clear_param_diffs(deferred=True), train.forward_backward()),
+             "torch": torch_train_step(torch, train)}
+    for index, product in enumerate(products):
+        steps[index, "NumPy"], steps[index, "torch"] = product_steps(product, torch, rng)
+    ms = alternate(steps, rounds)
 
-    gflops = 2 * SGEMM_SIZE ** 3 / statistics.median(times["sgemm"]) / 1e9
+    gflops = 2 * SGEMM_SIZE ** 3 / ms["sgemm"] / 1e6
     multiply_adds = sum(p.multiply_adds for p in products)
     floor_ms = 2 * multiply_adds / gflops / 1e6
     print(f"\n{key} (batch {batch}): {len(products)} products, {2 * multiply_adds / 1e6:.0f} MFLOP; "
           f"sgemm {gflops:.0f} GFLOP/s in these rounds, floor {floor_ms:.2f} ms")
     print(f"  {'product':<32} {'m x k x n':>22} {'NumPy ms':>9} {'GFLOP/s':>8} {'torch ms':>9} {'GFLOP/s':>8}")
     better_ms = 0.0
-    for p in products:
-        ms = [1e3 * p.count * statistics.median(t) for t in product_times[p]]
-        better_ms += min(ms)
-        rates = [2 * p.multiply_adds / m / 1e6 for m in ms]
+    for index, p in enumerate(products):
+        each = [p.count * ms[index, library] for library in ("NumPy", "torch")]
+        better_ms += min(each)
+        rates = [2 * p.multiply_adds / m / 1e6 for m in each]
         shape = f"{p.m} x {p.k} x {p.n}" + (f" x{p.count}" if p.count > 1 else "")
-        print(f"  {p.what:<32} {shape:>22} {ms[0]:9.3f} {rates[0]:8.0f} {ms[1]:9.3f} {rates[1]:8.0f}")
-    netdef_ms, torch_ms = (1e3 * statistics.median(times[k]) for k in ("netdef", "torch"))
+        print(f"  {p.what:<32} {shape:>22} {each[0]:9.3f} {rates[0]:8.0f} {each[1]:9.3f} {rates[1]:8.0f}")
     print(f"  products at the better BLAS   {better_ms:8.2f} ms = {better_ms / floor_ms:.2f} x floor")
-    print(f"  netdef forward+backward       {netdef_ms:8.2f} ms = {netdef_ms / floor_ms:.2f} x floor")
-    print(f"  PyTorch forward+backward      {torch_ms:8.2f} ms = {torch_ms / floor_ms:.2f} x floor")
+    print(f"  netdef forward+backward       {ms['netdef']:8.2f} ms = {ms['netdef'] / floor_ms:.2f} x floor")
+    print(f"  PyTorch forward+backward      {ms['torch']:8.2f} ms = {ms['torch'] / floor_ms:.2f} x floor")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nets", default="lenet,cifar10_quick")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--calls", type=int, default=5, help="calls per step and round; the best is kept")
+    parser.add_argument("--rounds", type=int, default=10, help="timed rounds (after 2 warm-up rounds)")
     parser.add_argument("--threads", type=int, help="threads for both frameworks (default: all cores)")
     args = parser.parse_args()
     unknown = [k for k in args.nets.split(",") if k not in NETS]
@@ -154,7 +135,7 @@ def main() -> int:
     import torch
 
     for key in args.nets.split(","):
-        measure(key, args.rounds, args.calls, torch)
+        measure(key, args.rounds, torch)
     return 0
 
 

@@ -262,7 +262,7 @@ def main(argv=None) -> int:
     share_name = None
     if args.ceiling:
         threads = str(max(1, len(os.sched_getaffinity(0)) // args.ranks))
-        share_name = f"one rank's share alone ({threads} thread)"
+        share_name = f"one rank's share alone ({threads} thread{'' if threads == '1' else 's'})"
         configs[share_name] = (netdef_cmd + [per_rank.name], dict(env, OMP_NUM_THREADS=threads, NUMBA_NUM_THREADS=threads))
     if args.oversubscribed:
         cores = str(len(os.sched_getaffinity(0)))
