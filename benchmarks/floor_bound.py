@@ -39,6 +39,7 @@ sys.path.insert(0, str(HERE))
 
 from cpu_forward_backward import (NETS, SGEMM_SIZE, alternate, netdef_nets, set_threads, sgemm_step,  # noqa: E402
                                   torch_train_step)
+from cpu_forward_backward import multiply_adds as multiply_adds_of  # noqa: E402
 
 
 class Product(NamedTuple):
@@ -56,9 +57,12 @@ class Product(NamedTuple):
 
 def net_products(net) -> list[Product]:
     """The matrix products of ``net``'s forward+backward, as im2col and the inner products run them
-    (the multiply-adds ``cpu_forward_backward.multiply_adds`` counts)."""
+    (the multiply-adds ``cpu_forward_backward.multiply_adds`` counts). A convolution with several
+    bottoms runs the same products once per bottom."""
     products = []
     for li, layer in enumerate(net.layers):
+        if layer.type == "Deconvolution":
+            raise SystemExit(f"layer {layer.name}: Deconvolution's products are not counted here")
         if layer.type not in ("Convolution", "InnerProduct"):
             continue
         bottom, top = net._bottom_vecs[li][0], net._top_vecs[li][0]
@@ -69,10 +73,11 @@ def net_products(net) -> list[Product]:
             groups = layer.group
             taps = channels // groups * int(np.prod(layer.blobs[0].shape[2:]))
             per_group = outputs // groups
-            products += [Product(f"{layer.name} forward", per_group, taps, batch * pixels, groups),
-                         Product(f"{layer.name} weight gradient", per_group, batch * pixels, taps, groups)]
+            count = groups * len(net._bottom_vecs[li])
+            products += [Product(f"{layer.name} forward", per_group, taps, batch * pixels, count),
+                         Product(f"{layer.name} weight gradient", per_group, batch * pixels, taps, count)]
             if needs_input_gradient:
-                products.append(Product(f"{layer.name} input gradient", taps, per_group, batch * pixels, groups))
+                products.append(Product(f"{layer.name} input gradient", taps, per_group, batch * pixels, count))
         else:
             batch, inputs = bottom.shape[0], int(np.prod(bottom.shape[1:]))
             outputs = top.shape[1]
@@ -105,7 +110,7 @@ def measure(key: str, rounds: int, torch) -> None:
     ms = alternate(steps, rounds)
 
     gflops = 2 * SGEMM_SIZE ** 3 / ms["sgemm"] / 1e6
-    multiply_adds = sum(p.multiply_adds for p in products)
+    multiply_adds = multiply_adds_of(train)[1]  # the floor cpu_forward_backward.py prints
     floor_ms = 2 * multiply_adds / gflops / 1e6
     print(f"\n{key} (batch {batch}): {len(products)} products, {2 * multiply_adds / 1e6:.0f} MFLOP; "
           f"sgemm {gflops:.0f} GFLOP/s in these rounds, floor {floor_ms:.2f} ms")

@@ -43,3 +43,17 @@ def test_grouped_convolution_is_one_product_per_group(bound):
     assert products["conv forward"] == bound.Product("conv forward", 3, 2 * 9, 2 * 4 * 4, 2)
     assert products["conv forward"].multiply_adds == 2 * 4 * 4 * 6 * 2 * 9
     assert products["conv2 weight gradient"] == bound.Product("conv2 weight gradient", 2, 2 * 4 * 4, 6, 1)
+
+
+def test_convolution_of_two_bottoms_counts_its_products_twice(bound):
+    param = text_format.Parse("""
+        layer { name: "a" type: "Input" top: "a" input_param { shape { dim: 2 dim: 3 dim: 5 dim: 5 } } }
+        layer { name: "b" type: "Input" top: "b" input_param { shape { dim: 2 dim: 3 dim: 5 dim: 5 } } }
+        layer { name: "conv" type: "Convolution" bottom: "a" bottom: "b" top: "ya" top: "yb"
+                convolution_param { num_output: 4 kernel_size: 3 } }
+    """, pb.NetParameter())
+    net = netdef.Net(param, netdef.TRAIN)
+    products = {p.what: p for p in bound.net_products(net)}
+    assert products["conv forward"] == bound.Product("conv forward", 4, 27, 2 * 3 * 3, 2)
+    with benchmark_module("cpu_forward_backward") as cfb:
+        assert sum(p.multiply_adds for p in products.values()) == cfb.multiply_adds(net)[1]
