@@ -5,22 +5,31 @@ own operator for it, with a copy of the net's weights, so both frameworks comput
 same values. It is the model a PyTorch user would write, not a layer-by-layer imitation of Caffe: a
 Scale layer working in place on a BatchNorm's top is folded into that BatchNorm (PyTorch's affine
 batch norm), and in-place ReLUs run in place. Layer types outside the zoo's raise NotImplementedError.
+
+``TorchMirror(net, torch, device="cuda:0")`` puts the weights (and BatchNorm's running statistics) on
+that device; the net's blobs may be NumPy or CuPy arrays (copied through the host). A TRAIN net with
+several losses (GoogLeNet's auxiliary heads) returns their sum weighted by each layer's loss_weight,
+as netdef's backward starts from.
 """
 from __future__ import annotations
 
+from netdef.backend import to_host
 from netdef.proto import netdef_pb2 as pb
 
 
 class TorchMirror:
-    """Callable: ``mirror(data, label)`` -> the loss (TRAIN nets, ending in SoftmaxWithLoss) or the
-    last top (deploy nets); ``mirror.train(flag)`` picks batch statistics and dropout."""
+    """Callable: ``mirror({"data": x, "label": y})`` -> the loss (TRAIN nets, ending in SoftmaxWithLoss;
+    the weighted sum of several) or the last top (deploy nets); ``mirror.train(flag)`` picks batch
+    statistics and dropout; ``mirror.params`` are the learnable tensors, on ``device``."""
 
-    def __init__(self, net, torch):
+    def __init__(self, net, torch, device="cpu"):
         self.torch = torch
+        self.device = device
         self.F = torch.nn.functional
         self.training = True
         self.params = []
         self.steps = []
+        self.losses = []  # (top, loss_weight) of every layer that adds to the objective
         layers = list(net.layers)
         folded = set()
         for li, layer in enumerate(layers):
@@ -36,6 +45,9 @@ class TorchMirror:
                     scale = layers[li + 1]
                     folded.add(li + 1)
             self.steps.append((list(lp.bottom), list(lp.top), self._op(layer, scale)))
+            weight = lp.loss_weight[0] if lp.loss_weight else (1.0 if lp.type.endswith("Loss") else 0.0)
+            if weight and lp.top:
+                self.losses.append((lp.top[0], weight))
         self.output = list(layers[-1].layer_param.top)[0]
 
     def train(self, flag: bool) -> None:
@@ -54,11 +66,13 @@ class TorchMirror:
                 values = (values,)
             for name, value in zip(tops, values):
                 blobs[name] = value
+        if self.losses and self.losses != [(self.output, 1.0)]:
+            return sum(weight * blobs[top] for top, weight in self.losses)
         return blobs[self.output]
 
     # ---------------------------------------------------------------------------------- operators
     def _param(self, blob, grad=True):
-        t = self.torch.from_numpy(blob.data.copy())
+        t = self.torch.from_numpy(to_host(blob.data).copy()).to(self.device)
         if grad:
             t.requires_grad_(True)
             self.params.append(t)
@@ -148,8 +162,8 @@ class TorchMirror:
         F = self.F
         bp = layer.layer_param.batch_norm_param
         channels = layer.blobs[0].shape[0]
-        mean = self.torch.zeros(channels)
-        var = self.torch.ones(channels)
+        mean = self.torch.zeros(channels, device=self.device)
+        var = self.torch.ones(channels, device=self.device)
         w = b = None
         if scale is not None:
             w = self._param(scale.blobs[0])

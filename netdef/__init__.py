@@ -16,6 +16,7 @@ from .backend import (
     set_device_id,
     set_mode_cpu,
     set_mode_gpu,
+    set_precision,
     set_random_seed,
 )
 from . import io
@@ -43,6 +44,6 @@ __all__ = [
     "get_solver", "Blob", "Classifier", "DataSource", "Layer", "LayerError", "Net", "NetError", "NetSpec",
     "NetSpecError", "TEST", "TRAIN", "WeightsError", "get_array_module", "io", "layers", "params", "to_proto",
     "layer_class", "proto_pb2", "register_layer", "registered_types", "set_device", "set_device_id",
-    "set_mode_cpu", "set_mode_gpu", "set_random_seed",
+    "set_mode_cpu", "set_mode_gpu", "set_precision", "set_random_seed",
 ]
 __version__ = "0.1.0"

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
-_state = {"device": "cpu", "device_id": 0, "rng": np.random.default_rng(), "dtype": np.float32}
+_state = {"device": "cpu", "device_id": 0, "rng": np.random.default_rng(), "dtype": np.float32,
+          "precision": "float32"}
+
+# What a float32 convolution or matrix product may compute in on a GPU: "float32" (Caffe's strict
+# float32, the default) or "tf32" (TensorFloat-32 tensor cores: float32 range, a 10-bit mantissa in
+# the products, float32 sums; PyTorch's default for cuDNN convolutions). The CPU always computes in
+# float32.
+PRECISIONS = ("float32", "tf32")
 
 
 def set_device(device="cpu", device_id: int = 0) -> None:
@@ -29,6 +36,8 @@ def set_device(device="cpu", device_id: int = 0) -> None:
         cupy.cuda.Device(device_id).use()
     _state["device"] = device
     _state["device_id"] = device_id
+    if device == "gpu":
+        _apply_precision_to_cublas()
 
 
 def set_mode_cpu() -> None:
@@ -108,6 +117,30 @@ def set_generator_state(generator: np.random.Generator, state) -> None:
     except (TypeError, KeyError, ValueError, OverflowError) as exc:
         generator.bit_generator.state = previous
         raise ValueError(" ".join(str(exc).split())[:120]) from None
+
+
+def set_precision(precision: str) -> None:
+    """``"float32"`` (strict, the default) or ``"tf32"``: what float32 convolutions and matrix
+    products on a GPU may compute in (see PRECISIONS). Takes effect for layers planned afterwards
+    and for every later cuBLAS product."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    _state["precision"] = precision
+    if _state["device"] == "gpu":
+        _apply_precision_to_cublas()
+
+
+def precision() -> str:
+    return _state["precision"]
+
+
+def _apply_precision_to_cublas() -> None:
+    # CuPy reads its float32 compute type once (from CUPY_TF32) and keeps it in this module: set
+    # it here so that the setting follows netdef's, whenever CuPy was imported.
+    from cupy._core import _routines_linalg as linalg
+
+    compute_type = linalg.COMPUTE_TYPE_TF32 if _state["precision"] == "tf32" else linalg.COMPUTE_TYPE_DEFAULT
+    linalg.set_compute_type(np.float32, compute_type)
 
 
 def default_dtype():

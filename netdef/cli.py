@@ -75,6 +75,14 @@ def _set_device(gpu: str | None) -> int | None:
     return ids[0]
 
 
+def _set_precision(args) -> None:
+    """--precision for the verbs without a solver file (test, time)."""
+    import netdef
+
+    if args.precision:
+        netdef.set_precision(args.precision)
+
+
 def _stages(args) -> list[str]:
     return [s for s in (args.stage or "").split(",") if s]
 
@@ -137,6 +145,8 @@ def _train(args, param, path, comm, options) -> int:
         # CPU): the solver would otherwise move the blobs back to the CPU as it starts.
         param.solver_mode = param.GPU
         param.device_id = gpu
+    if args.precision:
+        param.precision = args.precision  # as --gpu, the flag wins over the solver file
     solver = create_solver(param, comm=comm, options=options, solver_file=path)
     solver.net.keep_blob_diffs = False  # no one can read them here (see Net)
     if args.weights:
@@ -174,6 +184,7 @@ def cmd_test(args) -> int:
         raise CommandLineError("test: Need model weights to score (--weights=MODEL.caffemodel)")
     iterations = _positive_iterations(args, "test")
     _set_device(args.gpu)
+    _set_precision(args)
     net = netdef.Net(args.model, netdef.TEST, weights=args.weights or None, stages=_stages(args), level=args.level)
     net.forward_only = True  # scoring runs no backward: every chain of per-channel layers may run fused
     log.info("Running for %d iterations.", iterations)
@@ -207,65 +218,52 @@ def cmd_test(args) -> int:
 # -------------------------------------------------------------------------------------------- time
 def cmd_time(args) -> int:
     import netdef
+    from netdef.timing import LayerTimer, clock_for
 
     if not args.model:
         raise CommandLineError("time: --model is required")
     _positive_iterations(args, "time")
-    _set_device(args.gpu)
+    gpu_id = _set_device(args.gpu)
+    _set_precision(args)
+    if gpu_id is not None:
+        log.info("Use GPU with device ID %d", gpu_id)
     phase = netdef.TRAIN if args.phase.upper() == "TRAIN" else netdef.TEST
     net = netdef.Net(args.model, phase, stages=_stages(args), level=args.level)
     log.info("Performing Forward")
-    net.forward_range()
-    log.info("Initial loss: %g", net.loss if hasattr(net, "loss") else 0.0)
+    log.info("Initial loss: %g", net.forward_range())
     log.info("Performing Backward")
     net.forward_backward()
-    n_layers = len(net.layers)
-    forward_ms = [0.0] * n_layers
-    backward_ms = [0.0] * n_layers
     log.info("*** Benchmark begins ***")
     log.info("Testing for %d iterations.", args.iterations)
     total_start = time.perf_counter()
-    total_forward = total_backward = 0.0
     # Timed as the net runs: by steps, a chain the net runs as one (layers/fusion.py, layers/
-    # trained_chain.py) as one step, its time on the member that runs first in each direction (its
-    # first layer forward, its last backward, where the gradients it hands on become ready).
-    steps = net.forward_steps()
+    # trained_chain.py) as one step (see LayerTimer); on a GPU by CUDA events, as caffe time -gpu.
+    timer = LayerTimer(net, clock_for(gpu_id))
     for it in progress_bar("time", range(1, args.iterations + 1)):
-        iter_start = time.perf_counter()
-        for first, last in steps:
-            start = time.perf_counter()
-            net.forward_range(first, last)
-            forward_ms[first] += (time.perf_counter() - start) * 1000
-        mid = time.perf_counter()
-        total_forward += (mid - iter_start) * 1000
-        net._fill_loss_diffs(0, n_layers - 1)
-        for first, last in reversed(steps):
-            start = time.perf_counter()
-            net.backward_range(last, first)
-            backward_ms[last] += (time.perf_counter() - start) * 1000
-        end = time.perf_counter()
-        total_backward += (end - mid) * 1000
-        log.info("Iteration: %d forward-backward time: %d ms.", it, round((end - iter_start) * 1000))
+        iteration_ms = timer.run_iteration()
+        log.info("Iteration: %d forward-backward time: %d ms.", it, round(iteration_ms))
     log.info("Average time per layer: ")
-    chains = [f"{net.layers[a].name}..{net.layers[b].name}" for a, b in steps if b > a]
+    chains = [f"{net.layers[a].name}..{net.layers[b].name}" for a, b in timer.steps if b > a]
     if chains:
         named = ", ".join(chains[:3]) + (f" and {len(chains) - 3} more" if len(chains) > 3 else "")
         log.info("(layers run as one step: %s; each step's time is on its first layer forward, its last "
                  "backward)", named)
+    forward_ms = [ms / args.iterations for ms in timer.forward_ms]
+    backward_ms = [ms / args.iterations for ms in timer.backward_ms]
     for li, layer in enumerate(net.layers):
-        log.info("%10s\tforward: %g ms.", layer.name, forward_ms[li] / args.iterations)
-        log.info("%10s\tbackward: %g ms.", layer.name, backward_ms[li] / args.iterations)
-    log.info("Average Forward pass: %g ms.", total_forward / args.iterations)
-    log.info("Average Backward pass: %g ms.", total_backward / args.iterations)
-    log.info("Average Forward-Backward: %g ms.", (total_forward + total_backward) / args.iterations)
+        log.info("%10s\tforward: %g ms.", layer.name, forward_ms[li])
+        log.info("%10s\tbackward: %g ms.", layer.name, backward_ms[li])
+    log.info("Average Forward pass: %g ms.", timer.total_forward_ms / args.iterations)
+    log.info("Average Backward pass: %g ms.", timer.total_backward_ms / args.iterations)
+    log.info("Average Forward-Backward: %g ms.", (timer.total_forward_ms + timer.total_backward_ms) / args.iterations)
     log.info("Total Time: %g ms.", (time.perf_counter() - total_start) * 1000)
     log.info("*** Benchmark ends ***")
     if args.json:
         from netdef.simulate import profile_of, write_profile
 
-        profile = profile_of(net, [ms / args.iterations for ms in forward_ms],
-                             [ms / args.iterations for ms in backward_ms], model=args.model)
+        profile = profile_of(net, forward_ms, backward_ms, model=args.model)
         write_profile(profile, args.json, phase=args.phase.upper(), iterations=args.iterations,
+                      device="cpu" if gpu_id is None else f"gpu {gpu_id}",
                       blas_threads=os.environ.get("OPENBLAS_NUM_THREADS", ""))
         log.info("Per-layer times written to %s (netdef simulate reads them)", args.json)
     return 0
@@ -597,6 +595,9 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(train, "weights", help="fine-tune from these .caffemodel files (comma separated)")
     _flag(train, "iterations", type=int, help="override the solver's max_iter (at least 1)")
     _flag(train, "gpu", help="GPU id to run on (default: the solver's solver_mode/device_id)")
+    _flag(train, "precision", choices=["float32", "tf32"],
+          help="what float32 convolutions and matrix products on a GPU compute in: float32 (strict, "
+               "Caffe's; the default) or tf32 (TensorFloat-32 tensor cores)")
     _flag(train, "sigint_effect", default="stop", choices=["stop", "snapshot", "none"],
           help="what Ctrl-C (SIGINT) does: stop (snapshot if enabled, then exit), snapshot, none")
     _flag(train, "sighup_effect", default="snapshot", choices=["stop", "snapshot", "none"],
@@ -639,6 +640,9 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(test, "weights", help="the trained .caffemodel")
     _flag(test, "iterations", type=int, default=50, help="number of batches (default 50)")
     _flag(test, "gpu", help="GPU id")
+    _flag(test, "precision", choices=["float32", "tf32"],
+          help="what float32 convolutions and matrix products on a GPU compute in: float32 (strict, "
+               "Caffe's; the default) or tf32 (TensorFloat-32 tensor cores)")
     _flag(test, "stage", help="comma-separated stages of the net state")
     _flag(test, "level", type=int, default=0, help="level of the net state")
     test.set_defaults(func=cmd_test)
@@ -649,6 +653,9 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(timing, "iterations", type=int, default=50, help="number of timed iterations (default 50)")
     _flag(timing, "phase", default="TRAIN", choices=["TRAIN", "TEST", "train", "test"], help="net phase")
     _flag(timing, "gpu", help="GPU id")
+    _flag(timing, "precision", choices=["float32", "tf32"],
+          help="what float32 convolutions and matrix products on a GPU compute in: float32 (strict, "
+               "Caffe's; the default) or tf32 (TensorFloat-32 tensor cores)")
     _flag(timing, "stage", help="comma-separated stages")
     _flag(timing, "level", type=int, default=0, help="level of the net state")
     _flag(timing, "json", metavar="FILE", help="also write the per-layer times and parameter sizes here "

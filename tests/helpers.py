@@ -242,3 +242,16 @@ def train_twice(text: str, fused: bool, rng, values=None):
     state.update({f"param {l}.{j}": (p.data.copy(), p.diff.copy()) for l, ps in net.params.items() for j, p in enumerate(ps)})
     steps = [[net.layers[i].name for i in range(first, last + 1)] for first, last in net.forward_steps()]
     return state, steps, values, net
+
+
+def gpu_missing() -> str | None:
+    """Why the GPU tests cannot run here (no CuPy, no usable CUDA device), or None."""
+    try:
+        import cupy
+    except ImportError:
+        return "CuPy is not installed (pip install -e '.[gpu]')"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as exc:
+        return f"no usable CUDA device: {exc}"
+    return None if count > 0 else "no CUDA device"

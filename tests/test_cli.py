@@ -144,6 +144,21 @@ def test_time_verb_prints_per_layer_and_averages(workdir):
     assert "Average Forward-Backward:" in log and "*** Benchmark ends ***" in log
 
 
+def test_time_verb_logs_the_initial_loss_of_its_first_forward(workdir):
+    """Caffe's "Initial loss" is the loss of the first forward: with all-zero weights every one of the
+    four classes scores 0, so the softmax loss is ln 4 whatever the data."""
+    (workdir / "zero.prototxt").write_text("""
+        layer { name: "d" type: "DummyData" top: "data" top: "label"
+                dummy_data_param { shape { dim: 5 dim: 3 } shape { dim: 5 }
+                                   data_filler { type: "gaussian" } data_filler { type: "constant" value: 2 } } }
+        layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 4 } }
+        layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+    """)
+    log = netdef("time", "--model=zero.prototxt", "--iterations=1", cwd=workdir).stderr
+    initial = float(re.search(r"\] Initial loss: ([\d.e+-]+)$", log, re.M).group(1))
+    assert initial == pytest.approx(np.log(4), rel=1e-5)
+
+
 def test_time_verb_times_a_chain_trained_as_one_step_as_the_net_runs_it(workdir):
     """A BatchNorm chain runs as one step in training (layers/batchnorm_chain.py): netdef time runs and
     times it so, its time on BatchNorm forward and on the ReLU backward, the others' zero."""

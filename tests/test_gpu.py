@@ -7,12 +7,16 @@ netdef/layers/kernels on a real device.
 3. Training: the same solver steps on the CPU and on the GPU give the same weights (to float32
    rounding: the GPU sums in another order) for a net of the CPU's fused chains and paths (a strided
    1x1 convolution among them), and ``netdef train --gpu 0`` trains on the GPU.
+4. The solver's update as one kernel per blob (netdef/solver/gpu_updates.py), for every rule: what the
+   separate steps give on the CPU, and on the GPU the same bits.
+5. ``netdef time --gpu 0``: per-layer times from CUDA events.
 
 Without CuPy or a CUDA device every test here skips, saying which; CI has no GPU, so these run where
 one is lent (NETDEF_SHARED names the fixtures' copy there).
 """
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -22,22 +26,13 @@ import pytest
 
 import netdef
 from netdef import backend
-from tests.helpers import compare_with_caffe_blobs, layer_case_names, run_caffe_case, shared_path
+from tests.helpers import compare_with_caffe_blobs, gpu_missing, layer_case_names, run_caffe_case, shared_path
+from tests.solver.test_gpu_updates import UPDATE_RULES, rule_and_params, stepwise_update
+
+f32 = np.float32
 
 
-def _gpu_missing() -> str | None:
-    try:
-        import cupy
-    except ImportError:
-        return "CuPy is not installed (pip install -e '.[gpu]')"
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError as exc:
-        return f"no usable CUDA device: {exc}"
-    return None if count > 0 else "no CUDA device"
-
-
-MISSING = _gpu_missing()
+MISSING = gpu_missing()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"no GPU: {MISSING}")
 
 
@@ -162,3 +157,101 @@ def test_gpu_flag_overrides_the_solver_files_cpu_mode(tmp_path):
     assert "Using GPU 0" in done.stderr
     losses = [float(x) for x in re.findall(r"Iteration \d+ \(.*\), loss = ([\d.e+-]+)", done.stderr)]
     assert len(losses) == 2 and losses[-1] < losses[0], done.stderr
+
+
+def _update_in_turn(cases, shapes, divisor, iter_size, decay, steps: int = 4) -> None:
+    """Run ``steps`` updates of every blob, each case ``(rule, params, fused)`` with the same gradients:
+    by ``fused_step`` where ``fused`` (which must take them), else by the solver's steps one by one."""
+    rng = np.random.default_rng(11)
+    scale = f32(1) / f32(iter_size) if iter_size != 1 else f32(1)
+    decay = None if decay is None else f32(decay)
+    for iteration in range(steps):  # the histories carry over
+        local_rate = f32(0.01) * f32(1 + iteration % 2)
+        for param_id, shape in enumerate(shapes):
+            gradient = rng.standard_normal(shape).astype(np.float32) * f32(divisor)  # a sum over ranks
+            for rule, params, fused in cases:
+                blob = params[param_id]
+                blob.diff[...] = backend.to_device(gradient, like=blob.diff)
+                if fused:
+                    assert rule.fused_step(param_id, blob, scale, decay, local_rate, iteration, divisor)
+                else:
+                    stepwise_update(rule, param_id, blob, divisor, scale, decay, local_rate, iteration)
+
+
+def _update_arrays(rule, params) -> dict:
+    arrays = {f"data[{i}]": blob.data for i, blob in enumerate(params)}
+    arrays.update({f"diff[{i}]": blob.diff for i, blob in enumerate(params)})
+    arrays.update({f"history[{i}]": blob.data for i, blob in enumerate(rule.history)})
+    return {name: backend.to_host(array) for name, array in arrays.items()}
+
+
+def _rule_and_params_on_gpu(rule_name, start):
+    backend.set_device("gpu", 0)
+    try:
+        rule, params = rule_and_params(rule_name, start)
+    finally:
+        backend.set_device("cpu")
+    assert backend.get_array_module(params[0].data) is not np
+    return rule, params
+
+
+UPDATE_SHAPES = [(37, 129), (5,)]
+
+
+@pytest.mark.parametrize("rule_name", list(UPDATE_RULES))
+@pytest.mark.parametrize("decay", [None, 0.0005])
+@pytest.mark.parametrize("divisor, iter_size", [(1, 1), (3, 2)])
+def test_fused_update_on_gpu_matches_the_stepwise_update_on_cpu(rule_name, decay, divisor, iter_size):
+    """To float32 rounding: CuPy's kernels flush denormals to zero, NumPy does not."""
+    start = [np.random.default_rng(5).standard_normal(s).astype(np.float32) for s in UPDATE_SHAPES]
+    cpu = rule_and_params(rule_name, start)
+    gpu = _rule_and_params_on_gpu(rule_name, start)
+    _update_in_turn([(*cpu, False), (*gpu, True)], UPDATE_SHAPES, divisor, iter_size, decay)
+    on_cpu, on_gpu = _update_arrays(*cpu), _update_arrays(*gpu)
+    for name, expected in on_cpu.items():
+        atol = 1e-7 * float(np.abs(expected).max())
+        np.testing.assert_allclose(on_gpu[name], expected, rtol=1e-5, atol=atol, err_msg=f"{rule_name}: {name}")
+    assert not np.array_equal(on_gpu["data[0]"], start[0]), "the update left the weights where they were"
+
+
+@pytest.mark.parametrize("rule_name", list(UPDATE_RULES))
+@pytest.mark.parametrize("decay", [None, 0.0005])
+def test_fused_update_on_gpu_is_bit_identical_to_the_stepwise_update_on_gpu(rule_name, decay):
+    """Every product rounded before it is added (gpu_updates compiles with --fmad=false), CuPy's own
+    settings otherwise: the bits of one CuPy kernel per operation."""
+    start = [np.random.default_rng(5).standard_normal(s).astype(np.float32) for s in UPDATE_SHAPES]
+    stepwise = _rule_and_params_on_gpu(rule_name, start)
+    fused = _rule_and_params_on_gpu(rule_name, start)
+    _update_in_turn([(*stepwise, False), (*fused, True)], UPDATE_SHAPES, 3, 2, decay)
+    by_steps, by_kernel = _update_arrays(*stepwise), _update_arrays(*fused)
+    for name, expected in by_steps.items():
+        assert np.array_equal(by_kernel[name].view(np.uint32), expected.view(np.uint32)), f"{rule_name}: {name}"
+
+
+def test_time_on_gpu_times_each_layer_by_cuda_events(tmp_path):
+    """``netdef time --gpu 0``, as ``caffe time -gpu 0``: every layer's forward and backward time, the
+    averages, and the profile that ``--json`` writes."""
+    (tmp_path / "net.prototxt").write_text(CLI_NET)
+    done = subprocess.run([sys.executable, "-m", "netdef.cli", "time", "--model=net.prototxt", "--gpu", "0",
+                           "--iterations=3", "--json=times.json"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    log = done.stderr
+    assert "Use GPU with device ID 0" in log
+
+    def ms(layer, direction):
+        found = re.search(rf"\] +{layer}\t{direction}: ([\d.e+-]+) ms\.$", log, re.M)
+        assert found, f"no {direction} time for {layer}:\n{log}"
+        return float(found.group(1))
+
+    for layer in ("d", "conv", "ip", "loss"):
+        assert ms(layer, "forward") >= 0 and ms(layer, "backward") >= 0
+    for layer in ("conv", "ip", "loss"):  # each launches kernels both ways
+        assert ms(layer, "forward") > 0 and ms(layer, "backward") > 0, log
+    assert len(re.findall(r"Iteration: \d+ forward-backward time: \d+ ms\.", log)) == 3
+    average = float(re.search(r"Average Forward-Backward: ([\d.e+-]+) ms\.", log).group(1))
+    assert average > 0 and "*** Benchmark ends ***" in log
+    profile = json.loads((tmp_path / "times.json").read_text())
+    assert profile["device"] == "gpu 0"
+    assert [layer["name"] for layer in profile["layers"]] == ["d", "conv", "ip", "loss"]
+    assert all(layer["forward_ms"] > 0 for layer in profile["layers"][1:])

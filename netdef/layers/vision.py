@@ -21,13 +21,15 @@ import math
 
 import numpy as np
 
-from .. import backend
+from .. import backend, cudnn
 from ..blob import Blob
 from ..fillers import fill
 from ..proto import netdef_pb2 as pb
 from . import depthwise, direct, elementwise, fusion
 from . import im2col as _cols
 from . import jit, kernels
+from ..cudnn import convolution as cudnn_convolution
+from ..cudnn import plans as cudnn_plans
 from .matmul import matmul, matmul_row_mapped
 from .base import TRAIN, Layer, register_layer
 from .im2col import (Geometry, Workspace, add_row_weight_grad, col2im, column_layout, copy_from_rows, copy_to_rows,
@@ -268,7 +270,9 @@ class ConvolutionLayer(_ConvolutionBase):
         return first if second is None else f"{first}/{second}"
 
     def _choose_algorithm(self, xp, dtype) -> str:
-        """How forward and backward compute, chosen once the shapes are known:
+        """How forward and backward compute, chosen once the shapes are known. On a GPU, cuDNN's
+        products wherever it is installed and not refused (``engine: CAFFE``); the log says once per
+        layer which path runs and why. Otherwise:
 
         - "depthwise": group == channels (2-D): shifted multiply-adds over the taps (depthwise.py);
         - "pointwise": 1x1 kernel, no padding, one group: y[n] = W @ x[n] as (C x H*W) matrices, no
@@ -279,6 +283,32 @@ class ConvolutionLayer(_ConvolutionBase):
         - "rows": the CPU row-product path (im2col.RowPlan, see _rows_eligible);
         - "columns": im2col and one product per group over chunks of the batch (anything else).
         """
+        if xp is not np:
+            reason = self._cudnn_refused(dtype)
+            if reason is None:
+                cudnn.log_path_once(self.name, "cuDNN", "its fastest plan per shape, timed once")
+                return "cudnn"
+            fallback = self._choose_netdef_algorithm(xp, dtype)
+            cudnn.log_path_once(self.name, f"netdef's {fallback} path", reason)
+            return fallback
+        return self._choose_netdef_algorithm(xp, dtype)
+
+    def _cudnn_refused(self, dtype) -> str | None:
+        """None where this layer's products run through cuDNN on the GPU; else why not."""
+        if self.layer_param.convolution_param.engine == pb.ConvolutionParameter.CAFFE:
+            return "engine: CAFFE asks for Caffe's own path"
+        if self._cudnn_failure is not None:
+            return self._cudnn_failure
+        if not cudnn.usable():
+            return cudnn.why_not()
+        refused = cudnn_convolution.usable_for(self.num_spatial, dtype)
+        if refused is None and self._cudnn is None:
+            self._cudnn = cudnn_convolution.CudnnConvolution(self.geom)
+        return refused
+
+    _cudnn = None  # the layer's cuDNN plans (cudnn/convolution.py), made when first chosen
+
+    def _choose_netdef_algorithm(self, xp, dtype) -> str:
         g = self.geom
         if self.num_spatial == 2 and self.group > 1 and self.group == self.channels:
             return "depthwise"
@@ -304,6 +334,8 @@ class ConvolutionLayer(_ConvolutionBase):
 
     def forward(self, bottom, top):
         xp = backend.get_array_module(bottom[0].data)
+        if self.algorithm == "cudnn":
+            return self._forward_cudnn(bottom, top)
         if self.algorithm == "depthwise":
             return self._forward_depthwise(bottom, top)
         if self.algorithm == "pointwise":
@@ -354,6 +386,8 @@ class ConvolutionLayer(_ConvolutionBase):
 
     def backward(self, top, propagate_down, bottom):
         xp = backend.get_array_module(top[0].diff)
+        if self.algorithm == "cudnn":
+            return self._backward_cudnn(top, propagate_down, bottom)
         if self.algorithm == "depthwise":
             return self._backward_depthwise(top, propagate_down, bottom)
         if self.algorithm == "pointwise":
@@ -401,6 +435,60 @@ class ConvolutionLayer(_ConvolutionBase):
                 elif dx_all is not None:
                     self._col2im_input_gradient(xp, w, dy_g, lay, dx_all[start:stop])
             self._cols_fresh[i] = False
+
+    # ------------------------------------------------------------------------------------ cuDNN
+    def _cudnn_shapes(self):
+        """(x, y) shapes as cuDNN reads them: the leading axes before ``axis`` as one batch axis."""
+        return ((self.num, self.channels) + self.in_spatial, (self.num, self.num_output) + self.out_spatial)
+
+    def _forward_cudnn(self, bottom, top):
+        x_shape, y_shape = self._cudnn_shapes()
+        w = self.blobs[0].data
+        for b, t in zip(bottom, top):
+            y = t.data.reshape(y_shape)
+            try:
+                self._cudnn.forward(b.data.reshape(x_shape), w, y)
+            except cudnn_plans.Unsupported as exc:
+                return self._leave_cudnn(exc).forward(bottom, top)
+            self._add_bias(y)
+
+    def _leave_cudnn(self, exc):
+        """cuDNN had no plan for these shapes: this layer runs netdef's own path from now on, and the
+        log says why. Returns the layer, to run the call again."""
+        self._cudnn_failure = f"cuDNN has no plan: {exc}"
+        self.algorithm = self._choose_netdef_algorithm(backend.xp(), self.blobs[0].dtype)
+        cudnn.log_path_once(self.name, f"netdef's {self.algorithm} path", self._cudnn_failure)
+        return self
+
+    _cudnn_failure = None  # why cuDNN could not run this layer, once it could not
+
+    def _backward_cudnn(self, top, propagate_down, bottom):
+        x_shape, y_shape = self._cudnn_shapes()
+        try:
+            # Every pair has the same shapes: planned once here, before any gradient is added to.
+            self._cudnn.plan_backward(bottom[0].data.reshape(x_shape), top[0].diff.reshape(y_shape), self.blobs[0].data)
+        except cudnn_plans.Unsupported as exc:
+            return self._leave_cudnn(exc).backward(top, propagate_down, bottom)
+        w = self.blobs[0].data
+        want_w = self.param_propagate_down[0]
+        want_b = self.bias_term and self.param_propagate_down[1]
+        for i, (b, t) in enumerate(zip(bottom, top)):
+            dy = t.diff.reshape(y_shape)
+            if want_b:
+                self.blobs[1].diff += dy.reshape(self.num, self.num_output, -1).sum(axis=(0, 2))
+            if want_w:
+                x = b.data.reshape(x_shape)
+                dw, overwrite = self.blobs[0].diff_for_accumulation()
+                if overwrite:
+                    self._cudnn.weight_gradient(x, dy, dw)
+                else:
+                    # cuDNN's graphs write their output: a second pair of blobs (or a gradient
+                    # already there) adds through a temporary.
+                    part = self.scratch.get("cudnn_dw", dw.shape, dw.dtype, backend.get_array_module(dw))
+                    self._cudnn.weight_gradient(x, dy, part)
+                    dw += part
+            if propagate_down[i]:
+                self._cudnn.input_gradient(dy, w, b.diff_to_overwrite().reshape(x_shape))
 
     def _col2im_input_gradient(self, xp, w, dy_g, lay, dx):
         """dx (a chunk of samples) = col2im of dcols = W^T dY, dy_g the chunk's gradient as

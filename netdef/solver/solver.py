@@ -194,6 +194,7 @@ class Solver:
         self._told_clipping_waits = False
 
         self._setup_device(param)
+        self._setup_precision(param)
         self.parallel.prepare(param)
         if param.random_seed >= 0:
             backend.set_random_seed(param.random_seed)
@@ -235,7 +236,20 @@ class Solver:
             if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
                 raise SolverConfigError(f"Cannot write to snapshot prefix {param.snapshot_prefix!r}.  Make sure "
                                         f"that the directory exists and is writable.")
+        if param.precision not in backend.PRECISIONS:
+            raise SolverConfigError(f"precision must be one of {', '.join(backend.PRECISIONS)}, "
+                                    f"got {param.precision!r}")
         rule_class.validate(param)
+
+    @staticmethod
+    def _setup_precision(param: pb.SolverParameter) -> None:
+        """``precision`` when the file (or --precision) sets it; otherwise the process's setting stays
+        (``netdef.set_precision``), strict float32 unless a script changed it."""
+        if param.HasField("precision"):
+            backend.set_precision(param.precision)
+        if backend.device() == "gpu":
+            logger.info("GPU precision: %s", "TensorFloat-32 convolutions and matrix products"
+                        if backend.precision() == "tf32" else "strict float32")
 
     @staticmethod
     def _setup_device(param: pb.SolverParameter) -> None:

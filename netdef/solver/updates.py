@@ -31,6 +31,7 @@ import numpy as np
 from ..backend import get_array_module
 from ..blob import Blob
 from ..proto import netdef_pb2 as pb
+from . import gpu_updates
 
 f32 = np.float32
 
@@ -105,11 +106,12 @@ class UpdateRule:
     def fused_step(self, param_id: int, blob: Blob, scale, decay, local_rate, iteration: int,
                    divisor=1) -> bool:
         """The whole step of one blob in one pass, where this rule has a compiled kernel for its
-        arrays: ``diff /= divisor`` (the average of a sum over the ranks that the exchange left to
-        the update), ``diff *= scale`` (normalization), ``diff += decay * data`` (L2 regularization;
-        ``decay`` None for none), the update value into ``diff`` and ``data -= diff``, the same bits
-        as those steps one by one. Returns False (having touched nothing) where it has none; the
-        solver then runs the steps one by one."""
+        arrays (on the CPU in ``jit_updates``, on a GPU in ``gpu_updates``): ``diff /= divisor``
+        (the average of a sum over the ranks that the exchange left to the update), ``diff *= scale``
+        (normalization), ``diff += decay * data`` (L2 regularization; ``decay`` None for none),
+        the update value into ``diff`` and ``data -= diff``, the same bits as those steps one by one.
+        Returns False (having touched nothing) where it has none; the solver then runs the steps one
+        by one."""
         return False
 
     # The second history set of AdaDelta / Adam.
@@ -128,7 +130,12 @@ class SGDUpdate(UpdateRule):
         blob.diff[...] = v
 
     def fused_step(self, param_id, blob, scale, decay, local_rate, iteration, divisor=1):
-        arrays = _flat_float32(blob.data, blob.diff, self.history[param_id].data)
+        history = self.history[param_id].data
+        if gpu_updates.usable(blob.data, blob.diff, history):
+            gpu_updates.sgd_step(blob.data, blob.diff, history, divisor, scale, decay, local_rate,
+                                 self.param.momentum)
+            return True
+        arrays = _flat_float32(blob.data, blob.diff, history)
         if arrays is None:
             return False
         from . import jit_updates
@@ -152,7 +159,12 @@ class NesterovUpdate(UpdateRule):
         blob.diff[...] = (f32(1) + momentum) * v + (-momentum) * previous
 
     def fused_step(self, param_id, blob, scale, decay, local_rate, iteration, divisor=1):
-        arrays = _flat_float32(blob.data, blob.diff, self.history[param_id].data)
+        history = self.history[param_id].data
+        if gpu_updates.usable(blob.data, blob.diff, history):
+            gpu_updates.nesterov_step(blob.data, blob.diff, history, divisor, scale, decay, local_rate,
+                                      self.param.momentum)
+            return True
+        arrays = _flat_float32(blob.data, blob.diff, history)
         if arrays is None:
             return False
         from . import jit_updates
@@ -182,6 +194,13 @@ class AdaGradUpdate(UpdateRule):
         h[...] = g * g + h
         blob.diff[...] = local_rate * (g / (xp.sqrt(h) + f32(self.param.delta)))
 
+    def fused_step(self, param_id, blob, scale, decay, local_rate, iteration, divisor=1):
+        history = self.history[param_id].data
+        if not gpu_updates.usable(blob.data, blob.diff, history):
+            return False
+        gpu_updates.adagrad_step(blob.data, blob.diff, history, divisor, scale, decay, local_rate, self.param.delta)
+        return True
+
 
 @register_update_rule("RMSProp")
 class RMSPropUpdate(UpdateRule):
@@ -204,6 +223,14 @@ class RMSPropUpdate(UpdateRule):
         h[...] = (f32(1) - decay) * (g * g) + decay * h
         blob.diff[...] = local_rate * (g / (xp.sqrt(h) + f32(self.param.delta)))
 
+    def fused_step(self, param_id, blob, scale, decay, local_rate, iteration, divisor=1):
+        history = self.history[param_id].data
+        if not gpu_updates.usable(blob.data, blob.diff, history):
+            return False
+        gpu_updates.rmsprop_step(blob.data, blob.diff, history, divisor, scale, decay, local_rate,
+                                 self.param.rms_decay, self.param.delta)
+        return True
+
 
 @register_update_rule("AdaDelta")
 class AdaDeltaUpdate(UpdateRule):
@@ -225,6 +252,14 @@ class AdaDeltaUpdate(UpdateRule):
         hu[...] = rest * (u * u) + momentum * hu
         blob.diff[...] = local_rate * u
 
+    def fused_step(self, param_id, blob, scale, decay, local_rate, iteration, divisor=1):
+        history, update_history = self.history[param_id].data, self._second(param_id).data
+        if not gpu_updates.usable(blob.data, blob.diff, history, update_history):
+            return False
+        gpu_updates.adadelta_step(blob.data, blob.diff, history, update_history, divisor, scale, decay, local_rate,
+                                  self.param.momentum, self.param.delta)
+        return True
+
 
 @register_update_rule("Adam")
 class AdamUpdate(UpdateRule):
@@ -237,12 +272,26 @@ class AdamUpdate(UpdateRule):
         xp = get_array_module(blob.diff)
         beta1 = f32(self.param.momentum)
         beta2 = f32(self.param.momentum2)
-        t = iteration + 1
-        # Caffe: std::pow(float, int) is double, the quotient is stored as float.
-        correction = f32(math.sqrt(1.0 - float(beta2) ** t) / (1.0 - float(beta1) ** t))
+        correction = self._correction(iteration)
         g = blob.diff
         m = self.history[param_id].data
         v = self._second(param_id).data
         m[...] = (f32(1) - beta1) * g + beta1 * m
         v[...] = (f32(1) - beta2) * (g * g) + beta2 * v
         blob.diff[...] = (local_rate * correction) * (m / (xp.sqrt(v) + f32(self.param.delta)))
+
+    def fused_step(self, param_id, blob, scale, decay, local_rate, iteration, divisor=1):
+        m, v = self.history[param_id].data, self._second(param_id).data
+        if not gpu_updates.usable(blob.data, blob.diff, m, v):
+            return False
+        gpu_updates.adam_step(blob.data, blob.diff, m, v, divisor, scale, decay, local_rate, self.param.momentum,
+                              self.param.momentum2, self._correction(iteration), self.param.delta)
+        return True
+
+    def _correction(self, iteration: int) -> np.float32:
+        """The bias correction sqrt(1 - beta2^t) / (1 - beta1^t) at ``iteration`` (t = iteration + 1).
+        Caffe: std::pow(float, int) is double, the quotient is stored as float."""
+        beta1 = f32(self.param.momentum)
+        beta2 = f32(self.param.momentum2)
+        t = iteration + 1
+        return f32(math.sqrt(1.0 - float(beta2) ** t) / (1.0 - float(beta1) ** t))

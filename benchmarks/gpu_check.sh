@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue 29's check on a GPU machine, in about 8 minutes: install netdef from this checkout (plus the
+# wheels that machine lacks), run the GPU tests, time one training iteration of the zoo's nets against
+# PyTorch (benchmarks/gpu_train.py) and one net layer by layer (netdef time --gpu 0), and write every
+# log and table under $OUT.
+#
+# The GPU machines this project measures on have no network: they get the checkout, and in .device/
+# (ignored by git, carried with the checkout) the wheels they lack and a copy of ../shared/fixtures:
+#   .device/whl/     nvidia-cudnn-frontend, protobuf (>= the gencode of netdef_pb2), lmdb, for Python 3.12
+#   .device/shared/  fixtures/caffe-ref and fixtures/caffe-models, as ../shared holds them
+# (benchmarks/README.md, "GPU training against PyTorch", says how they were fetched).
+#
+# Usage: bash benchmarks/gpu_check.sh [BENCH_SECONDS] [EXTRA gpu_train.py FLAGS...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/netdef-gpu-check}"
+mkdir -p "$OUT"
+BENCH_SECONDS="${1:-210}"
+shift || true
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device/whl/*.whl \
+  || { echo "could not install the carried wheels" >&2; exit 1; }
+export PYTHONPATH="/tmp/site:$PWD" NETDEF_SHARED="$PWD/.device/shared" PYTHONUNBUFFERED=1
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  python3 - <<'EOF'
+import cupy, torch, cudnn, numpy, netdef.cudnn
+print("python", __import__("sys").version.split()[0], "numpy", numpy.__version__, "cupy", cupy.__version__,
+      "torch", torch.__version__, "torch cudnn", torch.backends.cudnn.version(), "cudnn frontend", cudnn.__version__)
+print("netdef:", netdef.cudnn.status())
+EOF
+} 2>&1 | tee "$OUT/versions.txt"
+
+echo "== tests (GPU) =="
+timeout 170 python3 -m pytest -q -p no:cacheprovider -n 8 --dist load tests/test_gpu.py tests/test_gpu_cudnn.py \
+  2>&1 | tee "$OUT/tests.log" | tail -25
+
+echo "== netdef time --gpu 0, ResNet-50 at batch 32 =="
+sed 's/dim: 10 dim: 3 dim: 224/dim: 32 dim: 3 dim: 224/' models/resnet50/deploy.prototxt > /tmp/resnet50_b32.prototxt
+timeout 60 python3 -m netdef.cli time --model=/tmp/resnet50_b32.prototxt --phase TRAIN --gpu 0 --iterations 3 \
+  > "$OUT/time_resnet50.log" 2>&1
+tail -5 "$OUT/time_resnet50.log"
+
+echo "== gpu_train.py =="
+timeout $((BENCH_SECONDS + 60)) python3 benchmarks/gpu_train.py --time-budget "$BENCH_SECONDS" \
+  --json "$OUT/gpu_train.json" "$@" 2>&1 | tee "$OUT/gpu_train.log" | tail -40

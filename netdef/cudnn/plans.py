@@ -1,0 +1,172 @@
+"""cuDNN operation graphs, each planned once per operation and shape and kept for the process.
+
+``plan(key, describe, arrays)`` returns the ``Plan`` for ``key`` (an operation and every shape, stride,
+type and setting that decides how it runs), building it on first use: ``describe(graph, cudnn)``
+declares the graph's tensors and operation and returns its operands in a fixed order; the frontend's
+heuristics rank execution plans; those that break the precision setting or the workspace limit are
+left out; the first few that build are each timed on ``arrays`` (the layer's own arrays, in the
+operands' order) and the fastest is kept. A key whose graph cuDNN cannot run raises ``Unsupported``
+(and is remembered, so the layer's fallback is chosen at once the next time).
+
+One handle and one workspace per device, bound to CuPy's current stream when a plan runs: layers
+enqueue on the compute stream and the host never waits for cuDNN.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import backend
+from . import workspace_limit
+
+# How many of the heuristics' best-ranked plans are built and timed per graph: the fastest is nearly
+# always among the first few, and building a plan can take a while (runtime-compiled engines).
+MAX_CANDIDATES = 6
+# Timed launches per candidate, after one untimed launch.
+TIMED_RUNS = 2
+
+
+class Unsupported(RuntimeError):
+    """cuDNN has no plan for this graph under the current settings; the message says why."""
+
+
+class Plan:
+    """One operation graph with its chosen execution plan. ``run(*arrays)`` launches it on the
+    current stream with ``arrays`` bound to the operands, in the order ``describe`` returned them."""
+
+    def __init__(self, graph, operands, index: int, workspace_bytes: int, name: str):
+        self.graph = graph
+        self.operands = operands
+        self.index = index
+        self.workspace_bytes = workspace_bytes
+        self.name = name
+
+    def run(self, *arrays) -> None:
+        device = _device()
+        pack = {operand: array.data.ptr for operand, array in zip(self.operands, arrays)}
+        self.graph.execute_plan_at_index(pack, device.workspace(self.workspace_bytes), index=self.index,
+                                         handle=device.bound_handle())
+
+
+class _Device:
+    """A device's cuDNN handle and the workspace all of its plans share (grown, never shrunk)."""
+
+    def __init__(self):
+        import cudnn
+        import cupy
+
+        self.cudnn = cudnn
+        self.cupy = cupy
+        self.handle = cudnn.create_handle()
+        self._workspace = cupy.empty(0, dtype=cupy.uint8)
+
+    def bound_handle(self):
+        self.cudnn.set_stream(self.handle, self.cupy.cuda.get_current_stream().ptr)
+        return self.handle
+
+    def workspace(self, nbytes: int):
+        if self._workspace.size < nbytes:
+            self._workspace = self.cupy.empty(nbytes, dtype=self.cupy.uint8)
+        return self._workspace
+
+
+_devices: dict[int, _Device] = {}
+_plans: dict = {}
+
+
+def _device() -> _Device:
+    import cupy
+
+    device_id = cupy.cuda.Device().id
+    found = _devices.get(device_id)
+    if found is None:
+        found = _devices[device_id] = _Device()
+    return found
+
+
+def data_type(cudnn, dtype):
+    """The frontend's name of a NumPy/CuPy float type."""
+    types = {np.dtype(np.float32): cudnn.data_type.FLOAT, np.dtype(np.float64): cudnn.data_type.DOUBLE,
+             np.dtype(np.float16): cudnn.data_type.HALF}
+    try:
+        return types[np.dtype(dtype)]
+    except KeyError:
+        raise Unsupported(f"cuDNN runs float16/32/64 arrays, not {np.dtype(dtype)}") from None
+
+
+def plan(key: tuple, describe, arrays) -> Plan:
+    """The plan for ``key``, built and timed on ``arrays`` the first time (see the module docstring).
+    The settings that decide which plans qualify (precision, workspace limit) are part of the key."""
+    key = key + (backend.precision(), workspace_limit())
+    found = _plans.get(key)
+    if found is None:
+        try:
+            found = _build(key, describe, arrays)
+        except Unsupported as exc:
+            found = exc
+        _plans[key] = found
+    if isinstance(found, Unsupported):
+        raise found
+    return found
+
+
+def _build(key, describe, arrays) -> Plan:
+    device = _device()
+    cudnn = device.cudnn
+    dtype = arrays[0].dtype
+    compute = cudnn.data_type.DOUBLE if dtype == np.float64 else cudnn.data_type.FLOAT
+    graph = cudnn.pygraph(io_data_type=data_type(cudnn, dtype), intermediate_data_type=compute,
+                          compute_data_type=compute, handle=device.handle)
+    operands = describe(graph, cudnn)
+    try:
+        graph.validate()
+        graph.build_operation_graph()
+        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        graph.deselect_workspace_greater_than(workspace_limit())
+        if dtype == np.float32 and backend.precision() == "float32":
+            # Caffe's strict float32: no engine that rounds float32 inputs to TensorFloat-32 (or
+            # lower) for the tensor cores.
+            graph.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE,
+                                          cudnn.numerical_note.DOWN_CONVERT_INPUTS])
+        graph.check_support()
+    except Exception as exc:  # noqa: BLE001 - the frontend raises several types; all mean: no plan
+        raise Unsupported(f"{key[0]}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
+    timed = _time_candidates(graph, operands, arrays, device)
+    if not timed:
+        raise Unsupported(f"{key[0]}: none of the {graph.get_execution_plan_count()} ranked plans built "
+                          f"within the workspace limit ({workspace_limit()} bytes) and precision "
+                          f"{backend.precision()}")
+    best_ms, index, workspace_bytes = min(timed)
+    return Plan(graph, operands, index, workspace_bytes, graph.get_plan_name_at_index(index))
+
+
+def _time_candidates(graph, operands, arrays, device) -> list:
+    """(milliseconds, index, workspace bytes) of each of the first MAX_CANDIDATES plans that build."""
+    cupy = device.cupy
+    pack = {operand: array.data.ptr for operand, array in zip(operands, arrays)}
+    timed = []
+    for index in range(graph.get_execution_plan_count()):
+        if len(timed) == MAX_CANDIDATES:
+            break
+        try:
+            graph.build_plan_at_index(index)
+            workspace_bytes = graph.get_workspace_size_plan_at_index(index)
+            if workspace_bytes > workspace_limit():
+                continue
+            workspace = device.workspace(workspace_bytes)
+            handle = device.bound_handle()
+            graph.execute_plan_at_index(pack, workspace, index=index, handle=handle)
+            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record()
+            for _ in range(TIMED_RUNS):
+                graph.execute_plan_at_index(pack, workspace, index=index, handle=handle)
+            stop.record()
+            stop.synchronize()
+        except Exception:  # noqa: BLE001 - a plan that does not build or run is not a candidate
+            continue
+        timed.append((cupy.cuda.get_elapsed_time(start, stop) / TIMED_RUNS, index, workspace_bytes))
+    return timed
+
+
+def planned() -> dict:
+    """Every key planned so far -> the chosen plan's name, or why there was none (for logs, tests)."""
+    return {key: (found.name if isinstance(found, Plan) else f"unsupported: {found}") for key, found in _plans.items()}

@@ -1,0 +1,151 @@
+"""Per-blob update steps on a GPU, each one CuPy elementwise kernel: the average of a summed gradient,
+normalization, L2 regularization, the rule's value and ``data -= value`` in one pass over memory.
+
+Done one CuPy operation at a time, a step launches a kernel and makes a temporary array per operation
+(about ten for SGD with weight decay); here every element goes through the float32 operations of those
+steps in the same order
+(``updates.py`` holds the step-by-step twins, ``jit_updates.py`` the CPU kernels). Each rule's body
+below reads as its ``compute_update_value``, line for line, with ``g`` the gradient after
+``diff /= divisor``, ``diff *= scale`` and ``diff += decay * data`` (the solver's ``_divide_now``,
+``normalize`` and ``regularize``).
+
+Nothing here imports CuPy until a kernel is first built; the kernels are built once per rule and
+per regularization and compiled by CuPy once per device.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..backend import get_array_module
+
+f32 = np.float32
+
+# nvrtc contracts ``a * b + c`` into one fused multiply-add (one rounding instead of two) unless told
+# not to; the step-by-step path runs every operation as its own kernel, so each product is rounded to
+# float32 before it is added, and so it must be here for the same bits. The rest is as for every CuPy
+# kernel, the step-by-step ones included: nvrtc's IEEE division and square root, and the flush of
+# denormals to zero that CuPy adds (where NumPy keeps them: the one difference from the CPU).
+_COMPILE_OPTIONS = ("--fmad=false",)
+
+# The gradient as the solver's separate steps leave it. Multiplying by a scale of 1 (iter_size 1,
+# where the solver skips normalize) is exact.
+_GRADIENT = """
+float g = diff;
+if (divisor != 1.0f) g = g / divisor;
+g = g * scale;
+"""
+_L2 = "g = g + decay * data;\n"
+_APPLY = """
+diff = step;
+data = data - step;
+"""
+
+# Per rule: its float32 constants (after the shared divisor, scale, decay, local_rate), its history
+# arrays (the first set, then the second for AdaDelta and Adam) and the body that updates the
+# histories and sets ``step``. The expressions are those of the rule's compute_update_value.
+_RULES = {
+    "sgd": ("momentum", "history", """
+        const float v = local_rate * g + momentum * history;
+        history = v;
+        const float step = v;
+    """),
+    "nesterov": ("momentum, one_plus_momentum", "history", """
+        const float previous = history;
+        const float v = local_rate * g + momentum * previous;
+        history = v;
+        const float step = one_plus_momentum * v + (-momentum) * previous;
+    """),
+    "adagrad": ("delta", "history", """
+        history = g * g + history;
+        const float step = local_rate * (g / (sqrtf(history) + delta));
+    """),
+    "rmsprop": ("rms_decay, rest, delta", "history", """
+        history = rest * (g * g) + rms_decay * history;
+        const float step = local_rate * (g / (sqrtf(history) + delta));
+    """),
+    "adadelta": ("momentum, rest, delta", "history, update_history", """
+        history = rest * (g * g) + momentum * history;
+        const float u = g * sqrtf((delta + update_history) / (delta + history));
+        update_history = rest * (u * u) + momentum * update_history;
+        const float step = local_rate * u;
+    """),
+    "adam": ("beta1, rest1, beta2, rest2, rate_correction, delta", "m, v", """
+        m = rest1 * g + beta1 * m;
+        v = rest2 * (g * g) + beta2 * v;
+        const float step = rate_correction * (m / (sqrtf(v) + delta));
+    """),
+}
+
+
+def usable(*arrays) -> bool:
+    """Whether the kernels here update these arrays: CuPy float32 arrays of one shape."""
+    first = arrays[0]
+    return all(get_array_module(a) is not np and a.dtype == np.float32 and a.shape == first.shape
+               for a in arrays)
+
+
+def _float32_params(names: str) -> str:
+    return ", ".join(f"float32 {name.strip()}" for name in names.split(","))
+
+
+def kernel_code(rule: str, l2: bool) -> tuple[str, str, str]:
+    """The input parameters, output parameters and loop body of ``rule``'s kernel (with L2
+    regularization where ``l2``), as ``cupy.ElementwiseKernel`` takes them."""
+    constants, histories, body = _RULES[rule]
+    return (_float32_params("divisor, scale, decay, local_rate, " + constants),
+            _float32_params("data, diff, " + histories),
+            _GRADIENT + (_L2 if l2 else "") + body + _APPLY)
+
+
+@functools.cache
+def _kernel(rule: str, l2: bool):
+    import cupy
+
+    return cupy.ElementwiseKernel(*kernel_code(rule, l2), name=f"netdef_{rule}_update{'_l2' if l2 else ''}",
+                                  options=_COMPILE_OPTIONS)
+
+
+def _launch(rule, data, diff, histories, divisor, scale, decay, local_rate, *constants) -> None:
+    _kernel(rule, decay is not None)(f32(divisor), f32(scale), f32(0 if decay is None else decay), f32(local_rate),
+                                     *(f32(c) for c in constants), data, diff, *histories)
+
+
+def sgd_step(data, diff, history, divisor, scale, decay, local_rate, momentum) -> None:
+    """SGD with momentum, as ``jit_updates.sgd_step`` (``decay`` None: no regularization)."""
+    _launch("sgd", data, diff, (history,), divisor, scale, decay, local_rate, momentum)
+
+
+def nesterov_step(data, diff, history, divisor, scale, decay, local_rate, momentum) -> None:
+    """Nesterov, as ``jit_updates.nesterov_step``."""
+    momentum = f32(momentum)
+    _launch("nesterov", data, diff, (history,), divisor, scale, decay, local_rate, momentum, f32(1) + momentum)
+
+
+def adagrad_step(data, diff, history, divisor, scale, decay, local_rate, delta) -> None:
+    """AdaGrad: history += g^2; step local_rate * g / (sqrt(history) + delta)."""
+    _launch("adagrad", data, diff, (history,), divisor, scale, decay, local_rate, delta)
+
+
+def rmsprop_step(data, diff, history, divisor, scale, decay, local_rate, rms_decay, delta) -> None:
+    """RMSProp: history = rms_decay * history + (1 - rms_decay) * g^2; step as AdaGrad's."""
+    rms_decay = f32(rms_decay)
+    _launch("rmsprop", data, diff, (history,), divisor, scale, decay, local_rate, rms_decay, f32(1) - rms_decay,
+            delta)
+
+
+def adadelta_step(data, diff, history, update_history, divisor, scale, decay, local_rate, momentum, delta) -> None:
+    """AdaDelta: the squared-gradient average ``history``, the squared-update average ``update_history``."""
+    momentum = f32(momentum)
+    _launch("adadelta", data, diff, (history, update_history), divisor, scale, decay, local_rate, momentum,
+            f32(1) - momentum, delta)
+
+
+def adam_step(data, diff, m, v, divisor, scale, decay, local_rate, beta1, beta2, correction, delta) -> None:
+    """Adam: first moment ``m``, second moment ``v``; ``correction`` the bias correction of this
+    iteration (``AdamUpdate`` computes it as Caffe does), multiplied into the rate here on the host as
+    the step-by-step path does."""
+    beta1, beta2 = f32(beta1), f32(beta2)
+    _launch("adam", data, diff, (m, v), divisor, scale, decay, local_rate, beta1, f32(1) - beta1, beta2,
+            f32(1) - beta2, f32(local_rate) * f32(correction), delta)
