@@ -30,16 +30,8 @@ class Classifier(Net):
         if not self.inputs:
             raise ValueError(f"{model_file}: a Classifier needs a net with an input blob (an Input layer or input:)")
         in_ = self.inputs[0]
-        self.transformer = io.Transformer({in_: self.blobs[in_].data.shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        self.transformer = io.Transformer.for_images(in_, self.blobs[in_].data.shape, mean, input_scale,
+                                                     raw_scale, channel_swap)
         self.crop_dims = np.array(self.blobs[in_].data.shape[2:])
         self.image_dims = self.crop_dims if image_dims is None else np.array(image_dims)
 

@@ -174,7 +174,6 @@ class Solver:
 
         self.iter = 0
         self.current_step = 0
-        self.lr = f32(0)
         self.smoothed_loss = f32(0)
         self._losses: list = []
         self._loss_window_start = 0
@@ -574,6 +573,17 @@ class Solver:
         self._report(scalars)
 
     # ---------------------------------------------------------------------------------------- the update
+    @property
+    def lr(self) -> np.float32:
+        """The learning rate of the current iteration, ``iter``: the rate the next update applies
+        (before the first step, iteration 0's). Reading it advances nothing."""
+        return lr_policy.learning_rate(self.param, self.iter, self.current_step)[0]
+
+    def share_weights(self, net) -> None:
+        """pycaffe's ``solver.share_weights(net)``: ``net`` uses this solver's trained parameters from
+        now on, layer by name (``net.share_with(solver.net)``), e.g. a deploy net following training."""
+        net.share_with(self.net)
+
     def get_learning_rate(self) -> np.float32:
         """The rate for the current iteration (advances current_step for step/multistep, as Caffe)."""
         rate, self.current_step = lr_policy.learning_rate(self.param, self.iter, self.current_step)
@@ -585,7 +595,6 @@ class Solver:
         its gradient is there (see the module docstring), the rest later (``finish_updates``)."""
         p = self.param
         rate = self.get_learning_rate()
-        self.lr = rate
         if p.display and self.iter % p.display == 0:
             logger.info("Iteration %d, lr = %s", self.iter, _fmt(rate))
             self._report({"train/lr": float(rate)})
