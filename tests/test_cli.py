@@ -323,7 +323,7 @@ def test_prepare_digits_without_scikit_learn_names_the_extra(tmp_path):
     script = ("import sys; sys.modules['sklearn'] = None; from netdef.cli import main; "
               f"sys.exit(main(['prepare-digits', {str(tmp_path / 'digits')!r}]))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert 'pip install "netdef[digits]"' in one_error_line(done)
+    assert 'pip install "netdef-trainer[digits]"' in one_error_line(done)  # "netdef" on PyPI is another project
 
 
 @pytest.mark.parametrize("debug", [False, True])

@@ -253,7 +253,7 @@ def digits_to_idx(folder, num_train: int = 1500) -> list:
         from sklearn.datasets import load_digits
     except ImportError:
         raise ImportError('the digits data set comes with scikit-learn, an optional dependency: pip install '
-                          '"netdef[digits]" (or pip install scikit-learn)') from None
+                          '"netdef-trainer[digits]" (or pip install scikit-learn)') from None
     digits = load_digits()
     values = np.asarray(digits.images, dtype=np.int64)
     images = ((values * 255 + 8) // 16).astype(np.uint8)
