@@ -68,9 +68,18 @@ def _set_device(gpu: str | None) -> int | None:
         return None
     if gpu == "all":
         gpu = "0"
-    ids = [int(g) for g in gpu.split(",")]
+    try:
+        ids = [int(g) for g in gpu.split(",")]
+    except ValueError:
+        raise CommandLineError(f"--gpu takes GPU ids (0, or 0,1) or all, not {gpu!r}") from None
     if len(ids) > 1:
         log.warning("several GPUs in one process are not supported; use MPI ranks (mpiexec -n N). Using GPU %d", ids[0])
+    problem = netdef.backend.gpu_problem(ids[0])
+    if problem is not None:
+        # As solver_mode: GPU in a solver file (solver.py): the same run, on the CPU, said once.
+        log.warning("--gpu %d: no usable GPU, %s; running on the CPU (leave out --gpu to say so)", ids[0], problem)
+        netdef.set_device("cpu")
+        return None
     netdef.set_device("gpu", ids[0])
     return ids[0]
 
@@ -132,6 +141,8 @@ def _train(args, param, path, comm, options) -> int:
     from netdef.solver.solver import install_signal_handlers
 
     gpu = _set_device(args.gpu)
+    if args.gpu and gpu is None:
+        param.solver_mode = param.CPU  # --gpu fell back to the CPU (said once): the solver file is overridden
     if gpu is not None:
         # As in Caffe, --gpu overrides the solver file's solver_mode and device_id (the zoo's files say
         # CPU): the solver would otherwise move the blobs back to the CPU as it starts.

@@ -107,6 +107,23 @@ def test_train_logs_caffe_lines_snapshots_and_learns(workdir):
     assert (workdir / "snap" / "tiny_iter_20.solverstate").exists()
 
 
+def test_a_gpu_asked_for_where_there_is_none_runs_on_the_cpu_by_flag_and_by_field(workdir):
+    """--gpu N and solver_mode: GPU behave alike where GPU N is not usable (no CuPy, no driver, no such
+    device; GPU 99 is none of any machine's): one warning that names the flag or field and what to do."""
+    by_flag = netdef("train", "solver.prototxt", "--iterations=2", "--gpu=99", cwd=workdir).stderr
+    assert re.search(r"\] --gpu 99: no usable GPU, .+; running on the CPU \(leave out --gpu to say so\)$", by_flag,
+                     re.M)
+    (workdir / "gpu_solver.prototxt").write_text(SOLVER.replace("snap/tiny", "snap/gpu") +
+                                                 "solver_mode: GPU\ndevice_id: 99\n")
+    by_field = netdef("train", "gpu_solver.prototxt", "--iterations=2", cwd=workdir).stderr
+    assert re.search(r"\] solver_mode: GPU \(device_id: 99\): no usable GPU, .+; training on the CPU \(set "
+                     r"solver_mode: CPU to say so\)$", by_field, re.M)
+    for log in (by_flag, by_field):
+        assert "Optimization Done." in log and "Traceback" not in log and log.count("no usable GPU") == 1
+    timing = netdef("time", "--model=net.prototxt", "--iterations=1", "--gpu=99", cwd=workdir).stderr
+    assert "--gpu 99: no usable GPU" in timing and "Average Forward-Backward" in timing
+
+
 def test_resume_from_snapshot_continues_exactly(workdir):
     resumed = netdef("train", "solver.prototxt", "--snapshot=snap/tiny_iter_20.solverstate", cwd=workdir).stderr
     straight = netdef("train", "solver.prototxt", cwd=workdir).stderr

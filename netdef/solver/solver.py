@@ -133,15 +133,6 @@ def _upgrade_snapshot_prefix(param: pb.SolverParameter, solver_file: str) -> Non
         logger.info("snapshot_prefix was a directory and is replaced to %s", param.snapshot_prefix)
 
 
-def _cupy_works(device_id: int) -> bool:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > device_id
-    except Exception:  # noqa: BLE001 - any failure means no usable GPU
-        return False
-
-
 # ============================================================================================ the solver
 class Solver:
     """Trains ``net`` as Caffe's solvers do. pycaffe's surface::
@@ -242,12 +233,14 @@ class Solver:
         if not param.HasField("solver_mode"):
             return
         if param.solver_mode == pb.SolverParameter.GPU:
-            if _cupy_works(param.device_id):
+            problem = backend.gpu_problem(param.device_id)
+            if problem is None:
                 backend.set_device("gpu", param.device_id)
                 logger.info("Using GPU %d", param.device_id)
             else:
-                logger.warning("solver_mode is GPU but CuPy or CUDA device %d is not usable; training on the CPU",
-                               param.device_id)
+                # As `netdef VERB --gpu N` (cli.py): a solver written for a GPU still trains here.
+                logger.warning("solver_mode: GPU (device_id: %d): no usable GPU, %s; training on the CPU "
+                               "(set solver_mode: CPU to say so)", param.device_id, problem)
                 backend.set_device("cpu")
         else:
             backend.set_device("cpu")
