@@ -256,7 +256,8 @@ def cmd_time(args) -> int:
             backward_ms[last] += (time.perf_counter() - start) * 1000
         end = time.perf_counter()
         total_backward += (end - mid) * 1000
-        log.info("Iteration: %d forward-backward time: %d ms.", it, round((end - iter_start) * 1000))
+        # %g as the averages below, so that the lines add up to what they average.
+        log.info("Iteration: %d forward-backward time: %g ms.", it, (end - iter_start) * 1000)
     log.info("Average time per layer: ")
     chains = [f"{net.layers[a].name}..{net.layers[b].name}" for a, b in steps if b > a]
     if chains:
@@ -266,6 +267,10 @@ def cmd_time(args) -> int:
     for li, layer in enumerate(net.layers):
         log.info("%10s\tforward: %g ms.", layer.name, forward_ms[li] / args.iterations)
         log.info("%10s\tbackward: %g ms.", layer.name, backward_ms[li] / args.iterations)
+    if not any(net.layer_need_backward):
+        backward_ms = [0.0] * n_layers  # what was measured is the loop's overhead: no layer ran backward
+        log.warning("No layer of this net needs backward (a deploy net: no loss, no force_backward: true): "
+                    "only the forward pass was timed, and a profile of it (--json) has no backward times")
     log.info("Average Forward pass: %g ms.", total_forward / args.iterations)
     log.info("Average Backward pass: %g ms.", total_backward / args.iterations)
     log.info("Average Forward-Backward: %g ms.", (total_forward + total_backward) / args.iterations)
@@ -291,6 +296,13 @@ def cmd_simulate(args) -> int:
     from netdef.simulate import report
 
     profile = simulate.load_profile(args.profile)
+    if not profile.backward_s > 0:
+        # Without backward the model has no gradients to exchange in training's way: it would predict
+        # a perfect efficiency at any number of workers.
+        log.warning("%s has no backward pass (netdef time of a deploy net, or of a net with no loss): training "
+                    "needs one, so these predictions are not of training; profile the train_val net "
+                    "(netdef time --model=TRAIN_VAL --json=FILE)",
+                    args.profile)
     if args.compute_scale is not None:
         profile = profile.scaled(args.compute_scale)
     if args.compute_ms is not None:
@@ -725,8 +737,13 @@ def build_parser() -> argparse.ArgumentParser:
                "(batch: the layer's batch_size; or give N,C,H,W)")
     described.set_defaults(func=cmd_summary)
 
-    models = verbs.add_parser("zoo", parents=[common], help="list the model zoo, or copy a model's prototxts out")
-    models.add_argument("action", choices=["list", "copy"])
+    models = verbs.add_parser("zoo", parents=[common], help="list the model zoo, or copy a model's prototxts out",
+                              description="list: print each model of the zoo (models/, installed with netdef) "
+                                          "with its title. copy NAME [DIR]: write that model's train_val, "
+                                          "deploy and solver prototxts and its README into DIR (default: NAME); "
+                                          "an existing file is replaced only with --overwrite.")
+    models.add_argument("action", choices=["list", "copy"],
+                        help="list: the models and their titles; copy: a model's files into a folder")
     models.add_argument("name", nargs="?", help="the model to copy (copy)")
     models.add_argument("destination", nargs="?", help="the folder to copy into (default: the model's name)")
     models.add_argument("--overwrite", action="store_true", help="replace files that exist")

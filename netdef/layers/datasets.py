@@ -427,6 +427,9 @@ class DataLayer(DataSourceLayer):
         if not p.source:
             raise self.error("data_param.source (the DB path) is empty")
         source = self.resolve_path(p.source)
+        if not os.path.exists(source):
+            raise self.error(f"data_param.source {p.source!r}: no such DB (looked for {self.places_tried(p.source)}); "
+                             f"create it (netdef convert-mnist, convert-imageset) or correct the path")
         self.source_name = source
         self.batch_size = int(p.batch_size)
         backend_value = p.backend
@@ -551,6 +554,9 @@ class ImageDataLayer(DataSourceLayer):
     def open_source(self):
         p = self.layer_param.image_data_param
         source = self.resolve_path(p.source)
+        if not os.path.exists(source):
+            raise self.error(f"data_param.source {p.source!r}: no such DB (looked for {self.places_tried(p.source)}); "
+                             f"create it (netdef convert-mnist, convert-imageset) or correct the path")
         self.source_name = source
         self.batch_size = int(p.batch_size)
         if (p.new_height > 0) != (p.new_width > 0):
@@ -671,6 +677,9 @@ class HDF5DataLayer(DataSourceLayer):
         if self.layer_param.HasField("transform_param"):
             raise self.error("HDF5Data does not transform data: remove transform_param")
         source = self.resolve_path(p.source)
+        if not os.path.exists(source):
+            raise self.error(f"data_param.source {p.source!r}: no such DB (looked for {self.places_tried(p.source)}); "
+                             f"create it (netdef convert-mnist, convert-imageset) or correct the path")
         self.source_name = source
         self.batch_size = int(p.batch_size)
         self.datasets = list(self.layer_param.top)
