@@ -16,24 +16,17 @@ from __future__ import annotations
 import numpy as np
 
 from . import io
-from .layers.base import TEST
-from .net import Net
+from .classifier import ImageInputNet
 
 
-class Detector(Net):
+class Detector(ImageInputNet):
     """A TEST-phase, forward-only Net with a ``transformer``, ``detect_windows`` and ``crop`` (module
     docstring); ``detect_selective_search`` needs the ``selective_search_ijcv_with_python`` module, as
     pycaffe's does."""
 
     def __init__(self, model_file, pretrained_file, mean=None, input_scale=None, raw_scale=None,
                  channel_swap=None, context_pad=None):
-        super().__init__(model_file, TEST, weights=pretrained_file)
-        self.forward_only = True  # detection runs no backward: per-channel layers may run fused (net.py)
-        if not self.inputs:
-            raise ValueError(f"{model_file}: a Detector needs a net with an input blob (an Input layer or input:)")
-        in_ = self.inputs[0]
-        self.transformer = io.Transformer.for_images(in_, self.blobs[in_].data.shape, mean, input_scale,
-                                                     raw_scale, channel_swap)
+        super().__init__(model_file, pretrained_file, mean, input_scale, raw_scale, channel_swap)
         self.configure_crop(context_pad)
 
     def detect_windows(self, images_windows) -> list[dict]:
