@@ -63,6 +63,7 @@ from ..upgrade import upgrade_solver
 from . import lr_policy
 from . import snapshot as _snapshot
 from .parallel import Parallel
+from .prefix_lock import SnapshotPrefixLock
 from .updates import SolverConfigError, update_rule_class
 from .values import check_solver_values, train_net_field
 
@@ -201,6 +202,7 @@ class Solver:
         self._pending: _PendingUpdate | None = None
         self._last_pass = False
         self._told_clipping_waits = False
+        self._prefix_lock: SnapshotPrefixLock | None = None
 
         self._setup_device(param)
         self.parallel.prepare(param)
@@ -412,6 +414,9 @@ class Solver:
         logger.info("Learning Rate Policy: %s", self.param.lr_policy)
         self.requested_early_exit = False
         try:
+            if self.parallel.writes_snapshots and self.param.snapshot_prefix:
+                # Held until close(): no other run may write this prefix's snapshots meanwhile.
+                self._prefix_lock = SnapshotPrefixLock.acquire(self.param.snapshot_prefix)
             if resume_file:
                 logger.info("Restoring previous solver status from %s", resume_file)
                 self.restore(resume_file)
@@ -833,6 +838,8 @@ class Solver:
         if self._closed:
             return
         self._closed = True
+        if self._prefix_lock is not None:
+            self._prefix_lock.release()
         self.parallel.close()
         seen = set()
         for net in [self.net] + list(self.test_nets):
