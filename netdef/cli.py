@@ -40,7 +40,10 @@ def _expected_errors() -> tuple[type, ...]:
 
 
 def _one_line(exc: BaseException, expected: bool) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    from netdef.excerpts import safe_line
+
+    # A message may quote names and values from a file: bounded and escaped before the terminal sees it.
+    text = safe_line(str(exc)) or type(exc).__name__
     if isinstance(exc, MemoryError):
         text = f"out of memory: {text}"
     if expected:

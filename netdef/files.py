@@ -31,7 +31,7 @@ import stat
 from .tempnames import temp_name
 
 __all__ = ["IMAGE_FILE_LIMIT", "InputFileError", "PROTOBUF_LIMIT", "TEXT_LIST_LIMIT", "bytes_to_temp", "check_file_name", "check_input_file", "hdf5_to_temp",
-           "open_input_file", "read_input_file", "remove_quietly", "replace", "temp_beside",
+           "missing_reason", "open_input_file", "read_input_file", "remove_quietly", "replace", "temp_beside",
            "write_bytes_atomically", "write_hdf5_atomically"]
 
 _NAME_ATTEMPTS = 100
@@ -101,6 +101,19 @@ def check_input_file(path, what: str, limit: int | None = None) -> None:
     """Raise InputFileError unless ``path`` is a regular file of at most ``limit`` bytes: for files that
     a library opens by name itself (h5py, gzip, lmdb)."""
     open_input_file(path, what, limit).close()
+
+
+def missing_reason(path, missing: str) -> str:
+    """Why ``path`` names nothing that can be opened: ``missing`` when there is no such name, the
+    system's words when the name is a link that leads nowhere (``Too many levels of symbolic links``),
+    which is not the same mistake and must not be reported as a missing file."""
+    if not os.path.lexists(path):
+        return missing
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return f"{os.fspath(path)} is a link that leads nowhere: {_reason(exc)}"
+    return missing
 
 
 def _reason(exc: OSError) -> str:

@@ -18,6 +18,7 @@ depends on the solver.
 from __future__ import annotations
 
 import logging
+import os
 import pathlib
 
 import numpy as np
@@ -101,7 +102,8 @@ def _is_hdf5(path: pathlib.Path) -> bool:
 def copy_from(net, path) -> None:
     """Copy parameters from a Caffe weights file into ``net``, by layer name."""
     path = pathlib.Path(path)
-    if not path.exists():
+    # lexists: a link that leads nowhere (a loop, a missing target) is there, and opening it says why.
+    if not os.path.lexists(path):
         raise WeightsError(f"{path}: no such weights file")
     if _is_hdf5(path):
         copy_from_hdf5(net, path)

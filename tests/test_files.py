@@ -229,3 +229,38 @@ def test_file_names_holding_a_nul_byte_are_refused_naming_the_field(tmp_path):
            'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" inner_product_param { num_output: 1 } }')
     with pytest.raises(SolverConfigError, match=rf"snapshot_prefix '{tmp_path}/s\\x00': {nul}"):
         get_solver(f'net_param {{ {net} }} base_lr: 0.1 lr_policy: "fixed" snapshot_prefix: "{tmp_path}/s\\000"')
+
+
+# ------------------------------------------------------------------ links that lead nowhere (issue 32, class 11)
+LOOP = "Too many levels of symbolic links"
+
+
+@pytest.fixture
+def link_loop(tmp_path):
+    """``loop_a`` -> ``loop_b`` -> ``loop_a``: a name that is there but opens nothing."""
+    os.symlink("loop_b", tmp_path / "loop_a")
+    os.symlink("loop_a", tmp_path / "loop_b")
+    return tmp_path / "loop_a"
+
+
+def test_a_weights_path_in_a_link_loop_is_reported_as_a_loop_not_missing(link_loop):
+    import netdef
+    from netdef.weights import WeightsError
+
+    net = netdef.Net('layer { name: "d" type: "Input" top: "d" input_param { shape { dim: 1 } } }', netdef.TEST)
+    with pytest.raises(WeightsError, match=f"^weights file {link_loop}: {LOOP}$"):
+        net.copy_from(str(link_loop))
+
+
+def test_a_solver_state_in_a_link_loop_is_reported_as_a_loop(link_loop):
+    from netdef.solver import snapshot
+
+    with pytest.raises(files.InputFileError, match=f"^solver state {link_loop}: {LOOP}$"):
+        snapshot.restore(None, str(link_loop))
+
+
+def test_an_lmdb_in_a_link_loop_is_reported_as_a_loop(link_loop):
+    from netdef.data.db import DBError, open_db
+
+    with pytest.raises(DBError, match=f"^{link_loop}: no such LMDB \\({link_loop} is a link that leads nowhere: {LOOP}\\)$"):
+        open_db(str(link_loop))

@@ -582,9 +582,10 @@ class ImageDataLayer(DataSourceLayer):
         if root:
             root = self.resolve_path(root) + (os.sep if root.endswith(("/", os.sep)) else "")
         path = root + self.names[i]
-        if root and not os.path.exists(path) and not root.endswith(("/", os.sep)):
+        # lexists: a link that leads nowhere (a loop) is the file meant; opening it will say what is wrong.
+        if root and not os.path.lexists(path) and not root.endswith(("/", os.sep)):
             joined = os.path.join(root, self.names[i])
-            if os.path.exists(joined):
+            if os.path.lexists(joined):
                 path = joined
         return path
 
@@ -696,12 +697,13 @@ class HDF5DataLayer(DataSourceLayer):
         for f in files:
             # Caffe opens the paths as written (relative to the working directory); a path relative
             # to the list file is accepted too.
-            if not os.path.exists(f) and not os.path.isabs(f) and os.path.exists(os.path.join(base, f)):
+            # lexists: a link that leads nowhere is the file meant; opening it will say what is wrong.
+            if not os.path.lexists(f) and not os.path.isabs(f) and os.path.lexists(os.path.join(base, f)):
                 f = os.path.join(base, f)
             self.files.append(f)
         rows, shapes = [], None
         for line, f in enumerate(self.files, 1):
-            if not os.path.exists(f) and listed_name(f, HDF5_EXTENSIONS) is None:
+            if not os.path.lexists(f) and listed_name(f, HDF5_EXTENSIONS) is None:
                 raise self.error(f"entry {line} of {source}: no such file, nor an HDF5 file's name (the source "
                                  f"list holds one path/file.h5 per line)")
             try:

@@ -15,22 +15,23 @@ process sees a ``caffe`` module that is not there; a layer module keeps the one 
 Trust model. Importing a module runs its code, so a model file from elsewhere must not choose what
 runs. A Python layer's module comes only from Python's own import path (PYTHONPATH, installed
 packages) and from folders the user names (``Net(python_path=...)``, ``NETDEF_PYTHON_PATH``,
-``netdef --python_path``), never implicitly from the working directory (Caffe's embedded interpreter
-searched it; netdef used to add it, which let ``netdef test`` on a downloaded model run a module lying
-beside it). ``python_layers="deny"`` (``NETDEF_PYTHON_LAYERS=deny``, ``--python_layers=deny``) refuses
+``netdef --python_path``), never implicitly from the working directory or the running script's
+folder, from the command line and from Python alike (``trusted_import``: Caffe's embedded interpreter
+searched the working directory, which let ``netdef test`` on a downloaded model run a module lying
+beside it). The standard library and ``__main__`` modules are refused before anything is imported. ``python_layers="deny"`` (``NETDEF_PYTHON_LAYERS=deny``, ``--python_layers=deny``) refuses
 every Python layer before anything is imported. The log names the file each module was loaded from.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import logging
 import os
 import sys
 
 from ..blob import Blob
 from .base import Layer, LayerError, register_layer
+from .trusted_import import RefusedModuleError, import_layer_module
 
 log = logging.getLogger("netdef")
 
@@ -98,16 +99,6 @@ def _caffe_answers_with_netdef():
                 del sys.modules[name]
 
 
-def _import(module_name: str, folders: tuple[str, ...]):
-    # The named folders go in front of sys.path, exactly as PYTHONPATH would put them, so that a
-    # module can import its siblings; the user named them, so they are trusted for the process.
-    for folder in reversed(folders):
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
-    with _caffe_answers_with_netdef():
-        return importlib.import_module(module_name)
-
-
 @register_layer("Python")
 class PythonLayer(Layer):
     """Factory for ``type: "Python"``: constructing it returns an instance of the user's class named
@@ -138,14 +129,17 @@ class PythonLayer(Layer):
             raise error(f"refused to import module {param.module!r}: Python layers are denied "
                         f"(--python_layers=deny or {PYTHON_LAYERS_ENV}=deny)")
         try:
-            module = _import(param.module, policy.folders)
+            with _caffe_answers_with_netdef():
+                module = import_layer_module(param.module, policy.folders)
+        except RefusedModuleError as exc:
+            raise error(str(exc)) from None
         except ModuleNotFoundError as exc:
             if exc.name is not None and param.module.split(".")[0] != exc.name.split(".")[0]:
                 raise error(f"module {param.module!r} failed to import: {exc}") from exc
             searched = f"the folders {list(policy.folders)} and sys.path" if policy.folders else "sys.path"
             raise error(f"cannot find python_param.module {param.module!r} in {searched}; the working "
-                        f"directory is not searched: name the module's folder with --python_path DIR, "
-                        f"{PYTHON_PATH_ENV} or Net(python_path=...)") from exc
+                        f"directory and the running script's folder are not searched: name the module's "
+                        f"folder with --python_path DIR, {PYTHON_PATH_ENV} or Net(python_path=...)") from exc
         except Exception as exc:
             raise error(f"importing module {param.module!r} failed: {type(exc).__name__}: {exc}") from exc
         origin = getattr(module, "__file__", None) or "a module without a file"

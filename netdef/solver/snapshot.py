@@ -324,12 +324,13 @@ def _write_state_hdf5(handle, solver, model_path: str, extra: pb.NetdefSolverSta
 def _resolve_learned_net(learned_net: str, state_path: str) -> str:
     """Caffe opens learned_net relative to the working directory; netdef then tries it relative to the
     state file's folder, then the file of that name beside the state file (a moved snapshot pair)."""
-    if os.path.exists(learned_net):
+    # lexists: a link that leads nowhere is the file meant; opening it will say what is wrong with it.
+    if os.path.lexists(learned_net):
         return learned_net
     folder = os.path.dirname(os.path.abspath(state_path))
     candidates = [os.path.join(folder, learned_net), os.path.join(folder, os.path.basename(learned_net))]
     for candidate in candidates:
-        if os.path.exists(candidate):
+        if os.path.lexists(candidate):
             logger.info("learned_net %s is not in the working directory; using %s (beside the solver state)",
                         learned_net, candidate)
             return candidate
@@ -373,7 +374,7 @@ def set_blobs(blobs, protos, what: str, whose: str) -> None:
 def restore(solver, path) -> None:
     """Caffe's Solver::Restore: ``.h5`` names an HDF5 state, anything else a binary SolverState."""
     path = os.fspath(path)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise SnapshotError(f"{path}: no such solver state file")
     with files.open_input_file(path, "solver state") as handle:
         is_hdf5 = handle.read(8) == HDF5_MAGIC

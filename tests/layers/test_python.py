@@ -240,8 +240,8 @@ def net_with_python_layer(module: str) -> str:
 
 def test_working_directory_is_not_searched(tmp_path, monkeypatch, clean_import_state):
     name = module_in_working_directory(tmp_path, monkeypatch)
-    with pytest.raises(LayerError, match=rf"cannot find python_param.module '{name}'.*working directory is not "
-                                         r"searched.*--python_path"):
+    with pytest.raises(LayerError, match=rf"cannot find python_param.module '{name}'.*working directory and the "
+                                         r"running script's folder are not searched.*--python_path"):
         make_layer(python_layer(name, "ScaleBy", "1"))
     assert name not in sys.modules
 
@@ -377,3 +377,64 @@ def test_an_installed_caffe_wins_over_netdefs_alias(tmp_path, clean_import_state
     finally:
         for module in [n for n in sys.modules if n in (name, "caffe") or n.startswith("caffe.")]:
             del sys.modules[module]
+
+
+# ------------------------------------------------ one trust rule for every entry point (issue 32, classes 4, 5)
+# A module that leaves a mark in the working directory when it runs: the mark proves it was imported.
+MARKING_MODULE = USER_MODULE + '\nopen("IMPORTED", "w").close()\n'
+SCRIPT = """
+import netdef
+try:
+    netdef.Net(open("model.prototxt").read(), "TEST")
+except netdef.net.NetError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize("how", ["script beside the module", "python -c in the module's folder"])
+def test_python_entry_points_search_neither_working_directory_nor_script_folder(tmp_path, how):
+    """Python itself puts these folders first on sys.path (a script's folder, or "" for -c): a model
+    must not reach a module lying there through ``netdef.Net`` any more than through the command line."""
+    import subprocess
+
+    (tmp_path / "marking_layers.py").write_text(MARKING_MODULE)
+    (tmp_path / "model.prototxt").write_text(net_with_python_layer("marking_layers"))
+    (tmp_path / "run.py").write_text(SCRIPT)
+    command = ["run.py"] if how.startswith("script") else ["-c", SCRIPT]
+    done = subprocess.run([sys.executable, *command], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "cannot find python_param.module 'marking_layers' in sys.path; the working directory and the " \
+           "running script's folder are not searched" in done.stdout
+    assert not (tmp_path / "IMPORTED").exists()
+
+
+def test_a_named_folder_is_searched_even_when_it_is_the_working_directory(tmp_path, monkeypatch,
+                                                                          clean_import_state):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "netdef_cwd_named_layers.py").write_text(MARKING_MODULE)
+    try:
+        net = Net(net_with_python_layer("netdef_cwd_named_layers"), "TEST", python_path=".")
+        assert type(net.layers[1]).__name__ == "ScaleBy"
+        assert (tmp_path / "IMPORTED").exists()
+    finally:
+        sys.modules.pop("netdef_cwd_named_layers", None)
+
+
+@pytest.mark.parametrize("module, why", [
+    ("venv.__main__", "it is part of Python's standard library"),
+    ("antigravity", "it is part of Python's standard library"),
+    ("http.server", "it is part of Python's standard library"),
+    ("netdef_program_pkg.__main__", "a __main__ module is a program that runs when imported, not a layer"),
+])
+def test_modules_that_hold_no_layer_are_refused_before_importing(tmp_path, monkeypatch, clean_import_state,
+                                                                  module, why):
+    package = tmp_path / "netdef_program_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text('open("IMPORTED", "w").close()\n')
+    monkeypatch.chdir(tmp_path)
+    already = set(sys.modules)
+    with pytest.raises(NetError, match=rf"layer 'py' \(Python\): refused to import module '{module}': {why}"):
+        Net(net_with_python_layer(module), "TEST", python_path=str(tmp_path))
+    assert set(sys.modules) - already == set()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["netdef_program_pkg"]
