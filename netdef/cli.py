@@ -94,7 +94,7 @@ def cmd_train(args) -> int:
     from netdef.comm import create_communicator
     from netdef.comm.distributed import options_from, run_guarded
     from netdef.solver.solver import read_solver_param
-    from netdef.threads import share_cores
+    from netdef.threads import share_cores, share_data_cores
 
     solver_path = args.solver or args.solver_positional
     if not solver_path:
@@ -116,6 +116,7 @@ def cmd_train(args) -> int:
         log.setLevel(logging.WARNING)  # only rank 0 logs progress; every rank reports its errors
     if comm.size > 1:
         log.info("%s", share_cores(comm))
+        log.info("%s", share_data_cores(comm))
     return run_guarded(comm, _train, args, param, path, comm, options, debug=args.debug)
 
 

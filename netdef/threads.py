@@ -190,19 +190,23 @@ def blas_threads() -> int | None:
 
 
 def share_cores(comm) -> str:
-    """Give this rank of ``comm`` (a Communicator) its share of the machine's cores for BLAS and OpenMP,
-    and as many data threads (see the module docstring). Every rank calls it once, before its nets are
-    built; returns the log lines."""
-    own = len(own_cores())
-    plan = plan_compute_threads(comm.local_size, comm.local_core_count(), own)
+    """Give this rank of ``comm`` (a Communicator) its share of the machine's cores for BLAS and OpenMP
+    (see the module docstring). Every rank calls it once, before training; returns the log line."""
+    plan = plan_compute_threads(comm.local_size, comm.local_core_count(), len(own_cores()))
     apply_thread_plan(plan)
     threads = blas_threads()
     count = "no BLAS library loaded" if threads is None else f"{threads} BLAS thread{'s' if threads != 1 else ''}"
     kernels = kernel_threads()
-    data = plan_data_threads(comm.local_size, comm.local_core_count(), own)
-    os.environ[DATA_THREAD_VARIABLE] = str(data.threads)
-    return (f"Compute threads per rank: {count}, {kernels} kernel thread{'s' if kernels != 1 else ''} ({plan.reason})"
-            f"\nData threads per data layer: {data.threads} ({data.reason})")
+    return f"Compute threads per rank: {count}, {kernels} kernel thread{'s' if kernels != 1 else ''} ({plan.reason})"
+
+
+def share_data_cores(comm) -> str:
+    """Give each data layer of this rank of ``comm`` the rank's share of the machine's cores (through
+    ``NETDEF_DATA_THREADS``, see the module docstring). Every rank calls it once, before its nets are
+    built; returns the log line."""
+    plan = plan_data_threads(comm.local_size, comm.local_core_count(), len(own_cores()))
+    os.environ[DATA_THREAD_VARIABLE] = str(plan.threads)
+    return f"Data threads per data layer: {plan.threads} ({plan.reason})"
 
 
 @dataclasses.dataclass(frozen=True)
