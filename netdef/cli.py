@@ -55,6 +55,16 @@ def _positive_iterations(args, verb: str) -> int:
     return args.iterations
 
 
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value!r}")
+    return number
+
+
 def _flag(parser, name: str, **kwargs):
     """Add ``--name`` with Caffe's ``-name`` spelling as an alias."""
     parser.add_argument(f"--{name}", f"-{name}", **kwargs)
@@ -330,7 +340,7 @@ def cmd_convert_imageset(args) -> int:
     count = convert_imageset(args.root_folder, args.listfile, args.db_name, resize_height=args.resize_height,
                              resize_width=args.resize_width, shuffle=args.shuffle, gray=args.gray,
                              encoded=args.encoded, encode_type=args.encode_type, backend=args.backend,
-                             check_size=args.check_size)
+                             check_size=args.check_size, threads=args.threads)
     log.info("Processed %s files.", count)
     return 0
 
@@ -678,6 +688,8 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(imageset, "encode_type", default="", help="encoding to store: png or jpg (default: the file's own)")
     _flag(imageset, "backend", default="lmdb", choices=["lmdb", "leveldb"], help="the DB type")
     _flag(imageset, "check_size", action="store_true", help="check that all images have the same size")
+    _flag(imageset, "threads", type=_positive_int, default=None,
+          help="threads that read and encode images (netdef's; default: NETDEF_DATA_THREADS, else every core)")
     imageset.set_defaults(func=cmd_convert_imageset)
 
     mean = verbs.add_parser("compute-image-mean", parents=[common],
