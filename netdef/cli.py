@@ -56,11 +56,10 @@ def _positive_iterations(args, verb: str) -> int:
 
 
 def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
+    from netdef.environment import positive_int
+
+    number = positive_int(value)
+    if number is None:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value!r}")
     return number
 

@@ -37,6 +37,8 @@ import os
 import sys
 from collections.abc import Mapping
 
+from .environment import positive_count
+
 # Variables through which a user sets the thread count of OpenMP or a BLAS library himself.
 USER_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 # numba reads this one itself when it starts its pool.
@@ -222,9 +224,9 @@ def plan_data_threads(local_ranks: int, local_cores: int, own_core_count: int,
     """How many threads each data layer of one of ``local_ranks`` processes decodes on: the user's
     ``NETDEF_DATA_THREADS``, else the rank's share of the ``local_cores`` (at most its own cores)."""
     env = os.environ if environ is None else environ
-    text = env.get(DATA_THREAD_VARIABLE, "").strip()
-    if text:
-        return DataThreadPlan(_positive_count(text), f"{DATA_THREAD_VARIABLE}={text} from the environment")
+    if env.get(DATA_THREAD_VARIABLE, "").strip():
+        threads = positive_count(DATA_THREAD_VARIABLE, "threads", own_core_count, env)
+        return DataThreadPlan(threads, f"{DATA_THREAD_VARIABLE}={threads} from the environment")
     if local_ranks <= 1:
         return DataThreadPlan(max(1, own_core_count), f"the {own_core_count} cores this process may run on")
     threads = max(1, min(own_core_count, local_cores // local_ranks))
@@ -236,26 +238,3 @@ def data_threads(environ: Mapping[str, str] | None = None) -> int:
     """The thread count of each data layer of this process (see the module docstring)."""
     return plan_data_threads(1, 0, len(own_cores()), environ).threads
 
-
-def _positive_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"environment variable {DATA_THREAD_VARIABLE}={text[:40]!r}: expected a positive number of "
-                         f"threads")
-    return value
-
-
-def yield_cores_to_compute() -> None:
-    """Lower the calling thread's scheduling priority so that it runs on cores compute leaves idle
-    (Linux only: there a thread has a nice value of its own; elsewhere this does nothing)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import threading
-
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), DATA_THREAD_NICENESS)
-    except OSError:
-        pass  # not permitted in this sandbox or container: the thread keeps its priority

@@ -26,6 +26,7 @@ import re
 
 import numpy as np
 
+from ..environment import positive_count
 from ..files import IMAGE_FILE_LIMIT, TEXT_LIST_LIMIT, InputFileError, read_input_file
 from .errors import DataError
 
@@ -41,17 +42,7 @@ DEFAULT_MAX_PIXELS = 89_478_485
 def max_image_pixels() -> int:
     """The most pixels (width x height) an image may have to be decoded: ``NETDEF_MAX_IMAGE_PIXELS``,
     else ``DEFAULT_MAX_PIXELS``."""
-    text = os.environ.get(MAX_PIXELS_VARIABLE, "").strip()
-    if not text:
-        return DEFAULT_MAX_PIXELS
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"environment variable {MAX_PIXELS_VARIABLE}={text[:40]!r}: expected a positive number "
-                         f"of pixels (default {DEFAULT_MAX_PIXELS})")
-    return value
+    return positive_count(MAX_PIXELS_VARIABLE, "pixels", DEFAULT_MAX_PIXELS)
 
 
 def _check_pixels(size: tuple[int, int], name: str) -> None:
