@@ -238,3 +238,15 @@ def data_threads(environ: Mapping[str, str] | None = None) -> int:
     """The thread count of each data layer of this process (see the module docstring)."""
     return plan_data_threads(1, 0, len(own_cores()), environ).threads
 
+
+def yield_cores_to_compute() -> None:
+    """Lower the calling thread's scheduling priority so that it runs on cores compute leaves idle
+    (Linux only: there a thread has a nice value of its own; elsewhere this does nothing)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import threading
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), DATA_THREAD_NICENESS)
+    except OSError:
+        pass  # not permitted in this sandbox or container: the thread keeps its priority
