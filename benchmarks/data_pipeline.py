@@ -12,7 +12,7 @@ crop, flip and mean in NumPy, under ``torch.utils.data.DataLoader`` with 0 and 2
 
 Each contender runs in a fresh process, contenders in turn, ``--rounds`` times; a contender's figure
 is the median over rounds of its images per second over ``--batches`` batches after 2 warm-up
-batches, and its CPU seconds (user + system, worker processes included) per image. "k cores" pins
+batches, and its CPU seconds (user + system, live worker processes included) per image. "k cores" pins
 the process to k cores (its affinity) and gives netdef k data threads. netdef's data threads run at
 nice 19 (they yield to compute); the DataLoader's process and workers are given the same priority. ``--baseline PATH`` adds the
 Data layer of another checkout (its own process, PYTHONPATH=PATH), e.g. the commit before issue 35.
@@ -92,8 +92,19 @@ def build(workdir: pathlib.Path, count: int) -> None:
 
 # ---------------------------------------------------------------------------------------------- contenders
 def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and of its live child processes (the DataLoader's
+    workers, which os.times() would only count once they have exited), from Linux's /proc."""
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    total = t.user + t.system
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in pathlib.Path(f"/proc/{os.getpid()}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                fields = pathlib.Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+            except FileNotFoundError:
+                continue  # exited meanwhile
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
 
 
 def timed(batches, count: int) -> dict:
