@@ -58,6 +58,15 @@ def _positive_iterations(args, verb: str) -> int:
     return args.iterations
 
 
+def _positive_int(value: str) -> int:
+    from netdef.environment import positive_int
+
+    number = positive_int(value)
+    if number is None:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value!r}")
+    return number
+
+
 def _flag(parser, name: str, **kwargs):
     """Add ``--name`` with Caffe's ``-name`` spelling as an alias."""
     parser.add_argument(f"--{name}", f"-{name}", **kwargs)
@@ -106,7 +115,7 @@ def cmd_train(args) -> int:
     from netdef.comm import create_communicator
     from netdef.comm.distributed import options_from, run_guarded
     from netdef.solver.solver import read_solver_param
-    from netdef.threads import share_cores
+    from netdef.threads import share_cores, share_data_cores
 
     solver_path = args.solver or args.solver_positional
     if not solver_path:
@@ -128,6 +137,7 @@ def cmd_train(args) -> int:
         log.setLevel(logging.WARNING)  # only rank 0 logs progress; every rank reports its errors
     if comm.size > 1:
         log.info("%s", share_cores(comm))
+        log.info("%s", share_data_cores(comm))
     return run_guarded(comm, _train, args, param, path, comm, options, debug=args.debug)
 
 
@@ -355,7 +365,7 @@ def cmd_convert_imageset(args) -> int:
     count = convert_imageset(args.root_folder, args.listfile, args.db_name, resize_height=args.resize_height,
                              resize_width=args.resize_width, shuffle=args.shuffle, gray=args.gray,
                              encoded=args.encoded, encode_type=args.encode_type, backend=args.backend,
-                             check_size=args.check_size)
+                             check_size=args.check_size, threads=args.threads)
     log.info("Processed %s files.", count)
     return 0
 
@@ -703,6 +713,8 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(imageset, "encode_type", default="", help="encoding to store: png or jpg (default: the file's own)")
     _flag(imageset, "backend", default="lmdb", choices=["lmdb", "leveldb"], help="the DB type")
     _flag(imageset, "check_size", action="store_true", help="check that all images have the same size")
+    _flag(imageset, "threads", type=_positive_int, default=None,
+          help="threads that read and encode images (netdef's; default: NETDEF_DATA_THREADS, else every core)")
     imageset.set_defaults(func=cmd_convert_imageset)
 
     mean = verbs.add_parser("compute-image-mean", parents=[common],

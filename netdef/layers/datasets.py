@@ -4,7 +4,9 @@
 The three readers share ``DataSourceLayer``:
 
 - A background thread prepares the next ``data_param.prefetch`` batches (default 4; 0 reads in the
-  forward pass itself) while the current one is used. It is a daemon thread that holds no strong
+  forward pass itself) while the current one is used. Data and ImageData decode and transform the
+  items of a batch on ``threads.data_threads()`` threads (``DataWorkers``), the preparing thread one
+  of them; the batches are those of one thread, whatever the count. It is a daemon thread that holds no strong
   reference to the layer while it waits, so a dropped net stops it; ``close()`` stops it at once.
   An exception in it (a corrupt record, an unreadable image, a missing file) is raised by the
   forward() that would have consumed the batch, naming the layer and the DB key or file.
@@ -34,14 +36,15 @@ import weakref
 import numpy as np
 
 from .. import backend
-from ..data.datum import DatumError, datum_to_array, parse_datum, raw_datum_batch
+from ..data.datum import DatumError, datum_item, parse_datum, raw_datum_batch
 from ..data.db import open_db
 from ..data.errors import HDF5_EXTENSIONS, IMAGE_EXTENSIONS, DataError, listed_name
 from ..data.image import read_image, read_image_list
 from ..data.transform import DataTransformer
+from ..data.workers import DataWorkers
 from ..files import TEXT_LIST_LIMIT, InputFileError, check_file_name, check_input_file, read_input_file
 from ..proto import netdef_pb2 as pb
-from ..threads import yield_cores_to_compute
+from ..threads import data_threads, yield_cores_to_compute
 from .base import DataSource, Layer, LayerError, register_layer
 
 _STATE_MAGIC = b"netdef-data-state 1\n"
@@ -167,6 +170,12 @@ class DataSourceLayer(DataSource):
         self._failure = None
         self.dtype = top[0].dtype if top else backend.default_dtype()
         self.prefetch = int(self.layer_param.data_param.prefetch)
+        self.worker_threads = self._guarded(data_threads)
+        self._workers = None
+        # Where each batch is written: a fresh host array, since the top blob keeps the array it is
+        # given. The seam for a GPU run's pinned (page-locked) buffers, whose copy to the device can
+        # overlap compute; such an allocator must not reuse a buffer that a blob may still hold.
+        self.allocate_batch = np.empty
         self.num_tops = len(top)
         self.open_source()
         if self.batch_size <= 0:
@@ -180,6 +189,13 @@ class DataSourceLayer(DataSource):
 
     def reshape(self, bottom, top):
         """Nothing: forward() shapes the tops like each batch (Caffe's prefetching layers too)."""
+
+    @property
+    def workers(self) -> DataWorkers:
+        """The threads that decode and transform this layer's items (started on first use)."""
+        if self._workers is None:
+            self._workers = DataWorkers(self.worker_threads, name=f"netdef-data-{self.name}")
+        return self._workers
 
     def _guarded(self, fn, *args):
         try:
@@ -263,6 +279,9 @@ class DataSourceLayer(DataSource):
                     pass
                 thread.join(timeout=0.05)
         self._thread = self._stop = self._queue = None
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
         # The producer ran ahead; rewind it (and the Generator) to what forward() consumed.
         self._apply(self._consumed)
 
@@ -508,19 +527,23 @@ class DataLayer(DataSourceLayer):
     def _decode(self, key: bytes, value: bytes):
         name = self._record_name(key)
         datum = parse_datum(value, name)
-        return datum_to_array(datum, color=self.decode_color, name=name), datum.label
+        return datum_item(datum, color=self.decode_color, name=name), datum.label
+
+    def _item(self, record) -> np.ndarray:
+        key, datum = record
+        return datum_item(datum, color=self.decode_color, name=self._record_name(key))
 
     def read_batch(self, pos):
         keys, values, new_pos = self._records(pos, self.batch_size)
         datums = [self._parse(key, value) for key, value in zip(keys, values)]
         raw = raw_datum_batch(datums)
         if raw is not None:
-            data = self.transformer(raw, self._rng)
+            data = self.transformer(raw, self._rng, self.workers, self.allocate_batch)
         else:
             # Encoded or float items, or items of several shapes: one at a time, errors naming the record.
-            items = [datum_to_array(datum, color=self.decode_color, name=self._record_name(key))
-                     for key, datum in zip(keys, datums)]
-            data = self.transformer.transform_items(items, self._rng, [self._record_name(k) for k in keys])
+            items = self.workers.map(self._item, zip(keys, datums))
+            data = self.transformer.transform_items(items, self._rng, [self._record_name(k) for k in keys],
+                                                    self.workers, self.allocate_batch)
         arrays = [data]
         if self.num_tops > 1:
             arrays.append(np.fromiter((datum.label for datum in datums), dtype=self.dtype, count=len(datums)))
@@ -632,9 +655,9 @@ class ImageDataLayer(DataSourceLayer):
 
     def read_batch(self, pos):
         ids, new_pos = self._ids(pos, self.batch_size)
-        items = [self._read(i) for i in ids]
+        items = self.workers.map(self._read, ids)
         names = [self._path(int(i)) for i in ids]
-        data = self.transformer.transform_items(items, self._rng, names)
+        data = self.transformer.transform_items(items, self._rng, names, self.workers, self.allocate_batch)
         return [data, self.labels[ids].astype(self.dtype)], new_pos
 
     def top_shapes(self, pos):
