@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import backend, weights as _weights
+from . import backend, net_memory, weights as _weights
 from .blob import Blob
 from .memory import BlobTooLargeError
 from .layers import batchnorm_chain, fusion, relu_chain, sum_chain
@@ -220,6 +220,10 @@ class Net:
         self._output_names = sorted(unconsumed)
         self._setup_params(with_splits, file_index_of)
         self._decide_backward()
+        try:
+            net_memory.check_net_fits(self.source, self._blobs_to_hold(), self.phase == TRAIN)
+        except BlobTooLargeError as exc:
+            raise NetError(str(exc)) from None
         self._compute_hook_points()
         self._chains = fusion.plan_chains(self.layers, self._bottom_vecs, self._top_vecs, self._loss_weights)
         # The tops whose values add to the loss, per layer: forward sums them, backward seeds their diffs.
@@ -231,6 +235,16 @@ class Net:
         self._training_chains = {**batchnorm_chain.plan(*plan_args), **sum_chain.plan(*plan_args),
                                  **relu_chain.plan(*plan_args)}
         self._training_chain_of = {li: c for c in self._training_chains.values() for li in c.members}
+
+    def _blobs_to_hold(self):
+        """(name, blob, whether it gets a gradient) for every top and parameter: what the net will hold
+        once it has run (``net_memory``); only a TRAIN net's backward makes gradients."""
+        training = self.phase == TRAIN
+        for li, layer in enumerate(self.layers):
+            for name, top in zip(self.top_names[layer.name], self._top_vecs[li]):
+                yield name, top, training and self.layer_need_backward[li]
+            for j, blob in enumerate(layer.blobs):
+                yield blob.name, blob, training and layer.param_propagate_down[j]
 
     @staticmethod
     def _check_top_names(layer_param, where: str) -> None:

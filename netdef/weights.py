@@ -26,6 +26,7 @@ import numpy as np
 from . import backend
 from . import files
 from .blob import Blob
+from .data.hdf5 import read_dataset
 from .proto import io as proto_io
 from .proto import netdef_pb2 as pb
 from .upgrade import upgrade_net
@@ -251,8 +252,10 @@ def copy_from_hdf5(net, path) -> None:
                         continue
                     raise WeightsError(f"{path}: incompatible number of blobs for layer {name!r}: param {j} is "
                                        f"missing")
-                values = group[str(j)][()]
-                if tuple(values.shape) != tuple(blob.shape):
+                dataset = group[str(j)]
+                # The shape the file declares is compared before anything is read: it can declare far
+                # more than it holds (netdef/data/hdf5.py).
+                if tuple(dataset.shape) != tuple(blob.shape):
                     raise WeightsError(f"{path}: cannot copy param {j} of layer {name!r}: shape mismatch; the "
-                                       f"file has {tuple(values.shape)}, the net has {blob.shape}")
-                _fill_from(blob, values)
+                                       f"file has {tuple(dataset.shape)}, the net has {blob.shape}")
+                _fill_from(blob, read_dataset(dataset, path))

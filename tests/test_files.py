@@ -129,6 +129,9 @@ def test_temp_beside_is_new_and_hidden_and_missing_folder_fails(tmp_path):
     files.remove_quietly(first)  # already gone: no error
     assert os.listdir(tmp_path) == [os.path.basename(second)]
     with pytest.raises(FileNotFoundError):
+        files.temp_beside(tmp_path / "no" / "such" / "folder")
+    with pytest.raises(files.FileWriteError, match=f"^cannot write {tmp_path}/no/such/folder: No such file or "
+                                                   f"directory; the file of that name, if there was one, is unchanged$"):
         files.write_bytes_atomically(tmp_path / "no" / "such" / "folder", b"")
 
 
@@ -264,3 +267,53 @@ def test_an_lmdb_in_a_link_loop_is_reported_as_a_loop(link_loop):
 
     with pytest.raises(DBError, match=f"^{link_loop}: no such LMDB \\({link_loop} is a link that leads nowhere: {LOOP}\\)$"):
         open_db(str(link_loop))
+
+
+# ------------------------------------------------------------------ a write that fails names the file (issue 32, class 9)
+WRITE_SOLVER = """
+net_param {
+  layer { name: "d" type: "DummyData" top: "x" top: "y"
+          dummy_data_param { shape { dim: 4 dim: 300 } shape { dim: 4 dim: 2 }
+                             data_filler { type: "gaussian" } data_filler { type: "gaussian" } } }
+  layer { name: "ip" type: "InnerProduct" bottom: "x" top: "p" inner_product_param { num_output: 2 } }
+  layer { name: "loss" type: "EuclideanLoss" bottom: "p" bottom: "y" top: "loss" }
+}
+base_lr: 0.01
+lr_policy: "fixed"
+max_iter: 2
+snapshot_prefix: "snaps/run"
+solver_mode: CPU
+"""
+
+
+def _limit_file_size(limit: int):
+    """In the child: files may grow to ``limit`` bytes; a write past it fails with EFBIG, as a full disk
+    fails with ENOSPC (SIGXFSZ ignored, so the write returns the error instead of killing the process)."""
+    import resource
+    import signal
+
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+@pytest.mark.parametrize("fmt", ["BINARYPROTO", "HDF5"])
+def test_a_snapshot_that_cannot_be_written_names_its_file_and_keeps_the_earlier_one(tmp_path, fmt):
+    import subprocess
+    import sys
+
+    (tmp_path / "snaps").mkdir()
+    (tmp_path / "solver.prototxt").write_text(WRITE_SOLVER + f"snapshot_format: {fmt}\n")
+    command = [sys.executable, "-m", "netdef.cli", "train", "solver.prototxt"]
+    subprocess.run(command, cwd=tmp_path, check=True, capture_output=True, timeout=120)
+    earlier = {path.name: path.read_bytes() for path in (tmp_path / "snaps").iterdir()}
+    model = "run_iter_2.caffemodel" + (".h5" if fmt == "HDF5" else "")
+    assert model in earlier and len(earlier[model]) > 2000
+    # The same run again, where no file may grow past 1,500 bytes: its snapshot of the same name fails.
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          preexec_fn=_limit_file_size(1500))
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (f"netdef: error: cannot write snaps/{model}: File too large; the file "
+                                            f"of that name, if there was one, is unchanged")
+    assert {path.name: path.read_bytes() for path in (tmp_path / "snaps").iterdir()} == earlier

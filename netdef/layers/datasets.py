@@ -38,6 +38,7 @@ import numpy as np
 from .. import backend
 from ..data.datum import DatumError, datum_item, parse_datum, raw_datum_batch
 from ..data.db import open_db
+from ..data.hdf5 import check_dataset_fits, read_dataset
 from ..data.errors import HDF5_EXTENSIONS, IMAGE_EXTENSIONS, DataError, listed_name
 from ..data.image import read_image, read_image_list
 from ..data.transform import DataTransformer
@@ -745,6 +746,8 @@ class HDF5DataLayer(DataSourceLayer):
                         elif ds.shape[0] != file_rows:
                             raise self.error(f"HDF5 file {f}: dataset {name!r} has {ds.shape[0]} rows, "
                                              f"{self.datasets[0]!r} has {file_rows}")
+                        # A file can declare far more than it holds: refused here, before any read.
+                        check_dataset_fits(ds, f, self.dtype)
                         file_shapes.append(tuple(ds.shape[1:]))
             except OSError as exc:
                 raise self.error(f"failed opening HDF5 file {f} ({exc})") from None
@@ -777,7 +780,7 @@ class HDF5DataLayer(DataSourceLayer):
             try:
                 check_input_file(path, "HDF5 file")
                 with h5py.File(path, "r") as h5:
-                    arrays = [np.asarray(h5[name][...], dtype=self.dtype) for name in self.datasets]
+                    arrays = [read_dataset(h5[name], path, self.dtype) for name in self.datasets]
             except (OSError, KeyError, InputFileError) as exc:
                 raise DataError(f"failed reading HDF5 file {path} ({exc})") from None
             self._cache = (fi, arrays)

@@ -42,6 +42,7 @@ from google.protobuf.message import DecodeError
 
 from .. import backend
 from .. import files, tempnames
+from ..data.hdf5 import check_dataset_fits, read_dataset
 from ..layers.base import LayerError
 from ..proto import io as proto_io
 from ..proto import netdef_pb2 as pb
@@ -230,7 +231,9 @@ def _h5_read_int(handle, name: str) -> int:
 
 
 def _h5_read_string(handle, name: str) -> str:
-    value = handle[name][()]
+    dataset = handle[name]
+    check_dataset_fits(dataset, handle.filename)
+    value = dataset[()]
     if isinstance(value, np.ndarray):
         value = value.reshape(-1)[0]
     if isinstance(value, bytes):
@@ -449,7 +452,7 @@ def _h5_dataset(handle, name: str, path: str):
 
 
 def _h5_counter(handle, name: str, path: str) -> int:
-    values = np.asarray(_h5_dataset(handle, name, path)[()]).reshape(-1)
+    values = read_dataset(_h5_dataset(handle, name, path), path).reshape(-1)
     if values.size != 1 or not np.issubdtype(values.dtype, np.integer):
         raise SnapshotError(f"{path}: field {name} must be one integer, got {values.size} {values.dtype} value(s)")
     return int(values[0])
@@ -468,11 +471,11 @@ def _restore_hdf5_fields(solver, handle, path: str) -> None:
     for i in range(len(history)):
         if str(i) not in history:
             raise SnapshotError(f"{path}: history dataset {i} is missing")
-        values = _h5_dataset(history, str(i), path)[()]
-        _set_history(solver, i, np.asarray(values), np.shape(values), path)
+        values = read_dataset(_h5_dataset(history, str(i), path), path)
+        _set_history(solver, i, values, np.shape(values), path)
     if "netdef_state" in handle:
         try:
-            extra = pb.NetdefSolverState.FromString(np.asarray(_h5_dataset(handle, "netdef_state", path)[()]).tobytes())
+            extra = pb.NetdefSolverState.FromString(read_dataset(_h5_dataset(handle, "netdef_state", path), path).tobytes())
         except DecodeError:
             raise SnapshotError(f"{path}: field netdef_state: not a serialized NetdefSolverState") from None
         apply_netdef_state(solver, extra, path)
