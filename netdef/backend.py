@@ -40,6 +40,21 @@ def set_device(device="cpu", device_id: int = 0) -> None:
         _apply_precision_to_cublas()
 
 
+def gpu_problem(device_id: int) -> str | None:
+    """Why GPU ``device_id`` cannot be used here (CuPy missing, no driver, no such device), or None."""
+    try:
+        import cupy
+    except ImportError:
+        return 'CuPy is not installed: pip install "netdef-trainer[gpu]" (CuPy for CUDA 12)'
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - CUDA's errors (no driver, a driver too old) all mean no GPU
+        return f"CUDA is not usable: {' '.join(str(exc).split())}"
+    if device_id >= count:
+        return f"there is no GPU {device_id} ({count} found)"
+    return None
+
+
 def set_mode_cpu() -> None:
     """pycaffe's spelling of ``set_device('cpu')``."""
     set_device("cpu")

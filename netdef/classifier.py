@@ -19,27 +19,29 @@ from .layers.base import TEST
 from .net import Net
 
 
-class Classifier(Net):
+class ImageInputNet(Net):
+    """What pycaffe's Classifier and Detector share: a TEST-phase, ``forward_only`` Net of the weights
+    ``pretrained_file`` whose first input takes images through ``transformer`` (io.Transformer.for_images)."""
+
+    def __init__(self, model_file, pretrained_file, mean=None, input_scale=None, raw_scale=None, channel_swap=None):
+        super().__init__(model_file, TEST, weights=pretrained_file)
+        self.forward_only = True  # only forward runs: per-channel layers may run fused (net.py)
+        if not self.inputs:
+            raise ValueError(f"{model_file}: a {type(self).__name__} needs a net with an input blob (an Input "
+                             f"layer or input:)")
+        in_ = self.inputs[0]
+        self.transformer = io.Transformer.for_images(in_, self.blobs[in_].data.shape, mean, input_scale,
+                                                     raw_scale, channel_swap)
+
+
+class Classifier(ImageInputNet):
     """A TEST-phase, ``forward_only`` Net with a preprocessing ``transformer`` and ``predict`` (module
     docstring)."""
 
     def __init__(self, model_file, pretrained_file, image_dims=None, mean=None, input_scale=None, raw_scale=None,
                  channel_swap=None):
-        super().__init__(model_file, TEST, weights=pretrained_file)
-        self.forward_only = True  # predicting runs no backward: per-channel layers may run fused (net.py)
-        if not self.inputs:
-            raise ValueError(f"{model_file}: a Classifier needs a net with an input blob (an Input layer or input:)")
+        super().__init__(model_file, pretrained_file, mean, input_scale, raw_scale, channel_swap)
         in_ = self.inputs[0]
-        self.transformer = io.Transformer({in_: self.blobs[in_].data.shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
         self.crop_dims = np.array(self.blobs[in_].data.shape[2:])
         self.image_dims = self.crop_dims if image_dims is None else np.array(image_dims)
 

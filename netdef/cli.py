@@ -40,7 +40,10 @@ def _expected_errors() -> tuple[type, ...]:
 
 
 def _one_line(exc: BaseException, expected: bool) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    from netdef.excerpts import safe_line
+
+    # A message may quote names and values from a file: bounded and escaped before the terminal sees it.
+    text = safe_line(str(exc)) or type(exc).__name__
     if isinstance(exc, MemoryError):
         text = f"out of memory: {text}"
     if expected:
@@ -53,6 +56,15 @@ def _positive_iterations(args, verb: str) -> int:
     if args.iterations < 1:
         raise CommandLineError(f"{verb}: --iterations must be at least 1, got {args.iterations}")
     return args.iterations
+
+
+def _positive_int(value: str) -> int:
+    from netdef.environment import positive_int
+
+    number = positive_int(value)
+    if number is None:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value!r}")
+    return number
 
 
 def _flag(parser, name: str, **kwargs):
@@ -68,9 +80,18 @@ def _set_device(gpu: str | None) -> int | None:
         return None
     if gpu == "all":
         gpu = "0"
-    ids = [int(g) for g in gpu.split(",")]
+    try:
+        ids = [int(g) for g in gpu.split(",")]
+    except ValueError:
+        raise CommandLineError(f"--gpu takes GPU ids (0, or 0,1) or all, not {gpu!r}") from None
     if len(ids) > 1:
         log.warning("several GPUs in one process are not supported; use MPI ranks (mpiexec -n N). Using GPU %d", ids[0])
+    problem = netdef.backend.gpu_problem(ids[0])
+    if problem is not None:
+        # As solver_mode: GPU in a solver file (solver.py): the same run, on the CPU, said once.
+        log.warning("--gpu %d: no usable GPU, %s; running on the CPU (leave out --gpu to say so)", ids[0], problem)
+        netdef.set_device("cpu")
+        return None
     netdef.set_device("gpu", ids[0])
     return ids[0]
 
@@ -102,7 +123,7 @@ def cmd_train(args) -> int:
     from netdef.comm import create_communicator
     from netdef.comm.distributed import options_from, run_guarded
     from netdef.solver.solver import read_solver_param
-    from netdef.threads import share_cores
+    from netdef.threads import share_cores, share_data_cores
 
     solver_path = args.solver or args.solver_positional
     if not solver_path:
@@ -124,6 +145,7 @@ def cmd_train(args) -> int:
         log.setLevel(logging.WARNING)  # only rank 0 logs progress; every rank reports its errors
     if comm.size > 1:
         log.info("%s", share_cores(comm))
+        log.info("%s", share_data_cores(comm))
     return run_guarded(comm, _train, args, param, path, comm, options, debug=args.debug)
 
 
@@ -140,6 +162,8 @@ def _train(args, param, path, comm, options) -> int:
     from netdef.solver.solver import install_signal_handlers
 
     gpu = _set_device(args.gpu)
+    if args.gpu and gpu is None:
+        param.solver_mode = param.CPU  # --gpu fell back to the CPU (said once): the solver file is overridden
     if gpu is not None:
         # As in Caffe, --gpu overrides the solver file's solver_mode and device_id (the zoo's files say
         # CPU): the solver would otherwise move the blobs back to the CPU as it starts.
@@ -241,7 +265,8 @@ def cmd_time(args) -> int:
     timer = LayerTimer(net, clock_for(gpu_id))
     for it in progress_bar("time", range(1, args.iterations + 1)):
         iteration_ms = timer.run_iteration()
-        log.info("Iteration: %d forward-backward time: %d ms.", it, round(iteration_ms))
+        # %g as the averages below, so that the lines add up to what they average.
+        log.info("Iteration: %d forward-backward time: %g ms.", it, iteration_ms)
     log.info("Average time per layer: ")
     chains = [f"{net.layers[a].name}..{net.layers[b].name}" for a, b in timer.steps if b > a]
     if chains:
@@ -253,6 +278,10 @@ def cmd_time(args) -> int:
     for li, layer in enumerate(net.layers):
         log.info("%10s\tforward: %g ms.", layer.name, forward_ms[li])
         log.info("%10s\tbackward: %g ms.", layer.name, backward_ms[li])
+    if not any(net.layer_need_backward):
+        backward_ms = [0.0] * len(net.layers)  # what was measured is the loop's overhead: no layer ran backward
+        log.warning("No layer of this net needs backward (a deploy net: no loss, no force_backward: true): "
+                    "only the forward pass was timed, and a profile of it (--json) has no backward times")
     log.info("Average Forward pass: %g ms.", timer.total_forward_ms / args.iterations)
     log.info("Average Backward pass: %g ms.", timer.total_backward_ms / args.iterations)
     log.info("Average Forward-Backward: %g ms.", (timer.total_forward_ms + timer.total_backward_ms) / args.iterations)
@@ -278,6 +307,13 @@ def cmd_simulate(args) -> int:
     from netdef.simulate import report
 
     profile = simulate.load_profile(args.profile)
+    if not profile.backward_s > 0:
+        # Without backward the model has no gradients to exchange in training's way: it would predict
+        # a perfect efficiency at any number of workers.
+        log.warning("%s has no backward pass (netdef time of a deploy net, or of a net with no loss): training "
+                    "needs one, so these predictions are not of training; profile the train_val net "
+                    "(netdef time --model=TRAIN_VAL --json=FILE)",
+                    args.profile)
     if args.compute_scale is not None:
         profile = profile.scaled(args.compute_scale)
     if args.compute_ms is not None:
@@ -327,7 +363,7 @@ def cmd_convert_imageset(args) -> int:
     count = convert_imageset(args.root_folder, args.listfile, args.db_name, resize_height=args.resize_height,
                              resize_width=args.resize_width, shuffle=args.shuffle, gray=args.gray,
                              encoded=args.encoded, encode_type=args.encode_type, backend=args.backend,
-                             check_size=args.check_size)
+                             check_size=args.check_size, threads=args.threads)
     log.info("Processed %s files.", count)
     return 0
 
@@ -684,6 +720,8 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(imageset, "encode_type", default="", help="encoding to store: png or jpg (default: the file's own)")
     _flag(imageset, "backend", default="lmdb", choices=["lmdb", "leveldb"], help="the DB type")
     _flag(imageset, "check_size", action="store_true", help="check that all images have the same size")
+    _flag(imageset, "threads", type=_positive_int, default=None,
+          help="threads that read and encode images (netdef's; default: NETDEF_DATA_THREADS, else every core)")
     imageset.set_defaults(func=cmd_convert_imageset)
 
     mean = verbs.add_parser("compute-image-mean", parents=[common],
@@ -721,8 +759,13 @@ def build_parser() -> argparse.ArgumentParser:
                "(batch: the layer's batch_size; or give N,C,H,W)")
     described.set_defaults(func=cmd_summary)
 
-    models = verbs.add_parser("zoo", parents=[common], help="list the model zoo, or copy a model's prototxts out")
-    models.add_argument("action", choices=["list", "copy"])
+    models = verbs.add_parser("zoo", parents=[common], help="list the model zoo, or copy a model's prototxts out",
+                              description="list: print each model of the zoo (models/, installed with netdef) "
+                                          "with its title. copy NAME [DIR]: write that model's train_val, "
+                                          "deploy and solver prototxts and its README into DIR (default: NAME); "
+                                          "an existing file is replaced only with --overwrite.")
+    models.add_argument("action", choices=["list", "copy"],
+                        help="list: the models and their titles; copy: a model's files into a folder")
     models.add_argument("name", nargs="?", help="the model to copy (copy)")
     models.add_argument("destination", nargs="?", help="the folder to copy into (default: the model's name)")
     models.add_argument("--overwrite", action="store_true", help="replace files that exist")

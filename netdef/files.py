@@ -25,13 +25,15 @@ anything fails.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import stat
 
 from .tempnames import temp_name
 
-__all__ = ["IMAGE_FILE_LIMIT", "InputFileError", "PROTOBUF_LIMIT", "TEXT_LIST_LIMIT", "bytes_to_temp", "check_file_name", "check_input_file", "hdf5_to_temp",
-           "open_input_file", "read_input_file", "remove_quietly", "replace", "temp_beside",
+__all__ = ["IMAGE_FILE_LIMIT", "FileWriteError", "InputFileError", "PROTOBUF_LIMIT", "TEXT_LIST_LIMIT", "bytes_to_temp", "check_file_name", "check_input_file", "hdf5_to_temp",
+           "missing_reason", "open_input_file", "read_input_file", "remove_quietly", "replace", "temp_beside",
            "write_bytes_atomically", "write_hdf5_atomically"]
 
 _NAME_ATTEMPTS = 100
@@ -103,10 +105,46 @@ def check_input_file(path, what: str, limit: int | None = None) -> None:
     open_input_file(path, what, limit).close()
 
 
+def missing_reason(path, missing: str) -> str:
+    """Why ``path`` names nothing that can be opened: ``missing`` when there is no such name, the
+    system's words when the name is a link that leads nowhere (``Too many levels of symbolic links``),
+    which is not the same mistake and must not be reported as a missing file."""
+    if not os.path.lexists(path):
+        return missing
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return f"{os.fspath(path)} is a link that leads nowhere: {_reason(exc)}"
+    return missing
+
+
 def _reason(exc: OSError) -> str:
     if isinstance(exc, FileNotFoundError):
         return "no such file"
     return exc.strerror or str(exc)
+
+
+class FileWriteError(OSError):
+    """Writing a file failed (a full disk, a quota, a file-size limit, an I/O error): the message names
+    the file being written, not its temporary name, and says that the file of that name is unchanged.
+    An OSError still, with the system's errno, so that callers may tell ENOSPC from the rest."""
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+@contextlib.contextmanager
+def _naming_target(path):
+    """Re-raise an OSError of writing ``path`` (or its temporary file) as a FileWriteError naming it;
+    without it a full disk says only ``[Errno 28] No space left on device``."""
+    try:
+        yield
+    except FileWriteError:
+        raise
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise FileWriteError(exc.errno, f"cannot write {os.fspath(path)}: {reason}; the file of that name, "
+                                        f"if there was one, is unchanged") from exc
 
 
 def temp_beside(path) -> str:
@@ -137,41 +175,41 @@ def temp_beside(path) -> str:
 
 
 def bytes_to_temp(path, data: bytes) -> str:
-    """A temporary file beside ``path`` holding ``data``, flushed to disk; returns its name."""
-    tmp = temp_beside(path)
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-    except BaseException:
-        remove_quietly(tmp)
-        raise
+    """A temporary file beside ``path`` holding ``data``, flushed to disk; returns its name.
+    FileWriteError, naming ``path``, when it cannot be written; no temporary file is left then."""
+    with _naming_target(path):
+        tmp = temp_beside(path)
+        try:
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except BaseException:
+            remove_quietly(tmp)
+            raise
     return tmp
 
 
 def hdf5_to_temp(path, write_fn) -> str:
     """A temporary HDF5 file beside ``path`` filled by ``write_fn(h5py.File)``, flushed to disk;
-    returns its name. Needs h5py (ImportError otherwise)."""
+    returns its name. Needs h5py (ImportError otherwise).
+
+    The HDF5 file is made in memory and written by ``bytes_to_temp``: HDF5 writing to disk itself
+    cannot be stopped cleanly by a full disk (its close fails again at exit, printing tracebacks,
+    and the process can crash), while a plain write fails with one error naming the file."""
     import h5py
 
-    tmp = temp_beside(path)
-    try:
-        # "w" truncates the file temp_beside created, keeping its permissions.
-        with h5py.File(tmp, "w") as handle:
-            write_fn(handle)
-        # h5py does not fsync on close.
-        _fsync_path(tmp)
-    except BaseException:
-        remove_quietly(tmp)
-        raise
-    return tmp
+    buffer = io.BytesIO()
+    with h5py.File(buffer, "w") as handle:
+        write_fn(handle)
+    return bytes_to_temp(path, buffer.getbuffer())
 
 
 def replace(tmp, path) -> None:
     """Rename the complete temporary file ``tmp`` over ``path``, then flush the folder, so that a
     rename done before a later one is also on disk before it (a snapshot's model before its state)."""
-    os.replace(tmp, path)
+    with _naming_target(path):
+        os.replace(tmp, path)
     try:
         _fsync_path(os.path.dirname(os.fspath(path)) or ".")
     except OSError:

@@ -18,6 +18,7 @@ smoothing).
 from __future__ import annotations
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from .data.datum import (  # noqa: F401 - pycaffe's caffe.io has these too
     array_to_blobproto,
@@ -26,10 +27,29 @@ from .data.datum import (  # noqa: F401 - pycaffe's caffe.io has these too
     datum_to_array,
 )
 from .data.image import ImageError, decode_image
+from .proto import netdef_pb2 as pb
 
 
 class TransformerError(ValueError):
     """A Transformer setting that does not fit its input."""
+
+
+# ============================================================================================ blob vectors
+def arraylist_to_blobprotovector_str(arraylist) -> bytes:
+    """pycaffe's: the arrays as a serialized BlobProtoVector, one BlobProto each (``shape`` message)."""
+    vector = pb.BlobProtoVector()
+    vector.blobs.extend(array_to_blobproto(array) for array in arraylist)
+    return vector.SerializeToString()
+
+
+def blobprotovector_str_to_arraylist(serialized: bytes) -> list[np.ndarray]:
+    """pycaffe's: the arrays of a serialized BlobProtoVector, in order."""
+    vector = pb.BlobProtoVector()
+    try:
+        vector.ParseFromString(serialized)
+    except DecodeError as exc:
+        raise ValueError(f"blobprotovector_str_to_arraylist: not a serialized BlobProtoVector ({exc})") from None
+    return [blobproto_to_array(blob) for blob in vector.blobs]
 
 
 # ============================================================================================ images
@@ -114,6 +134,23 @@ class Transformer:
         self.raw_scale: dict = {}
         self.mean: dict = {}
         self.input_scale: dict = {}
+
+    @classmethod
+    def for_images(cls, in_: str, shape, mean=None, input_scale=None, raw_scale=None,
+                   channel_swap=None) -> "Transformer":
+        """pycaffe's Classifier and Detector set-up: H x W x K images into the input ``in_`` of
+        ``shape``, transposed to K x H x W, then each setting that is not None."""
+        transformer = cls({in_: shape})
+        transformer.set_transpose(in_, (2, 0, 1))
+        if mean is not None:
+            transformer.set_mean(in_, mean)
+        if input_scale is not None:
+            transformer.set_input_scale(in_, input_scale)
+        if raw_scale is not None:
+            transformer.set_raw_scale(in_, raw_scale)
+        if channel_swap is not None:
+            transformer.set_channel_swap(in_, channel_swap)
+        return transformer
 
     def _check_input(self, in_: str) -> None:
         if in_ not in self.inputs:
@@ -200,4 +237,4 @@ class Transformer:
 
 
 __all__ = ["ImageError", "Transformer", "TransformerError", "array_to_blobproto", "array_to_datum",
-           "blobproto_to_array", "datum_to_array", "load_image", "oversample", "resize_image"]
+           "arraylist_to_blobprotovector_str", "blobproto_to_array", "blobprotovector_str_to_arraylist", "datum_to_array", "load_image", "oversample", "resize_image"]

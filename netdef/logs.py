@@ -13,6 +13,8 @@ import time
 
 from tqdm import tqdm
 
+from .excerpts import MESSAGE_CHARACTERS, excerpt
+
 LOGGER_NAME = "netdef"
 
 
@@ -25,7 +27,8 @@ class GlogFormatter(logging.Formatter):
         level = record.levelname[:1] if record.levelname != "CRITICAL" else "F"
         prefix = (f"{level}{time.strftime('%m%d %H:%M:%S', stamp)}.{micros:06d} {record.process:5d} "
                   f"{record.filename}:{record.lineno}]")
-        return f"{prefix} {record.getMessage()}"
+        # A message can quote a file (a layer's name): one bounded line, no raw terminal escapes.
+        return f"{prefix} {excerpt(record.getMessage(), MESSAGE_CHARACTERS)}"
 
 
 class _BelowBarsHandler(logging.StreamHandler):

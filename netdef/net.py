@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import backend, weights as _weights
+from . import backend, net_memory, weights as _weights
 from .blob import Blob
 from .memory import BlobTooLargeError
 from .layers import batchnorm_chain, fusion, relu_chain, sum_chain
@@ -220,6 +220,10 @@ class Net:
         self._output_names = sorted(unconsumed)
         self._setup_params(with_splits, file_index_of)
         self._decide_backward()
+        try:
+            net_memory.check_net_fits(self.source, self._blobs_to_hold(), self.phase == TRAIN)
+        except BlobTooLargeError as exc:
+            raise NetError(str(exc)) from None
         self._compute_hook_points()
         self._chains = fusion.plan_chains(self.layers, self._bottom_vecs, self._top_vecs, self._loss_weights)
         # The tops whose values add to the loss, per layer: forward sums them, backward seeds their diffs.
@@ -231,6 +235,16 @@ class Net:
         self._training_chains = {**batchnorm_chain.plan(*plan_args), **sum_chain.plan(*plan_args),
                                  **relu_chain.plan(*plan_args)}
         self._training_chain_of = {li: c for c in self._training_chains.values() for li in c.members}
+
+    def _blobs_to_hold(self):
+        """(name, blob, whether it gets a gradient) for every top and parameter: what the net will hold
+        once it has run (``net_memory``); only a TRAIN net's backward makes gradients."""
+        training = self.phase == TRAIN
+        for li, layer in enumerate(self.layers):
+            for name, top in zip(self.top_names[layer.name], self._top_vecs[li]):
+                yield name, top, training and self.layer_need_backward[li]
+            for j, blob in enumerate(layer.blobs):
+                yield blob.name, blob, training and layer.param_propagate_down[j]
 
     @staticmethod
     def _check_top_names(layer_param, where: str) -> None:
@@ -711,6 +725,56 @@ class Net:
                            f"(net {self.name!r} starts with {first})")
         self.layers[0].set_input_arrays(data, labels)
 
+    # ================================================================= pycaffe's underscore names
+    # pycaffe builds its Python names on these (and user code reaches for them): blobs are numbered
+    # in definition order, an in-place top keeping its bottom's number, as Caffe's blob ids.
+    @property
+    def _blob_names(self) -> list[str]:
+        return list(self.blobs)
+
+    @property
+    def _blobs(self) -> list[Blob]:
+        return list(self.blobs.values())
+
+    @property
+    def _blob_loss_weights(self) -> list[float]:
+        return list(self.blob_loss_weights.values())
+
+    def _blob_ids(self, names) -> list[int]:
+        number = {name: i for i, name in enumerate(self.blobs)}
+        return [number[name] for name in names]
+
+    @property
+    def _inputs(self) -> list[int]:
+        """The input blobs' numbers (``inputs`` are their names)."""
+        return self._blob_ids(self._input_names)
+
+    @property
+    def _outputs(self) -> list[int]:
+        """The output blobs' numbers, in the order of ``outputs`` (by name, as Caffe's)."""
+        return self._blob_ids(self._output_names)
+
+    def _bottom_ids(self, layer_index: int) -> list[int]:
+        return self._blob_ids(self.layers[layer_index].layer_param.bottom)
+
+    def _top_ids(self, layer_index: int) -> list[int]:
+        return self._blob_ids(self.layers[layer_index].layer_param.top)
+
+    def _forward(self, start: int, end: int) -> float:
+        """Caffe's ForwardFromTo: layers start..end inclusive; the loss they produced."""
+        self.loss = self.forward_range(start, end)
+        return self.loss
+
+    def _backward(self, start: int, end: int) -> None:
+        """Caffe's BackwardFromTo: layers start down to end inclusive, the loss tops seeded with
+        their loss weights."""
+        self._fill_loss_diffs(0, len(self.layers) - 1)
+        self.backward_range(start, end)
+
+    def _batch(self, blobs: dict):
+        """pycaffe's batcher: {name: rows} in the net's batch size, the last batch padded with zeros."""
+        yield from self._batches(blobs)
+
     # ====================================================================================== backward
     def register_backward_hook(self, hook: BackwardHook) -> None:
         """Call ``hook(layer_index, param_ids)`` during backward each time the gradients of the
@@ -841,7 +905,12 @@ class Net:
         _weights.save(self, path, write_diff)
 
     def save_hdf5(self, path, write_diff: bool = False) -> None:
+        """Write the parameters in Caffe's HDF5 format (``.caffemodel.h5``)."""
         _weights.save_hdf5(self, path, write_diff)
+
+    def load_hdf5(self, path) -> None:
+        """Load parameters from Caffe's HDF5 format by layer name (Caffe's CopyTrainedLayersFromHDF5)."""
+        _weights.copy_from_hdf5(self, path)
 
     def __repr__(self) -> str:
         return f"<Net {self.name!r} phase={'TRAIN' if self.phase == TRAIN else 'TEST'} layers={len(self.layers)}>"

@@ -22,6 +22,13 @@ A data layer's prefetch thread decodes the next batch while the layers compute; 
 cores all run BLAS threads it would take a core from one of them, and the others wait for that one at
 the end of every matrix product. ``yield_cores_to_compute`` lowers the calling thread's scheduling
 priority (Linux: nice 19 for that thread only), so it runs on what compute leaves idle.
+
+Each data layer decodes and transforms its batches on ``data_threads()`` threads (the prefetch thread
+among them, all at that low priority): ``NETDEF_DATA_THREADS`` when set, else every core this process
+may run on. Under MPI ``share_cores`` sets that variable (unless the user did) to the rank's share of
+the machine's cores, the same share as compute's: on the CPU the data threads then run on what the
+rank's compute leaves idle, and on a GPU, where the host's cores have little else to do, nearly all of
+the share goes to the data.
 """
 from __future__ import annotations
 
@@ -30,10 +37,14 @@ import os
 import sys
 from collections.abc import Mapping
 
+from .environment import positive_count
+
 # Variables through which a user sets the thread count of OpenMP or a BLAS library himself.
 USER_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 # numba reads this one itself when it starts its pool.
 KERNEL_THREAD_VARIABLE = "NUMBA_NUM_THREADS"
+# How many threads each data layer decodes and transforms on (netdef's own variable).
+DATA_THREAD_VARIABLE = "NETDEF_DATA_THREADS"
 
 DATA_THREAD_NICENESS = 19
 
@@ -189,6 +200,43 @@ def share_cores(comm) -> str:
     count = "no BLAS library loaded" if threads is None else f"{threads} BLAS thread{'s' if threads != 1 else ''}"
     kernels = kernel_threads()
     return f"Compute threads per rank: {count}, {kernels} kernel thread{'s' if kernels != 1 else ''} ({plan.reason})"
+
+
+def share_data_cores(comm) -> str:
+    """Give each data layer of this rank of ``comm`` the rank's share of the machine's cores (through
+    ``NETDEF_DATA_THREADS``, see the module docstring). Every rank calls it once, before its nets are
+    built; returns the log line."""
+    plan = plan_data_threads(comm.local_size, comm.local_core_count(), len(own_cores()))
+    os.environ[DATA_THREAD_VARIABLE] = str(plan.threads)
+    return f"Data threads per data layer: {plan.threads} ({plan.reason})"
+
+
+@dataclasses.dataclass(frozen=True)
+class DataThreadPlan:
+    """``threads`` for each data layer of this process, and ``reason``, the log's explanation."""
+
+    threads: int
+    reason: str
+
+
+def plan_data_threads(local_ranks: int, local_cores: int, own_core_count: int,
+                      environ: Mapping[str, str] | None = None) -> DataThreadPlan:
+    """How many threads each data layer of one of ``local_ranks`` processes decodes on: the user's
+    ``NETDEF_DATA_THREADS``, else the rank's share of the ``local_cores`` (at most its own cores)."""
+    env = os.environ if environ is None else environ
+    if env.get(DATA_THREAD_VARIABLE, "").strip():
+        threads = positive_count(DATA_THREAD_VARIABLE, "threads", own_core_count, env)
+        return DataThreadPlan(threads, f"{DATA_THREAD_VARIABLE}={threads} from the environment")
+    if local_ranks <= 1:
+        return DataThreadPlan(max(1, own_core_count), f"the {own_core_count} cores this process may run on")
+    threads = max(1, min(own_core_count, local_cores // local_ranks))
+    return DataThreadPlan(threads, f"{local_cores} cores shared by {local_ranks} ranks on this machine, at low "
+                                   f"priority beside compute; set {DATA_THREAD_VARIABLE} to choose")
+
+
+def data_threads(environ: Mapping[str, str] | None = None) -> int:
+    """The thread count of each data layer of this process (see the module docstring)."""
+    return plan_data_threads(1, 0, len(own_cores()), environ).threads
 
 
 def yield_cores_to_compute() -> None:

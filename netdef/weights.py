@@ -18,6 +18,7 @@ depends on the solver.
 from __future__ import annotations
 
 import logging
+import os
 import pathlib
 
 import numpy as np
@@ -25,6 +26,7 @@ import numpy as np
 from . import backend
 from . import files
 from .blob import Blob
+from .data.hdf5 import read_dataset
 from .proto import io as proto_io
 from .proto import netdef_pb2 as pb
 from .upgrade import upgrade_net
@@ -101,7 +103,8 @@ def _is_hdf5(path: pathlib.Path) -> bool:
 def copy_from(net, path) -> None:
     """Copy parameters from a Caffe weights file into ``net``, by layer name."""
     path = pathlib.Path(path)
-    if not path.exists():
+    # lexists: a link that leads nowhere (a loop, a missing target) is there, and opening it says why.
+    if not os.path.lexists(path):
         raise WeightsError(f"{path}: no such weights file")
     if _is_hdf5(path):
         copy_from_hdf5(net, path)
@@ -249,8 +252,10 @@ def copy_from_hdf5(net, path) -> None:
                         continue
                     raise WeightsError(f"{path}: incompatible number of blobs for layer {name!r}: param {j} is "
                                        f"missing")
-                values = group[str(j)][()]
-                if tuple(values.shape) != tuple(blob.shape):
+                dataset = group[str(j)]
+                # The shape the file declares is compared before anything is read: it can declare far
+                # more than it holds (netdef/data/hdf5.py).
+                if tuple(dataset.shape) != tuple(blob.shape):
                     raise WeightsError(f"{path}: cannot copy param {j} of layer {name!r}: shape mismatch; the "
-                                       f"file has {tuple(values.shape)}, the net has {blob.shape}")
-                _fill_from(blob, values)
+                                       f"file has {tuple(dataset.shape)}, the net has {blob.shape}")
+                _fill_from(blob, read_dataset(dataset, path))

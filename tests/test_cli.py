@@ -107,6 +107,46 @@ def test_train_logs_caffe_lines_snapshots_and_learns(workdir):
     assert (workdir / "snap" / "tiny_iter_20.solverstate").exists()
 
 
+def test_a_gpu_asked_for_where_there_is_none_runs_on_the_cpu_by_flag_and_by_field(workdir):
+    """--gpu N and solver_mode: GPU behave alike where GPU N is not usable (no CuPy, no driver, no such
+    device; GPU 99 is none of any machine's): one warning that names the flag or field and what to do."""
+    by_flag = netdef("train", "solver.prototxt", "--iterations=2", "--gpu=99", cwd=workdir).stderr
+    assert re.search(r"\] --gpu 99: no usable GPU, .+; running on the CPU \(leave out --gpu to say so\)$", by_flag,
+                     re.M)
+    (workdir / "gpu_solver.prototxt").write_text(SOLVER.replace("snap/tiny", "snap/gpu") +
+                                                 "solver_mode: GPU\ndevice_id: 99\n")
+    by_field = netdef("train", "gpu_solver.prototxt", "--iterations=2", cwd=workdir).stderr
+    assert re.search(r"\] solver_mode: GPU \(device_id: 99\): no usable GPU, .+; training on the CPU \(set "
+                     r"solver_mode: CPU to say so\)$", by_field, re.M)
+    for log in (by_flag, by_field):
+        assert "Optimization Done." in log and "Traceback" not in log and log.count("no usable GPU") == 1
+    timing = netdef("time", "--model=net.prototxt", "--iterations=1", "--gpu=99", cwd=workdir).stderr
+    assert "--gpu 99: no usable GPU" in timing and "Average Forward-Backward" in timing
+
+
+def test_a_missing_db_names_every_folder_it_looked_in(workdir, tmp_path):
+    """Relative to the working directory, then to the net's folder: both named."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "net.prototxt").write_text(NET.replace("train_lmdb", "absent_lmdb"))
+    line = one_error_line(netdef("time", "--model=model/net.prototxt", "--iterations=1", cwd=tmp_path, check=False))
+    assert "net.prototxt:3: layer 'd' (Data)" in line
+    assert f"no such DB (looked for {tmp_path / 'absent_lmdb'} and {tmp_path / 'model' / 'absent_lmdb'})" in line
+
+
+def test_time_of_a_deploy_net_says_it_timed_no_backward_and_its_lines_add_up(workdir, tmp_path):
+    deploy = NET.split("layer {", 1)[0] + 'layer { name: "data" type: "Input" top: "data" ' \
+        'input_param { shape { dim: 2 dim: 1 dim: 6 dim: 6 } } }\n' \
+        'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 2 } }\n'
+    (tmp_path / "deploy.prototxt").write_text(deploy)
+    log = netdef("time", "--model=deploy.prototxt", "--iterations=3", "--json=profile.json", cwd=tmp_path).stderr
+    assert "only the forward pass was timed" in log
+    per_iteration = [float(ms) for ms in re.findall(r"Iteration: \d forward-backward time: ([\d.e+-]+) ms\.", log)]
+    average = float(re.search(r"Average Forward-Backward: ([\d.e+-]+) ms\.", log).group(1))
+    assert len(per_iteration) == 3 and sum(per_iteration) / 3 == pytest.approx(average, rel=1e-3, abs=1e-3)
+    simulated = netdef("simulate", "profile.json", "--workers=1,1024", cwd=tmp_path)
+    assert "profile.json has no backward pass" in simulated.stderr and "not of training" in simulated.stderr
+
+
 def test_resume_from_snapshot_continues_exactly(workdir):
     resumed = netdef("train", "solver.prototxt", "--snapshot=snap/tiny_iter_20.solverstate", cwd=workdir).stderr
     straight = netdef("train", "solver.prototxt", cwd=workdir).stderr
@@ -338,7 +378,7 @@ def test_prepare_digits_without_scikit_learn_names_the_extra(tmp_path):
     script = ("import sys; sys.modules['sklearn'] = None; from netdef.cli import main; "
               f"sys.exit(main(['prepare-digits', {str(tmp_path / 'digits')!r}]))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert 'pip install "netdef[digits]"' in one_error_line(done)
+    assert 'pip install "netdef-trainer[digits]"' in one_error_line(done)  # "netdef" on PyPI is another project
 
 
 @pytest.mark.parametrize("debug", [False, True])

@@ -129,6 +129,9 @@ def test_temp_beside_is_new_and_hidden_and_missing_folder_fails(tmp_path):
     files.remove_quietly(first)  # already gone: no error
     assert os.listdir(tmp_path) == [os.path.basename(second)]
     with pytest.raises(FileNotFoundError):
+        files.temp_beside(tmp_path / "no" / "such" / "folder")
+    with pytest.raises(files.FileWriteError, match=f"^cannot write {tmp_path}/no/such/folder: No such file or "
+                                                   f"directory; the file of that name, if there was one, is unchanged$"):
         files.write_bytes_atomically(tmp_path / "no" / "such" / "folder", b"")
 
 
@@ -229,3 +232,88 @@ def test_file_names_holding_a_nul_byte_are_refused_naming_the_field(tmp_path):
            'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" inner_product_param { num_output: 1 } }')
     with pytest.raises(SolverConfigError, match=rf"snapshot_prefix '{tmp_path}/s\\x00': {nul}"):
         get_solver(f'net_param {{ {net} }} base_lr: 0.1 lr_policy: "fixed" snapshot_prefix: "{tmp_path}/s\\000"')
+
+
+# ------------------------------------------------------------------ links that lead nowhere (issue 32, class 11)
+LOOP = "Too many levels of symbolic links"
+
+
+@pytest.fixture
+def link_loop(tmp_path):
+    """``loop_a`` -> ``loop_b`` -> ``loop_a``: a name that is there but opens nothing."""
+    os.symlink("loop_b", tmp_path / "loop_a")
+    os.symlink("loop_a", tmp_path / "loop_b")
+    return tmp_path / "loop_a"
+
+
+def test_a_weights_path_in_a_link_loop_is_reported_as_a_loop_not_missing(link_loop):
+    import netdef
+    from netdef.weights import WeightsError
+
+    net = netdef.Net('layer { name: "d" type: "Input" top: "d" input_param { shape { dim: 1 } } }', netdef.TEST)
+    with pytest.raises(WeightsError, match=f"^weights file {link_loop}: {LOOP}$"):
+        net.copy_from(str(link_loop))
+
+
+def test_a_solver_state_in_a_link_loop_is_reported_as_a_loop(link_loop):
+    from netdef.solver import snapshot
+
+    with pytest.raises(files.InputFileError, match=f"^solver state {link_loop}: {LOOP}$"):
+        snapshot.restore(None, str(link_loop))
+
+
+def test_an_lmdb_in_a_link_loop_is_reported_as_a_loop(link_loop):
+    from netdef.data.db import DBError, open_db
+
+    with pytest.raises(DBError, match=f"^{link_loop}: no such LMDB \\({link_loop} is a link that leads nowhere: {LOOP}\\)$"):
+        open_db(str(link_loop))
+
+
+# ------------------------------------------------------------------ a write that fails names the file (issue 32, class 9)
+WRITE_SOLVER = """
+net_param {
+  layer { name: "d" type: "DummyData" top: "x" top: "y"
+          dummy_data_param { shape { dim: 4 dim: 300 } shape { dim: 4 dim: 2 }
+                             data_filler { type: "gaussian" } data_filler { type: "gaussian" } } }
+  layer { name: "ip" type: "InnerProduct" bottom: "x" top: "p" inner_product_param { num_output: 2 } }
+  layer { name: "loss" type: "EuclideanLoss" bottom: "p" bottom: "y" top: "loss" }
+}
+base_lr: 0.01
+lr_policy: "fixed"
+max_iter: 2
+snapshot_prefix: "snaps/run"
+solver_mode: CPU
+"""
+
+
+def _limit_file_size(limit: int):
+    """In the child: files may grow to ``limit`` bytes; a write past it fails with EFBIG, as a full disk
+    fails with ENOSPC (SIGXFSZ ignored, so the write returns the error instead of killing the process)."""
+    import resource
+    import signal
+
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+@pytest.mark.parametrize("fmt", ["BINARYPROTO", "HDF5"])
+def test_a_snapshot_that_cannot_be_written_names_its_file_and_keeps_the_earlier_one(tmp_path, fmt):
+    import subprocess
+    import sys
+
+    (tmp_path / "snaps").mkdir()
+    (tmp_path / "solver.prototxt").write_text(WRITE_SOLVER + f"snapshot_format: {fmt}\n")
+    command = [sys.executable, "-m", "netdef.cli", "train", "solver.prototxt"]
+    subprocess.run(command, cwd=tmp_path, check=True, capture_output=True, timeout=120)
+    earlier = {path.name: path.read_bytes() for path in (tmp_path / "snaps").iterdir()}
+    model = "run_iter_2.caffemodel" + (".h5" if fmt == "HDF5" else "")
+    assert model in earlier and len(earlier[model]) > 2000
+    # The same run again, where no file may grow past 1,500 bytes: its snapshot of the same name fails.
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          preexec_fn=_limit_file_size(1500))
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (f"netdef: error: cannot write snaps/{model}: File too large; the file "
+                                            f"of that name, if there was one, is unchanged")
+    assert {path.name: path.read_bytes() for path in (tmp_path / "snaps").iterdir()} == earlier

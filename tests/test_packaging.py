@@ -31,6 +31,13 @@ def test_the_distribution_name_is_free_and_the_licence_is_there():
     assert "BSD 2-Clause License" in (REPO / "LICENSE").read_text()
 
 
+def test_install_advice_names_the_distribution_not_the_unrelated_netdef():
+    """An extra is installed as netdef-trainer[...]; `pip install netdef[...]` would fetch another project."""
+    sources = [*(REPO / "netdef").rglob("*.py"), REPO / "README.md", *(REPO / "models").rglob("*.md")]
+    advising = [str(p.relative_to(REPO)) for p in sources if "netdef[" in p.read_text(encoding="utf-8")]
+    assert advising == []
+
+
 def run(args, cwd):
     return subprocess.run(NETDEF + args, cwd=cwd, capture_output=True, text=True, timeout=60)
 

@@ -25,12 +25,13 @@ def workdir(tmp_path_factory):
     return root
 
 
-def on_terminal(args, cwd) -> tuple[int, str]:
+def on_terminal(args, cwd, env=None) -> tuple[int, str]:
     """Run ``netdef ARGS`` with stdin/stdout/stderr on a pseudo-terminal; (exit status, screen text)."""
     leader, follower = pty.openpty()
     # A terminal of 40 rows x 120 columns (a new pseudo-terminal has 0 x 0, where tqdm draws nothing).
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    proc = subprocess.Popen(NETDEF + args, cwd=cwd, stdin=follower, stdout=follower, stderr=follower)
+    proc = subprocess.Popen(NETDEF + args, cwd=cwd, stdin=follower, stdout=follower, stderr=follower,
+                            env=env)
     os.close(follower)
     chunks = []
     while True:
@@ -73,3 +74,13 @@ def test_no_bar_when_stderr_is_not_a_terminal(workdir):
     timing = subprocess.run(NETDEF + ["time", "--model=net.prototxt", "--iterations=3"], cwd=workdir,
                             capture_output=True, text=True, timeout=120)
     assert timing.returncode == 0 and "%|" not in timing.stderr and "Average Forward-Backward" in timing.stderr
+
+
+def test_no_bar_under_a_notebook_on_its_pseudo_terminal(workdir):
+    """`!netdef train` in Jupyter: a pseudo-terminal, but the kernel's environment (JPY_PARENT_PID);
+    the notebook shows carriage returns as new lines, so only the log lines are written."""
+    status, screen = on_terminal(["train", "solver.prototxt", "--iterations=30"], workdir,
+                                 env={**os.environ, "JPY_PARENT_PID": "1234"})
+    assert status == 0, screen
+    assert "Optimization Done." in screen
+    assert "%|" not in screen and "iter/s]" not in screen and "\r\r" not in screen

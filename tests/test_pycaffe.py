@@ -272,3 +272,273 @@ def test_net_surgery_copies_parameters_between_nets(tmp_path):
     images = read_idx(shared_path("data", "mnist", "t10k-images-idx3-ubyte.gz"))[:64, None].astype(np.float32) / 256
     np.testing.assert_allclose(fully_conv.forward(data=images)["prob"].reshape(64, 10),
                                lenet.forward(data=images)["prob"], rtol=1e-4, atol=1e-6)
+
+
+# ============================================================================================ caffe_pb2
+def test_caffe_pb2_is_pycaffes_protobuf_module():
+    """``from caffe.proto import caffe_pb2`` ports as ``from netdef.proto import caffe_pb2``: Caffe's
+    messages and enum values (Phase TRAIN = 0, TEST = 1 in caffe.proto), reading Caffe's files."""
+    from google.protobuf import text_format
+
+    from netdef.proto import caffe_pb2
+
+    assert caffe_pb2.TRAIN == 0 and caffe_pb2.TEST == 1
+    assert caffe_pb2.SolverParameter.SGD == 0 and caffe_pb2.PoolingParameter.MAX == 0
+    net = caffe_pb2.NetParameter()
+    text_format.Merge((REPO / "models" / "lenet" / "lenet_train_test.prototxt").read_text(), net)
+    assert net.name == "LeNet" and net.layer[0].include[0].phase == caffe_pb2.TRAIN
+    mean = caffe_pb2.BlobProto.FromString(
+        shared_path("fixtures", "caffe-ref", "caffe-made", "mnist_test_mean.binaryproto").read_bytes())
+    assert (mean.num, mean.channels, mean.height, mean.width) == (1, 1, 28, 28) and len(mean.data) == 784
+
+
+# ============================================================================================ module functions
+def test_layer_type_list_is_the_sorted_registry():
+    types = netdef.layer_type_list()
+    assert types == sorted(types) and len(types) == len(set(types))
+    assert {"Convolution", "Data", "Input", "InnerProduct", "Python", "SoftmaxWithLoss"} <= set(types)
+    assert all(isinstance(name, str) for name in types)
+
+
+def test_timer_measures_from_start_to_stop(caplog):
+    import time
+
+    timer = netdef.Timer()
+    with caplog.at_level("WARNING", logger="netdef"):
+        assert timer.ms == 0.0  # never started: 0, with Caffe's warning
+    assert "Timer has never been run before reading time." in caplog.text
+    timer.start()
+    time.sleep(0.03)
+    timer.stop()
+    first = timer.ms
+    assert 30 <= first < 1000 and isinstance(first, float)
+    time.sleep(0.01)
+    timer.stop()                   # stopping a stopped timer changes nothing
+    assert timer.ms == first
+    timer.start()                  # a new start measures afresh...
+    timer.start()                  # ...and starting a running timer does not restart it
+    time.sleep(0.01)
+    running = timer.ms             # reading a running timer stops it
+    assert 10 <= running < first
+    time.sleep(0.01)
+    assert timer.ms == running
+
+
+@pytest.fixture
+def restored_log():
+    import logging
+
+    from netdef import logs
+
+    logger = logging.getLogger(logs.LOGGER_NAME)
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate
+
+
+def test_init_log_and_log_write_glog_lines_to_stderr(capsys, restored_log):
+    netdef.init_log()
+    netdef.log("hello from a script")
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("I") and line.endswith("] hello from a script")
+    assert line[1:5].isdigit() and " pycaffe.py:" in line          # Immmdd hh:mm:ss.uuuuuu pid file:line]
+    netdef.init_log(1)                                               # glog WARNING and up
+    netdef.log("info is below the threshold")
+    assert capsys.readouterr().err == ""
+    netdef.init_log(0, False)                                        # glog to its files: ERROR and up on stderr
+    netdef.log("info goes to glog's files")
+    assert capsys.readouterr().err == ""
+    with pytest.raises(ValueError, match="0 \\(INFO\\) to 3 \\(FATAL\\), got 4"):
+        netdef.init_log(4)
+
+
+def test_solver_count_and_nccl_give_one_process_answers():
+    assert netdef.solver_count() == 1 and netdef.solver_rank() == 0 and netdef.has_nccl() is False
+    netdef.set_solver_count(1)
+    netdef.set_solver_rank(0)
+    netdef.set_multiprocess(False)
+    for call in (lambda: netdef.set_solver_count(4), lambda: netdef.set_solver_rank(1),
+                 lambda: netdef.set_multiprocess(True)):
+        with pytest.raises(ValueError, match="mpiexec -n N netdef train SOLVER"):
+            call()
+    assert netdef.solver_count() == 1
+    with pytest.raises(RuntimeError, match="has_nccl\\(\\) is False.*mpiexec"):
+        netdef.NCCL.new_uid()
+    with pytest.raises(RuntimeError, match="has_nccl\\(\\) is False"):
+        netdef.NCCL(None, "uid")
+
+
+# ============================================================================================ io blob vectors
+def test_blob_proto_vector_strings_round_trip():
+    from netdef.proto import caffe_pb2
+
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([0.5, -1.25], np.float32)]
+    serialized = netdef.io.arraylist_to_blobprotovector_str(arrays)
+    vector = caffe_pb2.BlobProtoVector.FromString(serialized)  # what Caffe's reader sees
+    assert [list(b.shape.dim) for b in vector.blobs] == [[2, 3], [2]]
+    assert list(vector.blobs[1].data) == [0.5, -1.25]
+    back = netdef.io.blobprotovector_str_to_arraylist(serialized)
+    assert len(back) == 2 and all(b.dtype == np.float32 for b in back)
+    np.testing.assert_array_equal(back[0], arrays[0])
+    np.testing.assert_array_equal(back[1], arrays[1])
+    assert netdef.io.blobprotovector_str_to_arraylist(b"") == []
+    with pytest.raises(ValueError, match="not a serialized BlobProtoVector"):
+        netdef.io.blobprotovector_str_to_arraylist(b"\xff\xff\xff")
+
+
+# ============================================================================================ Net underscore names
+UNDERSCORE_NET = """
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "target" type: "Input" top: "target" input_param { shape { dim: 2 dim: 2 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
+        inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 1 }
+                              bias_filler { type: "gaussian" std: 1 } } }
+layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "out"
+        inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 1 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "out" bottom: "target" top: "loss" loss_weight: 2 }
+"""
+
+
+def test_net_underscore_names_number_blobs_as_caffe():
+    net = netdef.Net(UNDERSCORE_NET, netdef.TRAIN)
+    assert net._blob_names == ["data", "target", "ip1", "out", "loss"]
+    assert net._blobs[2] is net.blobs["ip1"] and len(net._blobs) == 5
+    assert net._layer_names == ["data", "target", "ip1", "relu1", "ip2", "loss"]
+    assert net._inputs == [0, 1] and net._outputs == [4]
+    assert [net._blob_names[i] for i in net._inputs] == net.inputs == ["data", "target"]
+    assert [net._blob_names[i] for i in net._outputs] == net.outputs == ["loss"]
+    assert net._bottom_ids(2) == [0] and net._top_ids(2) == [2]
+    assert net._bottom_ids(3) == [2] and net._top_ids(3) == [2]     # in place: the same blob
+    assert net._bottom_ids(5) == [3, 1] and net._top_ids(5) == [4]
+    assert net._blob_loss_weights == [0, 0, 0, 0, 2]
+
+
+def test_net_forward_and_backward_between_layers_by_index():
+    net = netdef.Net(UNDERSCORE_NET, netdef.TRAIN)
+    x = np.array([[1, -2, 0.5], [0, 1, 3]], np.float32)
+    t = np.array([[1, 0], [0, 1]], np.float32)
+    net.blobs["data"].data[...] = x
+    net.blobs["target"].data[...] = t
+    w1, b1 = (p.data for p in net.params["ip1"])
+    w2 = net.params["ip2"][0].data
+    b2 = net.params["ip2"][1].data
+    assert net._forward(0, 3) == 0.0                    # data..relu1: no loss yet
+    hidden = np.maximum(x @ w1.T + b1, 0)
+    np.testing.assert_allclose(net.blobs["ip1"].data, hidden, rtol=1e-5, atol=1e-6)
+    out = hidden @ w2.T + b2
+    loss = net._forward(4, 5)                           # ip2 and the loss: 2 * sum((out - t)^2) / 2 / 2
+    np.testing.assert_allclose(loss, 2 * ((out - t) ** 2).sum() / 4, rtol=1e-5)
+    net._backward(5, 4)                                 # loss and ip2 only: ip1's gradient stays untouched
+    np.testing.assert_allclose(net.params["ip2"][0].diff, (2 * (out - t) / 2).T @ hidden, rtol=1e-4, atol=1e-5)
+    assert not net.params["ip1"][0].diff.any()
+
+
+def test_net_batch_splits_rows_and_pads_the_last_batch():
+    net = deploy_net(batch=2)
+    rows = np.arange(15, dtype=np.float32).reshape(5, 3)
+    batches = list(net._batch({"data": rows}))
+    assert len(batches) == 3
+    np.testing.assert_array_equal(batches[1]["data"], rows[2:4])
+    np.testing.assert_array_equal(batches[2]["data"], [rows[4], [0, 0, 0]])
+
+
+def test_load_hdf5_reads_caffes_hdf5_weights_and_save_hdf5_round_trips(tmp_path):
+    folder = shared_path("fixtures", "caffe-ref", "solvers")
+    model = str(folder / "solver_net.prototxt")
+    from_binary = netdef.Net(model, netdef.TEST, weights=str(folder / "snap_sgd_binaryproto_iter_3.caffemodel"))
+    from_hdf5 = netdef.Net(model, netdef.TEST)
+    from_hdf5.load_hdf5(str(folder / "snap_sgd_hdf5_iter_3.caffemodel.h5"))
+    expected = np.load(folder / "snapshot_expected.npz")
+    np.testing.assert_array_equal(from_hdf5.params["ip"][0].data, expected["snap_sgd_hdf5/w"])
+    np.testing.assert_array_equal(from_hdf5.params["ip"][1].data, expected["snap_sgd_hdf5/b"])
+    np.testing.assert_array_equal(from_binary.params["ip"][0].data, expected["snap_sgd_binaryproto/w"])
+    from_hdf5.save_hdf5(str(tmp_path / "again.caffemodel.h5"))
+    fresh = netdef.Net(model, netdef.TEST)
+    fresh.load_hdf5(str(tmp_path / "again.caffemodel.h5"))
+    np.testing.assert_array_equal(fresh.params["ip"][0].data, expected["snap_sgd_hdf5/w"])
+
+
+# ============================================================================================ Solver
+def _solver(tmp_path, policy: str) -> netdef.Solver:
+    (tmp_path / "net.prototxt").write_text(UNDERSCORE_NET)
+    (tmp_path / "solver.prototxt").write_text(f'net: "{tmp_path / "net.prototxt"}"\nbase_lr: 0.1\n{policy}\n'
+                                              f'max_iter: 10\ndisplay: 0\nsnapshot_after_train: false\n')
+    return netdef.get_solver(str(tmp_path / "solver.prototxt"))
+
+
+def test_solver_lr_is_the_rate_of_the_current_iteration(tmp_path):
+    """step policy, base 0.1, gamma 0.5, stepsize 2: iterations 0 and 1 at 0.1, 2 and 3 at 0.05."""
+    solver = _solver(tmp_path, 'lr_policy: "step" gamma: 0.5 stepsize: 2')
+    assert solver.lr == np.float32(0.1)               # before the first step: iteration 0's
+    solver.step(1)
+    assert solver.iter == 1 and solver.lr == np.float32(0.1)
+    solver.step(1)
+    assert solver.iter == 2 and solver.lr == np.float32(0.05)   # the rate iteration 2 will apply
+    assert solver.lr == np.float32(0.05)              # reading it advances nothing
+    solver.step(2)
+    assert solver.lr == np.float32(0.025)
+
+
+def test_solver_share_weights_makes_a_net_follow_training(tmp_path):
+    solver = _solver(tmp_path, 'lr_policy: "fixed"')
+    deploy = netdef.Net(UNDERSCORE_NET, netdef.TEST)
+    solver.share_weights(deploy)
+    assert deploy.params["ip2"][0] is solver.net.params["ip2"][0]
+    before = np.array(solver.net.params["ip2"][0].data)
+    solver.net.blobs["data"].data[...] = 1
+    solver.step(1)
+    assert not np.array_equal(deploy.params["ip2"][0].data, before)
+    np.testing.assert_array_equal(deploy.params["ip2"][0].data, solver.net.params["ip2"][0].data)
+
+
+# ============================================================================================ Detector
+def _detector_files(tmp_path):
+    n = netdef.NetSpec()
+    n.data = L.Input(shape=dict(dim=[2, 3, 4, 4]))
+    n.score = L.InnerProduct(n.data, num_output=3, weight_filler=dict(type="gaussian", std=1))
+    (tmp_path / "deploy.prototxt").write_text(str(n.to_proto()))
+    netdef.set_random_seed(5)
+    netdef.Net(str(tmp_path / "deploy.prototxt"), netdef.TEST).save(str(tmp_path / "w.caffemodel"))
+    pixels = np.random.default_rng(2).integers(0, 256, (6, 6, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "image.png")
+    return str(tmp_path / "deploy.prototxt"), str(tmp_path / "w.caffemodel"), str(tmp_path / "image.png")
+
+
+def test_detector_scores_each_window_in_order(tmp_path):
+    model, weights, image_path = _detector_files(tmp_path)
+    mean = np.array([0.1, 0.2, 0.3], np.float32)
+    detector = netdef.Detector(model, weights, mean=mean, raw_scale=2, channel_swap=(2, 1, 0))
+    windows = [np.array([0, 0, 4, 4]), np.array([1, 2, 5, 6]), np.array([0, 0, 6, 6])]
+    detections = detector.detect_windows([(image_path, windows[:2]), (image_path, windows[2:])])
+    assert [d["filename"] for d in detections] == [image_path] * 3
+    assert [d["window"] is w for d, w in zip(detections, windows)] == [True] * 3
+    image = netdef.io.load_image(image_path)
+    w = detector.params["score"][0].data
+    for d, (y0, x0, y1, x1) in zip(detections, windows):
+        window = netdef.io.resize_image(image[y0:y1, x0:x1], (4, 4))   # warped to the input size
+        expected_input = window.transpose(2, 0, 1)[::-1] * 2 - mean[:, None, None]
+        np.testing.assert_allclose(d["prediction"], w @ expected_input.ravel(), rtol=1e-4, atol=1e-4)
+
+
+def test_detector_context_pad_grows_the_window_and_fills_outside_with_the_mean(tmp_path):
+    """Crop size 4, context_pad 1: the window is scaled by 4 / (4 - 2) = 2 about its centre.
+    (1,1,2,2) grows to rows/columns 0..4, all inside: the crop is image[0:4, 0:4].
+    (0,0,1,1) grows to -1..3: one row and column (1 * 4/5, rounded) of mean, then image[0:3, 0:3]."""
+    model, weights, image_path = _detector_files(tmp_path)
+    mean = np.array([0.1, 0.2, 0.3], np.float32)
+    detector = netdef.Detector(model, weights, mean=mean, raw_scale=2, channel_swap=(2, 1, 0), context_pad=1)
+    image = netdef.io.load_image(image_path)
+    np.testing.assert_allclose(detector.crop(image, np.array([1, 1, 2, 2])), image[0:4, 0:4])
+    corner = detector.crop(image, np.array([0, 0, 1, 1]))
+    assert corner.shape == (4, 4, 3)
+    np.testing.assert_allclose(corner[1:, 1:], image[0:3, 0:3])
+    # The mean in image space: channels un-swapped (B,G,R -> R,G,B) and divided by the raw scale...
+    np.testing.assert_allclose(corner[0, :], np.tile([0.15, 0.1, 0.05], (4, 1)), rtol=1e-6)
+    np.testing.assert_allclose(corner[:, 0], np.tile([0.15, 0.1, 0.05], (4, 1)), rtol=1e-6)
+    # ...so that the net sees zeros there.
+    np.testing.assert_allclose(detector.transformer.preprocess("data", corner)[:, 0, :], 0, atol=1e-6)
+    plain = netdef.Detector(model, weights)
+    np.testing.assert_array_equal(plain.crop(image, np.array([1, 2, 3, 5])), image[1:3, 2:5])

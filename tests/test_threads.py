@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from netdef.threads import (KERNEL_SPIN, ThreadPlan, kernel_threads, let_idle_blas_threads_sleep, let_idle_kernel_threads_sleep, own_cores,
-                            plan_compute_threads, set_kernel_threads, yield_cores_to_compute)
+from netdef.threads import (KERNEL_SPIN, ThreadPlan, data_threads, kernel_threads, let_idle_blas_threads_sleep, let_idle_kernel_threads_sleep, own_cores,
+                            plan_compute_threads, plan_data_threads, set_kernel_threads, yield_cores_to_compute)
 
 
 def test_ranks_share_the_cores_of_their_machine():
@@ -24,6 +24,34 @@ def test_a_rank_bound_to_fewer_cores_than_its_share_uses_those():
     assert plan_compute_threads(4, 16, 1, environ={}).threads == 1
     # taskset -c 0-3 mpiexec -n 4: every rank may run on the same 4 cores.
     assert plan_compute_threads(4, 4, 4, environ={}).threads == 1
+
+
+def test_data_threads_take_the_ranks_share_unless_the_user_chose():
+    assert plan_data_threads(1, 16, 16, environ={}).threads == 16    # one process: every core it may use
+    assert plan_data_threads(4, 16, 16, environ={}).threads == 4     # four ranks on a 16-core machine
+    assert plan_data_threads(4, 16, 1, environ={}).threads == 1      # a rank bound to one core
+    assert plan_data_threads(8, 2, 2, environ={}).threads == 1
+    plan = plan_data_threads(4, 16, 16, environ={"NETDEF_DATA_THREADS": "12"})
+    assert plan.threads == 12 and "NETDEF_DATA_THREADS=12" in plan.reason
+    assert data_threads(environ={}) == len(own_cores())
+    with pytest.raises(ValueError, match="NETDEF_DATA_THREADS='0': expected a positive number of threads"):
+        data_threads(environ={"NETDEF_DATA_THREADS": "0"})
+
+
+def test_each_rank_tells_its_data_layers_their_share(monkeypatch):
+    from netdef.threads import share_data_cores
+
+    class FourRanksOnThisMachine:  # what share_data_cores asks of a Communicator
+        local_size = 4
+
+        @staticmethod
+        def local_core_count():
+            return 4 * len(own_cores())
+
+    monkeypatch.delenv("NETDEF_DATA_THREADS", raising=False)
+    line = share_data_cores(FourRanksOnThisMachine())
+    assert os.environ["NETDEF_DATA_THREADS"] == str(len(own_cores()))
+    assert line.startswith(f"Data threads per data layer: {len(own_cores())} (") and "4 ranks" in line
 
 
 def test_one_process_keeps_the_library_default():

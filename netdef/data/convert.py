@@ -26,17 +26,22 @@ from tqdm.utils import CallbackIOWrapper
 
 from .. import backend as _backend
 from ..progress import bar as progress_bar
+from ..threads import data_threads
 from ..proto import netdef_pb2 as pb
 from .datum import datum_to_array, parse_datum, read_image_to_datum, write_mean_file
 from .db import open_db
 from .errors import DataError
 from .idx import IdxError, read_idx
+from .workers import DataWorkers
 from .image import read_image_list
 
 log = logging.getLogger("netdef")
 
 # Caffe commits its write transaction every 1000 records.
 _COMMIT_EVERY = 1000
+# Lines convert_imageset hands its threads at a time, per thread: enough that a slow image rarely
+# leaves the others idle, few enough that the images waiting to be written stay a few MB.
+_WINDOW_PER_THREAD = 16
 
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
                "t10k-labels-idx1-ubyte")
@@ -109,7 +114,7 @@ def convert_mnist(images_path, labels_path, output_db, backend="lmdb") -> int:
 # ---------------------------------------------------------------------------------------------- imagesets
 def convert_imageset(root_folder, list_file, output_db, resize_height: int = 0, resize_width: int = 0,
                      shuffle: bool = False, gray: bool = False, encoded: bool = False, encode_type: str = "",
-                     backend="lmdb", check_size: bool = False) -> int:
+                     backend="lmdb", check_size: bool = False, threads: int | None = None) -> int:
     """Caffe's convert_imageset: the images of ``list_file`` (paths relative to ``root_folder``,
     joined by plain concatenation as Caffe does) to a DB, keys "%08d_<path>" by line number.
 
@@ -118,6 +123,10 @@ def convert_imageset(root_folder, list_file, output_db, resize_height: int = 0, 
     is no resize and its extension matches ``encode_type`` (or no encode_type is given), else the
     image re-encoded. Unreadable images are skipped with a logged error, as Caffe does. ``shuffle``
     permutes the list with netdef's generator. Returns the number of records written.
+
+    The images are read, decoded, resized and encoded on ``threads`` threads (default
+    ``threads.data_threads()``: every core this process may use), a window of lines at a time; the DB
+    is written in list order, so the result does not depend on the count.
     """
     lines = read_image_list(list_file)
     if shuffle:
@@ -127,37 +136,49 @@ def convert_imageset(root_folder, list_file, output_db, resize_height: int = 0, 
     resize_width = max(0, int(resize_width))
     is_color = not gray
     root_folder = os.fspath(root_folder)
+    workers = DataWorkers(threads or data_threads(), name="netdef-convert-imageset")
+
+    def read_line(numbered_line):
+        line_id, (name, label) = numbered_line
+        enc = encode_type
+        if encoded and not enc:
+            # Caffe guesses the encoding from the file name's extension.
+            p = name.rfind(".")
+            enc = name[p + 1:].lower() if p >= 0 else name.lower()
+        try:
+            return read_image_to_datum(root_folder + name, label, resize_height, resize_width, is_color, enc)
+        except DataError as exc:
+            return exc  # skipped, and logged in list order below
+
     db = open_db(output_db, backend, "w")
     count = 0
     data_size = None
+    window = _WINDOW_PER_THREAD * workers.threads
     try:
         txn = db.transaction()
-        for line_id, (name, label) in progress_bar("convert-imageset", enumerate(lines), total=len(lines),
-                                                   unit="image"):
-            enc = encode_type
-            if encoded and not enc:
-                # Caffe guesses the encoding from the file name's extension.
-                p = name.rfind(".")
-                enc = name[p + 1:].lower() if p >= 0 else name.lower()
-            try:
-                datum = read_image_to_datum(root_folder + name, label, resize_height, resize_width, is_color, enc)
-            except DataError as exc:
-                log.error("Skipping line %d of %s: %s", line_id + 1, os.fspath(list_file), exc)
-                continue
-            if check_size:
-                size = datum.channels * datum.height * datum.width
-                if data_size is None:
-                    data_size = size
-                elif len(datum.data) != data_size:
-                    raise DataError(f"{root_folder + name}: incorrect data field size {len(datum.data)} "
-                                    f"(the first image had {data_size})")
-            txn.put(b"%08d_" % line_id + name.encode("utf-8"), datum.SerializeToString())
-            count += 1
-            if count % _COMMIT_EVERY == 0:
-                txn.commit()
+        with progress_bar("convert-imageset", total=len(lines), unit="image") as bar:
+            for start in range(0, len(lines), window):
+                numbered = list(enumerate(lines[start:start + window], start))
+                for (line_id, (name, _)), datum in zip(numbered, workers.map(read_line, numbered)):
+                    if isinstance(datum, DataError):
+                        log.error("Skipping line %d of %s: %s", line_id + 1, os.fspath(list_file), datum)
+                        continue
+                    if check_size:
+                        size = datum.channels * datum.height * datum.width
+                        if data_size is None:
+                            data_size = size
+                        elif len(datum.data) != data_size:
+                            raise DataError(f"{root_folder + name}: incorrect data field size {len(datum.data)} "
+                                            f"(the first image had {data_size})")
+                    txn.put(b"%08d_" % line_id + name.encode("utf-8"), datum.SerializeToString())
+                    count += 1
+                    if count % _COMMIT_EVERY == 0:
+                        txn.commit()
+                bar.update(len(numbered))
         txn.commit()
     finally:
         db.close()
+        workers.close()
     return count
 
 
@@ -253,7 +274,7 @@ def digits_to_idx(folder, num_train: int = 1500) -> list:
         from sklearn.datasets import load_digits
     except ImportError:
         raise ImportError('the digits data set comes with scikit-learn, an optional dependency: pip install '
-                          '"netdef[digits]" (or pip install scikit-learn)') from None
+                          '"netdef-trainer[digits]" (or pip install scikit-learn)') from None
     digits = load_digits()
     values = np.asarray(digits.images, dtype=np.int64)
     images = ((values * 255 + 8) // 16).astype(np.uint8)

@@ -16,7 +16,7 @@ from google.protobuf.message import DecodeError
 from ..files import IMAGE_FILE_LIMIT, PROTOBUF_LIMIT, InputFileError, read_input_file
 from ..proto import netdef_pb2 as pb
 from .errors import DataError
-from .image import decode_image, encode_image, read_image
+from .image import decode_image_view, encode_image, read_image
 
 
 class DatumError(DataError):
@@ -40,8 +40,14 @@ def datum_to_array(datum: pb.Datum, color: bool | None = None, name: str = "Datu
     Encoded Datums are decoded (BGR order): ``color`` None keeps the image's own channels (Caffe's
     DecodeDatumToCVMatNative), True forces 3 channels, False forces 1 (DecodeDatumToCVMat).
     """
+    return np.ascontiguousarray(datum_item(datum, color, name))
+
+
+def datum_item(datum: pb.Datum, color: bool | None = None, name: str = "Datum") -> np.ndarray:
+    """``datum_to_array``, except that a decoded image may be a strided view of the decoder's pixels
+    (what the data layers' transformer reads: it copies as it crops)."""
     if datum.encoded:
-        return decode_image(datum.data, color=color, name=name)
+        return decode_image_view(datum.data, color=color, name=name)
     c, h, w = datum.channels, datum.height, datum.width
     count = c * h * w
     if c <= 0 or h <= 0 or w <= 0:

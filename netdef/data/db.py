@@ -33,7 +33,7 @@ import weakref
 
 import numpy as np
 
-from ..files import InputFileError, check_file_name, check_input_file
+from ..files import InputFileError, check_file_name, check_input_file, missing_reason
 from .errors import DataError
 
 
@@ -443,7 +443,7 @@ class LMDB(_DB):
         self._env = None
         subdir = not os.path.isfile(path)
         if mode == "r" and not os.path.exists(path):
-            raise DBError(f"{path}: no such LMDB (the folder does not exist)")
+            raise DBError(f"{path}: no such LMDB ({missing_reason(path, 'the folder does not exist')})")
 
         def opener():
             try:
@@ -562,7 +562,7 @@ class LevelDB(_DB):
         self.writable = mode != "r"
         self._db = None
         if mode == "r" and not os.path.exists(path):
-            raise DBError(f"{path}: no such LevelDB (the folder does not exist)")
+            raise DBError(f"{path}: no such LevelDB ({missing_reason(path, 'the folder does not exist')})")
 
         def opener():
             try:

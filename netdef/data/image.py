@@ -26,6 +26,7 @@ import re
 
 import numpy as np
 
+from ..environment import positive_count
 from ..files import IMAGE_FILE_LIMIT, TEXT_LIST_LIMIT, InputFileError, read_input_file
 from .errors import DataError
 
@@ -41,17 +42,7 @@ DEFAULT_MAX_PIXELS = 89_478_485
 def max_image_pixels() -> int:
     """The most pixels (width x height) an image may have to be decoded: ``NETDEF_MAX_IMAGE_PIXELS``,
     else ``DEFAULT_MAX_PIXELS``."""
-    text = os.environ.get(MAX_PIXELS_VARIABLE, "").strip()
-    if not text:
-        return DEFAULT_MAX_PIXELS
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"environment variable {MAX_PIXELS_VARIABLE}={text[:40]!r}: expected a positive number "
-                         f"of pixels (default {DEFAULT_MAX_PIXELS})")
-    return value
+    return positive_count(MAX_PIXELS_VARIABLE, "pixels", DEFAULT_MAX_PIXELS)
 
 
 def _check_pixels(size: tuple[int, int], name: str) -> None:
@@ -104,7 +95,8 @@ def _hwc(img, mode: str) -> np.ndarray:
 
 
 def _pil_to_chw(img, color: bool | None, fmt: str) -> np.ndarray:
-    """A loaded Pillow image as CHW uint8 in OpenCV's channel order for the given mode."""
+    """A loaded Pillow image as CHW uint8 in OpenCV's channel order for the given mode: a view of the
+    HWC array Pillow gives (channels reordered and moved by strides, not copied)."""
     mode = img.mode
     has_alpha = mode in ("RGBA", "LA", "PA") or (mode in ("RGB", "P", "L") and "transparency" in img.info)
     if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
@@ -112,23 +104,23 @@ def _pil_to_chw(img, color: bool | None, fmt: str) -> np.ndarray:
         hwc = gray[:, :, None]
         if color:
             hwc = np.repeat(hwc, 3, axis=2)
-        return np.ascontiguousarray(hwc.transpose(2, 0, 1))
+        return hwc.transpose(2, 0, 1)
     if color is False:
         if mode in ("L", "1"):
             hwc = _hwc(img, "L")
         else:
             rgb = np.asarray(img.convert("RGB"))
             hwc = _rgb_to_gray(rgb, png=(fmt == "PNG"))[:, :, None]
-        return np.ascontiguousarray(hwc.transpose(2, 0, 1))
+        return hwc.transpose(2, 0, 1)
     if color is None and mode in ("L", "1"):
         # Grey stays one channel, even with a tRNS chunk (OpenCV's CV_8UC1 case).
-        return np.ascontiguousarray(_hwc(img, "L").transpose(2, 0, 1))
+        return _hwc(img, "L").transpose(2, 0, 1)
     if color is None and has_alpha:
         # OpenCV's IMREAD_UNCHANGED keeps alpha as a 4th channel (grey+alpha becomes BGRA too).
         rgba = _hwc(img, "RGBA")
-        return np.ascontiguousarray(rgba[:, :, [2, 1, 0, 3]].transpose(2, 0, 1))
+        return rgba[:, :, [2, 1, 0, 3]].transpose(2, 0, 1)
     rgb = _hwc(img, "RGB")
-    return np.ascontiguousarray(rgb[:, :, ::-1].transpose(2, 0, 1))
+    return rgb[:, :, ::-1].transpose(2, 0, 1)
 
 
 def decode_image(data: bytes, color: bool | None = None, name: str = "image") -> np.ndarray:
@@ -137,6 +129,12 @@ def decode_image(data: bytes, color: bool | None = None, name: str = "image") ->
     ``color``: True (3 channels), False (1 channel) or None (the file's own channels), as OpenCV's
     IMREAD_COLOR / IMREAD_GRAYSCALE / IMREAD_UNCHANGED. ``name`` goes into error messages.
     """
+    return np.ascontiguousarray(decode_image_view(data, color, name))
+
+
+def decode_image_view(data: bytes, color: bool | None = None, name: str = "image") -> np.ndarray:
+    """``decode_image`` without its last copy: the CHW image as a strided view of the decoded HWC
+    pixels. The data layers' transformer reads it as it crops (one pass over the pixels less)."""
     Image, ImageOps = _pil()
     try:
         img = Image.open(io.BytesIO(bytes(data)))  # reads the header only
@@ -164,10 +162,10 @@ def read_image(path, height: int = 0, width: int = 0, is_color: bool = True) -> 
         raw = read_input_file(path, "image", IMAGE_FILE_LIMIT)
     except InputFileError as exc:
         raise ImageError(str(exc)) from None
-    img = decode_image(raw, color=bool(is_color), name=path)
+    img = decode_image_view(raw, color=bool(is_color), name=path)
     if height > 0 and width > 0:
-        img = resize(img, height, width)
-    return img
+        return resize(img, height, width)  # reads the view; its result is a new array
+    return np.ascontiguousarray(img)
 
 
 # ---------------------------------------------------------------------------------------------- resize

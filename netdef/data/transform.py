@@ -1,4 +1,4 @@
-"""Caffe's DataTransformer (``transform_param``), vectorized over a batch.
+"""Caffe's DataTransformer (``transform_param``), item by item straight into the batch.
 
 For each item x (C x H x W, uint8 or float), Caffe computes
 
@@ -13,20 +13,39 @@ not look at the phase for mirroring); ``crop_size`` takes a random crop in TRAIN
 (offsets (H - crop) // 2, (W - crop) // 2) in TEST. The draws come from the Generator passed in, so the
 layer that owns it decides the sequence (and can save and restore it).
 
+Each item is written into its row of the batch in one pass: the crop and the mirror are views (of the
+item and of the mean image), and the subtraction reads the pixels, converts them and writes the row;
+no per-item temporary and no gather. The draws for a batch come first (``plan``, in the calling
+thread), so the items can then be transformed by several threads (``DataWorkers``) in any order
+with the same result.
+
 ``force_color`` / ``force_gray`` only act on encoded items: they choose how images are decoded
 (``decode_color``), as in Caffe.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
 from ..proto import netdef_pb2 as pb
 from .datum import read_mean_file
 from .errors import DataError
+from .workers import SERIAL, DataWorkers
 
 
 class TransformError(DataError):
     """An item that the transformation cannot take (too small for the crop, shape unlike the mean)."""
+
+
+@dataclasses.dataclass
+class ItemDecisions:
+    """The random decisions for the items of a batch: ``mirror`` (bool per item) and the crop's
+    ``h_off``, ``w_off`` (top-left corner per item; 0 without a crop)."""
+
+    mirror: np.ndarray
+    h_off: np.ndarray
+    w_off: np.ndarray
 
 
 class DataTransformer:
@@ -92,16 +111,10 @@ class DataTransformer:
             raise TransformError(f"{name}: specify either 1 mean_value or as many as channels: {c} "
                                  f"(got {len(self.mean_values)})")
 
-    # ------------------------------------------------------------------ the transformation
-    def __call__(self, batch: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
-        """Transform an N x C x H x W batch of equally shaped items."""
-        batch = np.asarray(batch)
-        if batch.ndim != 4:
-            raise TransformError(f"expected an N x C x H x W batch, got shape {batch.shape}")
-        n, c, h, w = batch.shape
-        self.check((c, h, w))
-        if self.needs_random and rng is None:
-            raise TransformError("this transformation is random (mirror or a TRAIN crop): pass a Generator")
+    # ------------------------------------------------------------------ random decisions, Caffe's order
+    def _draw(self, n: int, h: int, w: int, rng) -> ItemDecisions:
+        """The decisions for n items of one h x w shape: every mirror flag first, then every row
+        offset, then every column offset (the order of the draws fixes the sequence for a seed)."""
         mirror = rng.integers(0, 2, size=n).astype(bool) if self.mirror else np.zeros(n, dtype=bool)
         crop = self.crop_size
         if crop and self.phase == pb.TRAIN:
@@ -110,62 +123,104 @@ class DataTransformer:
         elif crop:
             h_off = np.full(n, (h - crop) // 2)
             w_off = np.full(n, (w - crop) // 2)
-        oh, ow = (crop, crop) if crop else (h, w)
-
-        if not crop and not mirror.any():
-            x = batch  # the arithmetic below converts it to the output type as it goes
-            mean = self.mean[None] if self.mean is not None else None
         else:
-            if not crop:
-                h_off = np.zeros(n, dtype=np.int64)
-                w_off = np.zeros(n, dtype=np.int64)
-            rows = h_off[:, None] + np.arange(oh)                       # N x oh
-            cols = w_off[:, None] + np.arange(ow)                       # N x ow
-            # A mirrored item reads its (cropped) columns right to left; the mean follows the pixels.
-            cols = np.where(mirror[:, None], cols[:, ::-1], cols)
-            ri = rows[:, None, :, None]
-            ci = cols[:, None, None, :]
-            chan = np.arange(c)[None, :, None, None]
-            x = batch[np.arange(n)[:, None, None, None], chan, ri, ci].astype(self.dtype, copy=False)
-            mean = self.mean[chan, ri, ci] if self.mean is not None else None
-        # One new array, each step in the output type (``dtype=``: the items are converted first, as
-        # astype would, then subtracted and scaled; the same values as step by step).
-        if mean is None and len(self.mean_values):
-            mv = self.mean_values if len(self.mean_values) == c else np.repeat(self.mean_values, c)
-            mean = mv[None, :, None, None]
-        if mean is not None:
-            out = np.subtract(x, mean, dtype=self.dtype)
-            if self.scale != 1:
-                out *= self.scale
-        elif self.scale != 1:
-            out = np.multiply(x, self.scale, dtype=self.dtype)
-        else:
-            out = np.array(x, dtype=self.dtype)
-        return np.ascontiguousarray(out)
+            h_off = np.zeros(n, dtype=np.int64)
+            w_off = np.zeros(n, dtype=np.int64)
+        return ItemDecisions(mirror, h_off, w_off)
 
-    def transform_items(self, items, rng: np.random.Generator | None = None, names=None) -> np.ndarray:
-        """Transform a list of C x H x W items into one N x C x h x w batch, Caffe's way: the first
-        item sets the output shape; the others must transform to it (with a crop they may be of other
-        sizes). Items of equal shape are transformed together."""
-        if not items:
+    def plan(self, shapes, rng=None, names=None) -> tuple[ItemDecisions, tuple]:
+        """Check the C x H x W ``shapes`` of a batch's items and draw their mirrors and crops; returns
+        the decisions and the transformed item shape. The first item sets the output shape; the others
+        must transform to it (with a crop they may be of other sizes). Items of equal shape draw
+        together, groups in order of first appearance: the draws a batch of one shape made before
+        transformation went item by item, so the same seed gives the same crops and mirrors."""
+        if not shapes:
             raise TransformError("no items to transform")
-        names = names if names is not None else [f"item {i}" for i in range(len(items))]
-        shapes = [tuple(np.shape(a)) for a in items]
+        names = names if names is not None else [f"item {i}" for i in range(len(shapes))]
         for shape, name in zip(shapes, names):
             if len(shape) != 3:
-                raise TransformError(f"{name}: expected C x H x W, got shape {shape}")
-        out_shape = self.output_shape(shapes[0])
+                raise TransformError(f"{name}: expected C x H x W, got shape {tuple(shape)}")
+        if self.needs_random and rng is None:
+            raise TransformError("this transformation is random (mirror or a TRAIN crop): pass a Generator")
         groups: dict[tuple, list[int]] = {}
         for i, shape in enumerate(shapes):
-            groups.setdefault(shape, []).append(i)
+            groups.setdefault(tuple(int(d) for d in shape), []).append(i)
+        first = tuple(int(d) for d in shapes[0])
+        out_shape = self.output_shape(first)
         if len(groups) == 1:
-            return self(np.stack(items), rng)
-        out = np.empty((len(items),) + out_shape, dtype=self.dtype)
+            return self._draw(len(shapes), first[1], first[2], rng), out_shape
+        decisions = ItemDecisions(np.zeros(len(shapes), dtype=bool), np.zeros(len(shapes), dtype=np.int64),
+                                  np.zeros(len(shapes), dtype=np.int64))
         for shape, idx in groups.items():
             self.check(shape, names[idx[0]])
             got = self.output_shape(shape)
             if got != out_shape:
                 raise TransformError(f"{names[idx[0]]}: shape {shape} transforms to {got}, but the batch's first "
                                      f"item {names[0]} gave {out_shape} (items of one batch must agree)")
-            out[idx] = self(np.stack([items[i] for i in idx]), rng)
+            drawn = self._draw(len(idx), shape[1], shape[2], rng)
+            decisions.mirror[idx], decisions.h_off[idx], decisions.w_off[idx] = drawn.mirror, drawn.h_off, drawn.w_off
+        return decisions, out_shape
+
+    # ------------------------------------------------------------------ the transformation
+    def transform_item(self, item: np.ndarray, out: np.ndarray, mirror: bool, h_off: int, w_off: int) -> None:
+        """Write one C x H x W item (any strides: a view of the decoder's output will do) transformed
+        into ``out`` (C x h x w, the item's row of the batch), in one pass: the crop and the mirror are
+        views of the item and of the mean image, and the subtraction converts as it writes. (An
+        N x C x H x W block of items with the same decisions works the same way.)"""
+        c = item.shape[-3]
+        oh, ow = out.shape[-2:]
+        rows, cols = slice(h_off, h_off + oh), slice(w_off, w_off + ow)
+        pixels = item[..., rows, cols]
+        if self.mean is not None:
+            mean = self.mean[:, rows, cols]
+        elif len(self.mean_values):
+            mean = self._channel_means(c)[:, None, None]
+        else:
+            mean = None
+        if mirror:
+            pixels = pixels[..., ::-1]
+            if self.mean is not None:
+                mean = mean[:, :, ::-1]
+        # Each step in the output type, first the subtraction and then the product, as Caffe computes.
+        if mean is not None:
+            np.subtract(pixels, mean, out=out, dtype=self.dtype)
+            if self.scale != 1:
+                np.multiply(out, self.scale, out=out)
+        elif self.scale != 1:
+            np.multiply(pixels, self.scale, out=out, dtype=self.dtype)
+        else:
+            np.copyto(out, pixels, casting="unsafe")
+
+    def _channel_means(self, channels: int) -> np.ndarray:
+        # One mean_value serves every channel.
+        return self.mean_values if len(self.mean_values) == channels else np.repeat(self.mean_values, channels)
+
+    def __call__(self, batch: np.ndarray, rng: np.random.Generator | None = None, workers: DataWorkers = SERIAL,
+                 allocate=np.empty) -> np.ndarray:
+        """Transform an N x C x H x W batch of equally shaped items."""
+        batch = np.asarray(batch)
+        if batch.ndim != 4:
+            raise TransformError(f"expected an N x C x H x W batch, got shape {batch.shape}")
+        n, c, h, w = batch.shape
+        self.check((c, h, w))
+        if self.crop_size or self.mirror:
+            return self.transform_items(batch, rng, workers=workers, allocate=allocate)
+        # Neither crop nor mirror: the whole batch in one operation, the mean broadcast over it.
+        out = allocate(batch.shape, self.dtype)
+        self.transform_item(batch, out, False, 0, 0)
+        return out
+
+    def transform_items(self, items, rng: np.random.Generator | None = None, names=None,
+                        workers: DataWorkers = SERIAL, allocate=np.empty) -> np.ndarray:
+        """Transform a sequence of C x H x W items into one N x C x h x w batch (see ``plan``), each
+        item written straight into its row of the batch by ``workers``; ``allocate(shape, dtype)``
+        makes the batch's buffer (pinned host memory when the net runs on a GPU)."""
+        decisions, out_shape = self.plan([np.shape(a) for a in items], rng, names)
+        out = allocate((len(items),) + out_shape, self.dtype)
+
+        def transform(i):
+            self.transform_item(items[i], out[i], bool(decisions.mirror[i]), int(decisions.h_off[i]),
+                                int(decisions.w_off[i]))
+
+        workers.map(transform, range(len(items)))
         return out

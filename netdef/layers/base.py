@@ -171,10 +171,23 @@ class Layer:
         so a model folder runs from anywhere. Unchanged when neither exists (the caller reports it)."""
         import os
 
-        if os.path.isabs(path) or os.path.exists(path) or not getattr(self, "base_dir", None):
+        # lexists: a link that leads nowhere (a loop) is the file meant; opening it will say what is wrong.
+        if os.path.isabs(path) or os.path.lexists(path) or not getattr(self, "base_dir", None):
             return path
         beside = os.path.join(self.base_dir, path)
-        return beside if os.path.exists(beside) else path
+        return beside if os.path.lexists(beside) else path
+
+    def places_tried(self, path: str) -> str:
+        """Where ``resolve_path`` looked for ``path``, for an error: the working directory's and,
+        where the net's folder is another, that folder's."""
+        import os
+
+        places = [os.path.abspath(path)]
+        if not os.path.isabs(path) and getattr(self, "base_dir", None):
+            beside = os.path.abspath(os.path.join(self.base_dir, path))
+            if beside not in places:
+                places.append(beside)
+        return " and ".join(places)
 
     def allow_force_backward(self, bottom_index: int) -> bool:
         """Whether ``force_backward`` may ask for this bottom's gradient (False for labels)."""

@@ -4,7 +4,9 @@
 The three readers share ``DataSourceLayer``:
 
 - A background thread prepares the next ``data_param.prefetch`` batches (default 4; 0 reads in the
-  forward pass itself) while the current one is used. It is a daemon thread that holds no strong
+  forward pass itself) while the current one is used. Data and ImageData decode and transform the
+  items of a batch on ``threads.data_threads()`` threads (``DataWorkers``), the preparing thread one
+  of them; the batches are those of one thread, whatever the count. It is a daemon thread that holds no strong
   reference to the layer while it waits, so a dropped net stops it; ``close()`` stops it at once.
   An exception in it (a corrupt record, an unreadable image, a missing file) is raised by the
   forward() that would have consumed the batch, naming the layer and the DB key or file.
@@ -34,14 +36,16 @@ import weakref
 import numpy as np
 
 from .. import backend
-from ..data.datum import DatumError, datum_to_array, parse_datum, raw_datum_batch
+from ..data.datum import DatumError, datum_item, parse_datum, raw_datum_batch
 from ..data.db import open_db
+from ..data.hdf5 import check_dataset_fits, read_dataset
 from ..data.errors import HDF5_EXTENSIONS, IMAGE_EXTENSIONS, DataError, listed_name
 from ..data.image import read_image, read_image_list
 from ..data.transform import DataTransformer
+from ..data.workers import DataWorkers
 from ..files import TEXT_LIST_LIMIT, InputFileError, check_file_name, check_input_file, read_input_file
 from ..proto import netdef_pb2 as pb
-from ..threads import yield_cores_to_compute
+from ..threads import data_threads, yield_cores_to_compute
 from .base import DataSource, Layer, LayerError, register_layer
 
 _STATE_MAGIC = b"netdef-data-state 1\n"
@@ -167,6 +171,12 @@ class DataSourceLayer(DataSource):
         self._failure = None
         self.dtype = top[0].dtype if top else backend.default_dtype()
         self.prefetch = int(self.layer_param.data_param.prefetch)
+        self.worker_threads = self._guarded(data_threads)
+        self._workers = None
+        # Where each batch is written: a fresh host array, since the top blob keeps the array it is
+        # given. The seam for a GPU run's pinned (page-locked) buffers, whose copy to the device can
+        # overlap compute; such an allocator must not reuse a buffer that a blob may still hold.
+        self.allocate_batch = np.empty
         self.num_tops = len(top)
         self.open_source()
         if self.batch_size <= 0:
@@ -180,6 +190,13 @@ class DataSourceLayer(DataSource):
 
     def reshape(self, bottom, top):
         """Nothing: forward() shapes the tops like each batch (Caffe's prefetching layers too)."""
+
+    @property
+    def workers(self) -> DataWorkers:
+        """The threads that decode and transform this layer's items (started on first use)."""
+        if self._workers is None:
+            self._workers = DataWorkers(self.worker_threads, name=f"netdef-data-{self.name}")
+        return self._workers
 
     def _guarded(self, fn, *args):
         try:
@@ -263,6 +280,9 @@ class DataSourceLayer(DataSource):
                     pass
                 thread.join(timeout=0.05)
         self._thread = self._stop = self._queue = None
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
         # The producer ran ahead; rewind it (and the Generator) to what forward() consumed.
         self._apply(self._consumed)
 
@@ -427,6 +447,9 @@ class DataLayer(DataSourceLayer):
         if not p.source:
             raise self.error("data_param.source (the DB path) is empty")
         source = self.resolve_path(p.source)
+        if not os.path.exists(source):
+            raise self.error(f"data_param.source {p.source!r}: no such DB (looked for {self.places_tried(p.source)}); "
+                             f"create it (netdef convert-mnist, convert-imageset) or correct the path")
         self.source_name = source
         self.batch_size = int(p.batch_size)
         backend_value = p.backend
@@ -505,19 +528,23 @@ class DataLayer(DataSourceLayer):
     def _decode(self, key: bytes, value: bytes):
         name = self._record_name(key)
         datum = parse_datum(value, name)
-        return datum_to_array(datum, color=self.decode_color, name=name), datum.label
+        return datum_item(datum, color=self.decode_color, name=name), datum.label
+
+    def _item(self, record) -> np.ndarray:
+        key, datum = record
+        return datum_item(datum, color=self.decode_color, name=self._record_name(key))
 
     def read_batch(self, pos):
         keys, values, new_pos = self._records(pos, self.batch_size)
         datums = [self._parse(key, value) for key, value in zip(keys, values)]
         raw = raw_datum_batch(datums)
         if raw is not None:
-            data = self.transformer(raw, self._rng)
+            data = self.transformer(raw, self._rng, self.workers, self.allocate_batch)
         else:
             # Encoded or float items, or items of several shapes: one at a time, errors naming the record.
-            items = [datum_to_array(datum, color=self.decode_color, name=self._record_name(key))
-                     for key, datum in zip(keys, datums)]
-            data = self.transformer.transform_items(items, self._rng, [self._record_name(k) for k in keys])
+            items = self.workers.map(self._item, zip(keys, datums))
+            data = self.transformer.transform_items(items, self._rng, [self._record_name(k) for k in keys],
+                                                    self.workers, self.allocate_batch)
         arrays = [data]
         if self.num_tops > 1:
             arrays.append(np.fromiter((datum.label for datum in datums), dtype=self.dtype, count=len(datums)))
@@ -551,6 +578,9 @@ class ImageDataLayer(DataSourceLayer):
     def open_source(self):
         p = self.layer_param.image_data_param
         source = self.resolve_path(p.source)
+        if not os.path.exists(source):
+            raise self.error(f"data_param.source {p.source!r}: no such DB (looked for {self.places_tried(p.source)}); "
+                             f"create it (netdef convert-mnist, convert-imageset) or correct the path")
         self.source_name = source
         self.batch_size = int(p.batch_size)
         if (p.new_height > 0) != (p.new_width > 0):
@@ -576,9 +606,10 @@ class ImageDataLayer(DataSourceLayer):
         if root:
             root = self.resolve_path(root) + (os.sep if root.endswith(("/", os.sep)) else "")
         path = root + self.names[i]
-        if root and not os.path.exists(path) and not root.endswith(("/", os.sep)):
+        # lexists: a link that leads nowhere (a loop) is the file meant; opening it will say what is wrong.
+        if root and not os.path.lexists(path) and not root.endswith(("/", os.sep)):
             joined = os.path.join(root, self.names[i])
-            if os.path.exists(joined):
+            if os.path.lexists(joined):
                 path = joined
         return path
 
@@ -625,9 +656,9 @@ class ImageDataLayer(DataSourceLayer):
 
     def read_batch(self, pos):
         ids, new_pos = self._ids(pos, self.batch_size)
-        items = [self._read(i) for i in ids]
+        items = self.workers.map(self._read, ids)
         names = [self._path(int(i)) for i in ids]
-        data = self.transformer.transform_items(items, self._rng, names)
+        data = self.transformer.transform_items(items, self._rng, names, self.workers, self.allocate_batch)
         return [data, self.labels[ids].astype(self.dtype)], new_pos
 
     def top_shapes(self, pos):
@@ -671,6 +702,9 @@ class HDF5DataLayer(DataSourceLayer):
         if self.layer_param.HasField("transform_param"):
             raise self.error("HDF5Data does not transform data: remove transform_param")
         source = self.resolve_path(p.source)
+        if not os.path.exists(source):
+            raise self.error(f"data_param.source {p.source!r}: no such DB (looked for {self.places_tried(p.source)}); "
+                             f"create it (netdef convert-mnist, convert-imageset) or correct the path")
         self.source_name = source
         self.batch_size = int(p.batch_size)
         self.datasets = list(self.layer_param.top)
@@ -687,12 +721,13 @@ class HDF5DataLayer(DataSourceLayer):
         for f in files:
             # Caffe opens the paths as written (relative to the working directory); a path relative
             # to the list file is accepted too.
-            if not os.path.exists(f) and not os.path.isabs(f) and os.path.exists(os.path.join(base, f)):
+            # lexists: a link that leads nowhere is the file meant; opening it will say what is wrong.
+            if not os.path.lexists(f) and not os.path.isabs(f) and os.path.lexists(os.path.join(base, f)):
                 f = os.path.join(base, f)
             self.files.append(f)
         rows, shapes = [], None
         for line, f in enumerate(self.files, 1):
-            if not os.path.exists(f) and listed_name(f, HDF5_EXTENSIONS) is None:
+            if not os.path.lexists(f) and listed_name(f, HDF5_EXTENSIONS) is None:
                 raise self.error(f"entry {line} of {source}: no such file, nor an HDF5 file's name (the source "
                                  f"list holds one path/file.h5 per line)")
             try:
@@ -711,6 +746,8 @@ class HDF5DataLayer(DataSourceLayer):
                         elif ds.shape[0] != file_rows:
                             raise self.error(f"HDF5 file {f}: dataset {name!r} has {ds.shape[0]} rows, "
                                              f"{self.datasets[0]!r} has {file_rows}")
+                        # A file can declare far more than it holds: refused here, before any read.
+                        check_dataset_fits(ds, f, self.dtype)
                         file_shapes.append(tuple(ds.shape[1:]))
             except OSError as exc:
                 raise self.error(f"failed opening HDF5 file {f} ({exc})") from None
@@ -743,7 +780,7 @@ class HDF5DataLayer(DataSourceLayer):
             try:
                 check_input_file(path, "HDF5 file")
                 with h5py.File(path, "r") as h5:
-                    arrays = [np.asarray(h5[name][...], dtype=self.dtype) for name in self.datasets]
+                    arrays = [read_dataset(h5[name], path, self.dtype) for name in self.datasets]
             except (OSError, KeyError, InputFileError) as exc:
                 raise DataError(f"failed reading HDF5 file {path} ({exc})") from None
             self._cache = (fi, arrays)

@@ -3,28 +3,35 @@
     layer { type: "Python" python_param { module: "my_layers" layer: "MyLayer" param_str: "..." } }
 
 imports ``my_layers`` and builds ``my_layers.MyLayer(layer_param)``. The class subclasses
-``netdef.Layer`` and implements setup/reshape/forward/backward, so a pycaffe layer works after
-replacing ``caffe`` by ``netdef``. Before ``setup`` the instance has ``param_str`` and ``phase``, and
-``self.blobs.add_blob(*shape)`` adds a learnable blob, as in pycaffe.
+``netdef.Layer`` and implements setup/reshape/forward/backward. Before ``setup`` the instance has
+``param_str`` and ``phase``, and ``self.blobs.add_blob(*shape)`` adds a learnable blob, as in pycaffe.
+
+A layer module written for pycaffe loads unchanged: while netdef imports it, ``import caffe`` (and
+``caffe.io``, ``caffe.proto.caffe_pb2``) answers with netdef's API (netdef/pycaffe_alias/caffe),
+unless a real Caffe is importable, which then wins. The alias's folder sits last on sys.path only
+during that import, and its modules are taken out of sys.modules afterwards, so nothing else in the
+process sees a ``caffe`` module that is not there; a layer module keeps the one it imported.
 
 Trust model. Importing a module runs its code, so a model file from elsewhere must not choose what
 runs. A Python layer's module comes only from Python's own import path (PYTHONPATH, installed
 packages) and from folders the user names (``Net(python_path=...)``, ``NETDEF_PYTHON_PATH``,
-``netdef --python_path``), never implicitly from the working directory (Caffe's embedded interpreter
-searched it; netdef used to add it, which let ``netdef test`` on a downloaded model run a module lying
-beside it). ``python_layers="deny"`` (``NETDEF_PYTHON_LAYERS=deny``, ``--python_layers=deny``) refuses
+``netdef --python_path``), never implicitly from the working directory or the running script's
+folder, from the command line and from Python alike (``trusted_import``: Caffe's embedded interpreter
+searched the working directory, which let ``netdef test`` on a downloaded model run a module lying
+beside it). The standard library and ``__main__`` modules are refused before anything is imported. ``python_layers="deny"`` (``NETDEF_PYTHON_LAYERS=deny``, ``--python_layers=deny``) refuses
 every Python layer before anything is imported. The log names the file each module was loaded from.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import importlib
 import logging
 import os
 import sys
 
 from ..blob import Blob
 from .base import Layer, LayerError, register_layer
+from .trusted_import import RefusedModuleError, import_layer_module
 
 log = logging.getLogger("netdef")
 
@@ -67,13 +74,29 @@ class BlobVec(list):
         return blob
 
 
-def _import(module_name: str, folders: tuple[str, ...]):
-    # The named folders go in front of sys.path, exactly as PYTHONPATH would put them, so that a
-    # module can import its siblings; the user named them, so they are trusted for the process.
-    for folder in reversed(folders):
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
-    return importlib.import_module(module_name)
+#: The folder whose only entry is netdef's ``caffe`` alias package (module docstring).
+CAFFE_ALIAS_FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pycaffe_alias")
+
+
+def _is_caffe_alias(module) -> bool:
+    path = getattr(module, "__file__", None) or ""  # a namespace or built-in module has no file
+    return path.startswith(CAFFE_ALIAS_FOLDER + os.sep)
+
+
+@contextlib.contextmanager
+def _caffe_answers_with_netdef():
+    """``import caffe`` finds netdef's alias while the block runs, unless something earlier on
+    sys.path (an installed Caffe) provides ``caffe``; afterwards sys.path and sys.modules hold no
+    trace of the alias. Appended last, the folder cannot shadow any other module."""
+    sys.path.append(CAFFE_ALIAS_FOLDER)
+    try:
+        yield
+    finally:
+        # The last occurrence: the one appended above.
+        del sys.path[len(sys.path) - 1 - sys.path[::-1].index(CAFFE_ALIAS_FOLDER)]
+        for name in [n for n in sys.modules if n == "caffe" or n.startswith("caffe.")]:
+            if _is_caffe_alias(sys.modules[name]):
+                del sys.modules[name]
 
 
 @register_layer("Python")
@@ -106,14 +129,17 @@ class PythonLayer(Layer):
             raise error(f"refused to import module {param.module!r}: Python layers are denied "
                         f"(--python_layers=deny or {PYTHON_LAYERS_ENV}=deny)")
         try:
-            module = _import(param.module, policy.folders)
+            with _caffe_answers_with_netdef():
+                module = import_layer_module(param.module, policy.folders)
+        except RefusedModuleError as exc:
+            raise error(str(exc)) from None
         except ModuleNotFoundError as exc:
             if exc.name is not None and param.module.split(".")[0] != exc.name.split(".")[0]:
                 raise error(f"module {param.module!r} failed to import: {exc}") from exc
             searched = f"the folders {list(policy.folders)} and sys.path" if policy.folders else "sys.path"
             raise error(f"cannot find python_param.module {param.module!r} in {searched}; the working "
-                        f"directory is not searched: name the module's folder with --python_path DIR, "
-                        f"{PYTHON_PATH_ENV} or Net(python_path=...)") from exc
+                        f"directory and the running script's folder are not searched: name the module's "
+                        f"folder with --python_path DIR, {PYTHON_PATH_ENV} or Net(python_path=...)") from exc
         except Exception as exc:
             raise error(f"importing module {param.module!r} failed: {type(exc).__name__}: {exc}") from exc
         origin = getattr(module, "__file__", None) or "a module without a file"
@@ -122,7 +148,8 @@ class PythonLayer(Layer):
             raise error(f"module {param.module!r} ({origin}) has no class {param.layer!r}")
         if not (isinstance(user_cls, type) and issubclass(user_cls, Layer)):
             raise error(f"{param.module}.{param.layer} is not a subclass of netdef.Layer "
-                        f"(write `class {param.layer}(netdef.Layer)`)")
+                        f"(write `class {param.layer}(netdef.Layer)`; `caffe.Layer` is netdef.Layer only "
+                        f"where no Caffe is installed, since an installed Caffe's `import caffe` wins)")
         if issubclass(user_cls, PythonLayer):
             raise error(f"{param.module}.{param.layer} must subclass netdef.Layer, not the Python factory")
         log.info("Python layer %s: %s.%s from %s", name, param.module, param.layer, origin)

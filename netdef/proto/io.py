@@ -11,6 +11,7 @@ import pathlib
 from google.protobuf import message as _message
 from google.protobuf import text_format
 
+from ..excerpts import EXCERPT_CHARACTERS, excerpt
 from ..files import PROTOBUF_LIMIT, InputFileError, read_input_file, write_bytes_atomically
 from . import netdef_pb2 as pb
 
@@ -44,17 +45,44 @@ def parse_text(text: str, message, name: str = "<prototxt string>"):
     try:
         text_format.Parse(text, message)
     except text_format.ParseError as exc:
-        line, column = exc.GetLine(), exc.GetColumn()
-        detail = str(exc)
-        # The library prefixes "line:column : "; keep only the explanation after it.
-        if line is not None and detail.startswith(f"{line}:"):
-            detail = detail.split(" : ", 1)[-1]
-        where = f"{name}:{line}:{column}" if line is not None else name
-        raise ProtoFileError(f"{where}: {detail}") from None
+        raise ProtoFileError(_parse_error_message(exc, text, name)) from None
     missing = message.FindInitializationErrors()
     if missing:
         raise ProtoFileError(f"{_where_missing(text, name, missing[0])}: missing required field {missing[0]}")
     return message
+
+
+def _parse_error_message(exc, text: str, name: str) -> str:
+    """``name:line:column: what, near '...'``, quoting only a short, escaped excerpt of the file.
+
+    protobuf's own message repeats the whole offending line (``'<line>': what``), which for a one-line
+    file is the whole file, terminal escape sequences included; it is replaced by the few characters
+    around the column."""
+    line, column = exc.GetLine(), exc.GetColumn()
+    detail = str(exc)
+    if line is None:
+        return f"{name}: {excerpt(detail, 2 * EXCERPT_CHARACTERS)}"
+    # The library prefixes "line:column : ", then often "'<the line>': "; keep the explanation after them.
+    detail = detail.split(" : ", 1)[-1] if detail.startswith(f"{line}:") else detail
+    line_text = _line_of(text, line)
+    echoed = f"'{line_text}': "
+    if detail.startswith(echoed):
+        detail = detail[len(echoed):]
+    where = f"{name}:{line}:{column}"
+    start = max(column - 1 - EXCERPT_CHARACTERS // 4, 0)
+    near = excerpt(line_text[start:start + EXCERPT_CHARACTERS])
+    return f"{where}: {excerpt(detail, 2 * EXCERPT_CHARACTERS)}, near '{near}'"
+
+
+def _line_of(text: str, number: int) -> str:
+    """Line ``number`` (1-based) of ``text``, split on newlines as protobuf's parser splits it."""
+    start = 0
+    for _ in range(number - 1):
+        start = text.find("\n", start) + 1
+        if start == 0:
+            return ""
+    end = text.find("\n", start)
+    return text[start:] if end < 0 else text[start:end]
 
 
 def _where_missing(text: str, name: str, field_path: str) -> str:

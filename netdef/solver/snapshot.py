@@ -42,6 +42,7 @@ from google.protobuf.message import DecodeError
 
 from .. import backend
 from .. import files, tempnames
+from ..data.hdf5 import check_dataset_fits, read_dataset
 from ..layers.base import LayerError
 from ..proto import io as proto_io
 from ..proto import netdef_pb2 as pb
@@ -230,7 +231,9 @@ def _h5_read_int(handle, name: str) -> int:
 
 
 def _h5_read_string(handle, name: str) -> str:
-    value = handle[name][()]
+    dataset = handle[name]
+    check_dataset_fits(dataset, handle.filename)
+    value = dataset[()]
     if isinstance(value, np.ndarray):
         value = value.reshape(-1)[0]
     if isinstance(value, bytes):
@@ -324,12 +327,13 @@ def _write_state_hdf5(handle, solver, model_path: str, extra: pb.NetdefSolverSta
 def _resolve_learned_net(learned_net: str, state_path: str) -> str:
     """Caffe opens learned_net relative to the working directory; netdef then tries it relative to the
     state file's folder, then the file of that name beside the state file (a moved snapshot pair)."""
-    if os.path.exists(learned_net):
+    # lexists: a link that leads nowhere is the file meant; opening it will say what is wrong with it.
+    if os.path.lexists(learned_net):
         return learned_net
     folder = os.path.dirname(os.path.abspath(state_path))
     candidates = [os.path.join(folder, learned_net), os.path.join(folder, os.path.basename(learned_net))]
     for candidate in candidates:
-        if os.path.exists(candidate):
+        if os.path.lexists(candidate):
             logger.info("learned_net %s is not in the working directory; using %s (beside the solver state)",
                         learned_net, candidate)
             return candidate
@@ -373,7 +377,7 @@ def set_blobs(blobs, protos, what: str, whose: str) -> None:
 def restore(solver, path) -> None:
     """Caffe's Solver::Restore: ``.h5`` names an HDF5 state, anything else a binary SolverState."""
     path = os.fspath(path)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise SnapshotError(f"{path}: no such solver state file")
     with files.open_input_file(path, "solver state") as handle:
         is_hdf5 = handle.read(8) == HDF5_MAGIC
@@ -448,7 +452,7 @@ def _h5_dataset(handle, name: str, path: str):
 
 
 def _h5_counter(handle, name: str, path: str) -> int:
-    values = np.asarray(_h5_dataset(handle, name, path)[()]).reshape(-1)
+    values = read_dataset(_h5_dataset(handle, name, path), path).reshape(-1)
     if values.size != 1 or not np.issubdtype(values.dtype, np.integer):
         raise SnapshotError(f"{path}: field {name} must be one integer, got {values.size} {values.dtype} value(s)")
     return int(values[0])
@@ -467,11 +471,11 @@ def _restore_hdf5_fields(solver, handle, path: str) -> None:
     for i in range(len(history)):
         if str(i) not in history:
             raise SnapshotError(f"{path}: history dataset {i} is missing")
-        values = _h5_dataset(history, str(i), path)[()]
-        _set_history(solver, i, np.asarray(values), np.shape(values), path)
+        values = read_dataset(_h5_dataset(history, str(i), path), path)
+        _set_history(solver, i, values, np.shape(values), path)
     if "netdef_state" in handle:
         try:
-            extra = pb.NetdefSolverState.FromString(np.asarray(_h5_dataset(handle, "netdef_state", path)[()]).tobytes())
+            extra = pb.NetdefSolverState.FromString(read_dataset(_h5_dataset(handle, "netdef_state", path), path).tobytes())
         except DecodeError:
             raise SnapshotError(f"{path}: field netdef_state: not a serialized NetdefSolverState") from None
         apply_netdef_state(solver, extra, path)

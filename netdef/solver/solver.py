@@ -63,7 +63,9 @@ from ..upgrade import upgrade_solver
 from . import lr_policy
 from . import snapshot as _snapshot
 from .parallel import Parallel
+from .prefix_lock import SnapshotPrefixLock
 from .updates import SolverConfigError, update_rule_class
+from .values import check_solver_values, train_net_field
 
 logger = logging.getLogger("netdef")
 f32 = np.float32
@@ -117,9 +119,17 @@ def read_solver_param(source) -> tuple[pb.SolverParameter, str | None]:
         raise SolverConfigError("Failed to upgrade solver: old solver_type field (enum) and new type field (string) "
                                 "cannot be both specified in solver proto text.")
     upgrade_solver(param)
+    check_solver_values(param, _solver_name(source, path))
     if path is not None:
         _upgrade_snapshot_prefix(param, path)
     return param, path
+
+
+def _solver_name(source, path: str | None) -> str:
+    """What errors call a solver: its file, or what it was given as."""
+    if path is not None:
+        return path
+    return "<SolverParameter>" if isinstance(source, pb.SolverParameter) else "<solver prototxt string>"
 
 
 def _upgrade_snapshot_prefix(param: pb.SolverParameter, solver_file: str) -> None:
@@ -131,15 +141,6 @@ def _upgrade_snapshot_prefix(param: pb.SolverParameter, solver_file: str) -> Non
     elif os.path.isdir(param.snapshot_prefix):
         param.snapshot_prefix = os.path.join(param.snapshot_prefix, stem)
         logger.info("snapshot_prefix was a directory and is replaced to %s", param.snapshot_prefix)
-
-
-def _cupy_works(device_id: int) -> bool:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > device_id
-    except Exception:  # noqa: BLE001 - any failure means no usable GPU
-        return False
 
 
 # ============================================================================================ the solver
@@ -174,7 +175,6 @@ class Solver:
 
         self.iter = 0
         self.current_step = 0
-        self.lr = f32(0)
         self.smoothed_loss = f32(0)
         self._losses: list = []
         self._loss_window_start = 0
@@ -192,6 +192,7 @@ class Solver:
         self._pending: _PendingUpdate | None = None
         self._last_pass = False
         self._told_clipping_waits = False
+        self._prefix_lock: SnapshotPrefixLock | None = None
 
         self._setup_device(param)
         self._setup_precision(param)
@@ -257,22 +258,25 @@ class Solver:
         if not param.HasField("solver_mode"):
             return
         if param.solver_mode == pb.SolverParameter.GPU:
-            if _cupy_works(param.device_id):
+            problem = backend.gpu_problem(param.device_id)
+            if problem is None:
                 backend.set_device("gpu", param.device_id)
                 logger.info("Using GPU %d", param.device_id)
             else:
-                logger.warning("solver_mode is GPU but CuPy or CUDA device %d is not usable; training on the CPU",
-                               param.device_id)
+                # As `netdef VERB --gpu N` (cli.py): a solver written for a GPU still trains here.
+                logger.warning("solver_mode: GPU (device_id: %d): no usable GPU, %s; training on the CPU "
+                               "(set solver_mode: CPU to say so)", param.device_id, problem)
                 backend.set_device("cpu")
         else:
             backend.set_device("cpu")
 
     def _resolve(self, path: str, what: str) -> str:
-        if os.path.exists(path):
+        # lexists: a link that leads nowhere (a loop) is the file meant; opening it will say what is wrong.
+        if os.path.lexists(path):
             return path
         if self.solver_file and not os.path.isabs(path):
             beside = os.path.join(os.path.dirname(os.path.abspath(self.solver_file)), path)
-            if os.path.exists(beside):
+            if os.path.lexists(beside):
                 logger.info("%s %s is not in the working directory; using %s (relative to the solver file's folder)",
                             what, path, beside)
                 return beside
@@ -307,15 +311,7 @@ class Solver:
 
     def _build_train_net(self) -> Net:
         p = self.param
-        fields = ["net", "net_param", "train_net", "train_net_param"]
-        given = [f for f in fields if p.HasField(f)]
-        if not given:
-            raise SolverConfigError("SolverParameter must specify a train net using one of these fields: "
-                                    + ", ".join(fields))
-        if len(given) > 1:
-            raise SolverConfigError("SolverParameter must not contain more than one of these fields specifying a "
-                                    f"train_net: {', '.join(fields)} (it has {', '.join(given)})")
-        field = given[0]
+        field = train_net_field(p, self.solver_file or "<solver>")
         train_state = p.train_state if p.HasField("train_state") else None
         if field in ("net_param", "train_net_param"):
             logger.info("Creating training net specified in %s.", field)
@@ -424,6 +420,9 @@ class Solver:
         logger.info("Learning Rate Policy: %s", self.param.lr_policy)
         self.requested_early_exit = False
         try:
+            if self.parallel.writes_snapshots and self.param.snapshot_prefix:
+                # Held until close(): no other run may write this prefix's snapshots meanwhile.
+                self._prefix_lock = SnapshotPrefixLock.acquire(self.param.snapshot_prefix)
             if resume_file:
                 logger.info("Restoring previous solver status from %s", resume_file)
                 self.restore(resume_file)
@@ -588,6 +587,17 @@ class Solver:
         self._report(scalars)
 
     # ---------------------------------------------------------------------------------------- the update
+    @property
+    def lr(self) -> np.float32:
+        """The learning rate of the current iteration, ``iter``: the rate the next update applies
+        (before the first step, iteration 0's). Reading it advances nothing."""
+        return lr_policy.learning_rate(self.param, self.iter, self.current_step)[0]
+
+    def share_weights(self, net) -> None:
+        """pycaffe's ``solver.share_weights(net)``: ``net`` uses this solver's trained parameters from
+        now on, layer by name (``net.share_with(solver.net)``), e.g. a deploy net following training."""
+        net.share_with(self.net)
+
     def get_learning_rate(self) -> np.float32:
         """The rate for the current iteration (advances current_step for step/multistep, as Caffe)."""
         rate, self.current_step = lr_policy.learning_rate(self.param, self.iter, self.current_step)
@@ -599,7 +609,6 @@ class Solver:
         its gradient is there (see the module docstring), the rest later (``finish_updates``)."""
         p = self.param
         rate = self.get_learning_rate()
-        self.lr = rate
         if p.display and self.iter % p.display == 0:
             logger.info("Iteration %d, lr = %s", self.iter, _fmt(rate))
             self._report({"train/lr": float(rate)})
@@ -845,6 +854,8 @@ class Solver:
         if self._closed:
             return
         self._closed = True
+        if self._prefix_lock is not None:
+            self._prefix_lock.release()
         self.parallel.close()
         seen = set()
         for net in [self.net] + list(self.test_nets):

@@ -140,6 +140,28 @@ def test_convert_imageset_skips_unreadable_and_checks_size(tmp_path, caplog):
         C.convert_imageset(root, lst, tmp_path / "b", check_size=True)
 
 
+def test_convert_imageset_on_several_threads_writes_the_db_of_one(tmp_path, caplog):
+    rng = np.random.default_rng(2)
+    images = [rng.integers(0, 256, (int(rng.integers(6, 20)), int(rng.integers(6, 20)), 3), dtype=np.uint8)
+              for _ in range(40)]
+    lst = write_images(tmp_path / "imgs", images, ext="jpg")
+    lines = lst.read_text().splitlines()
+    lines[7] = "missing.jpg 7"
+    lines[30] = "absent.jpg 30"
+    lst.write_text("\n".join(lines) + "\n")
+    root = str(tmp_path / "imgs") + "/"
+    dbs = {}
+    for threads in (1, 3):
+        caplog.clear()
+        count = C.convert_imageset(root, lst, tmp_path / f"db{threads}", resize_height=8, resize_width=9,
+                                   encode_type="jpg", threads=threads)
+        assert count == 38
+        # The skipped lines are logged in list order, whichever thread read them.
+        assert re.findall(r"Skipping line (\d+)", caplog.text) == ["8", "31"]
+        dbs[threads] = entries(tmp_path / f"db{threads}")
+    assert dbs[1] == dbs[3] and len(dbs[1]) == 38
+
+
 # ---------------------------------------------------------------------------------------------- means
 @pytest.mark.parametrize("db,mean", [("mnist_test_lmdb", "mnist_test_mean.binaryproto"),
                                      ("color20_png_lmdb", "color20_mean.binaryproto"),

@@ -146,3 +146,30 @@ def test_transform_items_of_several_sizes():
         np.testing.assert_array_equal(got, item[:, (h - 3) // 2:(h - 3) // 2 + 3, (w - 3) // 2:(w - 3) // 2 + 3])
     with pytest.raises(TransformError, match="b.png"):
         DataTransformer(param()).transform_items(items[:2], names=["a.png", "b.png"])
+
+
+@pytest.mark.parametrize("phase", [pb.TRAIN, pb.TEST])
+def test_several_threads_write_the_batch_of_one(tmp_path, phase):
+    # Items of two sizes (two groups of draws), strided views as the decoder gives them, a mean image.
+    from netdef.data.workers import SERIAL, DataWorkers
+
+    rng = np.random.default_rng(4)
+    write_mean_file(tmp_path / "mean", rng.uniform(0, 255, (1, 3, 9, 9)).astype(np.float32))
+    p = param(crop_size=5, mirror=True, scale=0.5, mean_value=[3, 4, 5])
+    hwc = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in [(9, 9), (7, 8)] * 10]
+    items = [im[:, :, ::-1].transpose(2, 0, 1) for im in hwc]
+    workers = DataWorkers(3, name="test-transform")
+    for p in (p, param(mean_file=str(tmp_path / "mean"), mirror=True, crop_size=5)):
+        t = DataTransformer(p, phase)
+        same_size = items[::2]
+        serial = t.transform_items(same_size, np.random.default_rng(7))
+        parallel = t.transform_items(same_size, np.random.default_rng(7), workers=workers)
+        np.testing.assert_array_equal(parallel, serial)
+        # The batch of equal items equals the batch transformation of their stack (the draws agree).
+        np.testing.assert_array_equal(serial, t(np.stack(same_size), np.random.default_rng(7)))
+        # Another seed mirrors (and in TRAIN crops) otherwise: the comparisons above can fail.
+        assert not np.array_equal(serial, t.transform_items(same_size, np.random.default_rng(8), workers=SERIAL))
+    t = DataTransformer(param(crop_size=5, mirror=True, mean_value=[3, 4, 5]), phase)
+    np.testing.assert_array_equal(t.transform_items(items, np.random.default_rng(9), workers=workers),
+                                  t.transform_items(items, np.random.default_rng(9)))
+    workers.close()

@@ -551,3 +551,36 @@ def test_a_missing_image_with_an_image_name_is_still_named(tmp_path):
     net = image_net(lst, 2, f'root_folder: "{tmp_path / "imgs"}/"')
     with pytest.raises(netdef.LayerError, match=r"gone\.png: no such file \(line 2 of"):
         net.forward()
+
+
+# ---------------------------------------------------------------------------------------------- threads
+def test_batches_on_several_data_threads_equal_those_of_one(tmp_path, monkeypatch):
+    """Real JPEGs in an encoded LMDB (convert-imageset) and in an image list, decoded and transformed
+    (random crop, mirror, mean image) on 1 and on 3 threads: the same batches for the same seed."""
+    from netdef.data.convert import compute_image_mean, convert_imageset
+
+    rng = np.random.default_rng(5)
+    sizes = [(12, 12)] * 9 + [(14, 13)] * 4  # ImageData items of two sizes: two groups of draws
+    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in sizes]
+    lst = write_images(tmp_path / "imgs", images, ext="jpg")
+    root = f"{tmp_path / 'imgs'}/"
+    db = tmp_path / "db"
+    convert_imageset(root, lst, db, resize_height=12, resize_width=12, encoded=True, encode_type="jpg")
+    compute_image_mean(db, tmp_path / "mean.binaryproto")
+    transform = f'crop_size: 9 mirror: true mean_file: "{tmp_path / "mean.binaryproto"}" scale: 0.5'
+    runs = {}
+    for threads in ("1", "3"):
+        monkeypatch.setenv("NETDEF_DATA_THREADS", threads)
+        data = data_net(db, 5, transform, seed=11)
+        images_net = image_net(lst, 5, f'root_folder: "{root}" shuffle: true', "crop_size: 9 mirror: true "
+                               "mean_value: 100 mean_value: 110 mean_value: 120", seed=11)
+        assert source_layer(data).worker_threads == int(threads)
+        runs[threads] = (batches(data, 6), batches(images_net, 6))
+        source_layer(data).close()
+        source_layer(images_net).close()
+    assert_same(runs["1"][0], runs["3"][0])
+    assert_same(runs["1"][1], runs["3"][1])
+    assert runs["1"][0][0][0].shape == (5, 3, 9, 9)
+    monkeypatch.setenv("NETDEF_DATA_THREADS", "none")
+    with pytest.raises(netdef.NetError, match="NETDEF_DATA_THREADS='none': expected a positive number"):
+        data_net(db, 5)

@@ -240,8 +240,8 @@ def net_with_python_layer(module: str) -> str:
 
 def test_working_directory_is_not_searched(tmp_path, monkeypatch, clean_import_state):
     name = module_in_working_directory(tmp_path, monkeypatch)
-    with pytest.raises(LayerError, match=rf"cannot find python_param.module '{name}'.*working directory is not "
-                                         r"searched.*--python_path"):
+    with pytest.raises(LayerError, match=rf"cannot find python_param.module '{name}'.*working directory and the "
+                                         r"running script's folder are not searched.*--python_path"):
         make_layer(python_layer(name, "ScaleBy", "1"))
     assert name not in sys.modules
 
@@ -280,3 +280,161 @@ def test_unknown_policy_value_is_refused(monkeypatch, clean_import_state):
     monkeypatch.setenv(python_module.PYTHON_LAYERS_ENV, "sometimes")
     with pytest.raises(ValueError, match="NETDEF_PYTHON_LAYERS must be 'allow' or 'deny', not 'sometimes'"):
         Net(net_with_python_layer("x"), "TEST")
+
+
+# ============================================================================ `import caffe` in a layer module
+PYCAFFE_LOSS_MODULE = '''
+import caffe
+import caffe.io
+import numpy as np
+from caffe.proto import caffe_pb2
+
+
+class HalfSquaredDistance(caffe.Layer):
+    """pycaffe's Python loss layer shape: sum((a - b)^2) / num / 2, as written for Caffe."""
+
+    def setup(self, bottom, top):
+        if len(bottom) != 2:
+            raise Exception("Need two inputs to compute distance.")
+        self.was_train = self.phase == caffe.TRAIN
+        self.pb_train = caffe_pb2.TRAIN
+        self.has_io = caffe.io.Transformer is not None
+
+    def reshape(self, bottom, top):
+        self.diff = np.zeros_like(bottom[0].data, dtype=np.float32)
+        top[0].reshape(1)
+
+    def forward(self, bottom, top):
+        self.diff[...] = bottom[0].data - bottom[1].data
+        top[0].data[...] = np.sum(self.diff ** 2) / bottom[0].num / 2.
+
+    def backward(self, top, propagate_down, bottom):
+        for i in range(2):
+            if propagate_down[i]:
+                sign = 1 if i == 0 else -1
+                bottom[i].diff[...] = sign * self.diff / bottom[i].num
+'''
+
+LOSS_NET = '''
+force_backward: true
+layer { name: "a" type: "Input" top: "a" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "b" type: "Input" top: "b" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "loss" type: "Python" bottom: "a" bottom: "b" top: "loss" loss_weight: 1
+        python_param { module: "MODULE" layer: "HalfSquaredDistance" } }
+'''
+
+
+@pytest.fixture
+def no_installed_caffe():
+    import importlib.util
+
+    if importlib.util.find_spec("caffe") is not None:
+        pytest.skip("a real Caffe is importable here; it wins over netdef's alias (tested with a stand-in below)")
+
+
+def test_a_pycaffe_layer_module_that_imports_caffe_loads_unchanged(tmp_path, clean_import_state, no_installed_caffe):
+    name = f"netdef_pycaffe_loss_{next(_names)}"
+    (tmp_path / f"{name}.py").write_text(PYCAFFE_LOSS_MODULE)
+    path_before = list(sys.path)
+    try:
+        net = Net(LOSS_NET.replace("MODULE", name), "TRAIN", python_path=str(tmp_path))
+        layer = net.layers[-1]
+        assert isinstance(layer, Layer) and layer.was_train and layer.pb_train == TRAIN and layer.has_io
+        a = np.array([[1, 2, 3], [4, 5, 6]], np.float32)
+        b = np.array([[1, 0, 3], [4, 5, 2]], np.float32)
+        # (2^2 + 4^2) / 2 rows / 2 = 5
+        assert net.forward(a=a, b=b)["loss"] == pytest.approx(5.0)
+        diffs = net.backward()
+        np.testing.assert_allclose(diffs["a"], (a - b) / 2)
+        np.testing.assert_allclose(diffs["b"], -(a - b) / 2)
+        # The module kept netdef's answer to `import caffe`; the rest of the process never sees one.
+        assert sys.modules[name].caffe.Layer is Layer
+        assert not any(n == "caffe" or n.startswith("caffe.") for n in sys.modules)
+        assert python_module.CAFFE_ALIAS_FOLDER not in sys.path and sys.path == [str(tmp_path)] + path_before
+        with pytest.raises(ModuleNotFoundError):
+            import caffe  # noqa: F401
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_an_installed_caffe_wins_over_netdefs_alias(tmp_path, clean_import_state):
+    """A real Caffe stands earlier on sys.path: the layer module gets it, and its caffe.Layer is not
+    netdef's, so the layer is refused with a line that says why."""
+    installed = tmp_path / "site"
+    (installed / "caffe").mkdir(parents=True)
+    (installed / "caffe" / "__init__.py").write_text("class Layer:\n    pass\nTRAIN = 0\n")
+    layers = tmp_path / "layers"
+    layers.mkdir()
+    name = f"netdef_pycaffe_loss_{next(_names)}"
+    (layers / f"{name}.py").write_text("import caffe\n\n\nclass HalfSquaredDistance(caffe.Layer):\n    pass\n")
+    sys.path.insert(0, str(installed))
+    try:
+        with pytest.raises(NetError, match=r"not a subclass of netdef.Layer .*an installed Caffe's `import caffe` "
+                                           r"wins"):
+            Net(LOSS_NET.replace("MODULE", name), "TRAIN", python_path=str(layers))
+        assert sys.modules[name].caffe.__file__ == str(installed / "caffe" / "__init__.py")
+        assert sys.modules["caffe"] is sys.modules[name].caffe  # the installed one stays, as any import
+    finally:
+        for module in [n for n in sys.modules if n in (name, "caffe") or n.startswith("caffe.")]:
+            del sys.modules[module]
+
+
+# ------------------------------------------------ one trust rule for every entry point (issue 32, classes 4, 5)
+# A module that leaves a mark in the working directory when it runs: the mark proves it was imported.
+MARKING_MODULE = USER_MODULE + '\nopen("IMPORTED", "w").close()\n'
+SCRIPT = """
+import netdef
+try:
+    netdef.Net(open("model.prototxt").read(), "TEST")
+except netdef.net.NetError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize("how", ["script beside the module", "python -c in the module's folder"])
+def test_python_entry_points_search_neither_working_directory_nor_script_folder(tmp_path, how):
+    """Python itself puts these folders first on sys.path (a script's folder, or "" for -c): a model
+    must not reach a module lying there through ``netdef.Net`` any more than through the command line."""
+    import subprocess
+
+    (tmp_path / "marking_layers.py").write_text(MARKING_MODULE)
+    (tmp_path / "model.prototxt").write_text(net_with_python_layer("marking_layers"))
+    (tmp_path / "run.py").write_text(SCRIPT)
+    command = ["run.py"] if how.startswith("script") else ["-c", SCRIPT]
+    done = subprocess.run([sys.executable, *command], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "cannot find python_param.module 'marking_layers' in sys.path; the working directory and the " \
+           "running script's folder are not searched" in done.stdout
+    assert not (tmp_path / "IMPORTED").exists()
+
+
+def test_a_named_folder_is_searched_even_when_it_is_the_working_directory(tmp_path, monkeypatch,
+                                                                          clean_import_state):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "netdef_cwd_named_layers.py").write_text(MARKING_MODULE)
+    try:
+        net = Net(net_with_python_layer("netdef_cwd_named_layers"), "TEST", python_path=".")
+        assert type(net.layers[1]).__name__ == "ScaleBy"
+        assert (tmp_path / "IMPORTED").exists()
+    finally:
+        sys.modules.pop("netdef_cwd_named_layers", None)
+
+
+@pytest.mark.parametrize("module, why", [
+    ("venv.__main__", "it is part of Python's standard library"),
+    ("antigravity", "it is part of Python's standard library"),
+    ("http.server", "it is part of Python's standard library"),
+    ("netdef_program_pkg.__main__", "a __main__ module is a program that runs when imported, not a layer"),
+])
+def test_modules_that_hold_no_layer_are_refused_before_importing(tmp_path, monkeypatch, clean_import_state,
+                                                                  module, why):
+    package = tmp_path / "netdef_program_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text('open("IMPORTED", "w").close()\n')
+    monkeypatch.chdir(tmp_path)
+    already = set(sys.modules)
+    with pytest.raises(NetError, match=rf"layer 'py' \(Python\): refused to import module '{module}': {why}"):
+        Net(net_with_python_layer(module), "TEST", python_path=str(tmp_path))
+    assert set(sys.modules) - already == set()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["netdef_program_pkg"]

@@ -35,10 +35,10 @@ def test_trajectory(name, tmp_path, monkeypatch):
     rates, losses = [], []
     for k in range(1, 7):
         feeder.start(k)
+        rates.append(solver.lr)  # pycaffe's lr: the rate of the iteration the step runs
         solver.step(1)
         assert feeder.j == feeder.iter_size
         assert solver.iter == k
-        rates.append(solver.lr)
         losses.append(solver.smoothed_loss)
         close_to_oracle(solver.net.params["ip"][0].data, case[f"w/{k}"])
         close_to_oracle(solver.net.params["ip"][1].data, case[f"b/{k}"])
@@ -170,9 +170,9 @@ def test_lenet_solverstate_restores_at_10000(tmp_path):
     before = [(np.array(p.data), np.array(h.data)) for p, h in zip(solver.net.learnable_params, solver.history)]
     grads = []
     solver.add_callback(on_gradients_ready=lambda: grads.extend(np.array(p.diff) for p in solver.net.learnable_params))
-    solver.step(1)
     rate = np.float32(0.01) * np.power(np.float32(1) + np.float32(0.0001) * np.float32(10000), np.float32(-0.75))
     assert solver.lr == rate
+    solver.step(1)
     for (w, h), g, p, mult in zip(before, grads, solver.net.learnable_params, solver.net.params_lr):
         expected = w - (0.9 * h.astype(np.float64) + float(rate) * mult * (g + 0.0005 * w.astype(np.float64)))
         np.testing.assert_allclose(p.data, expected, rtol=1e-5, atol=1e-7)

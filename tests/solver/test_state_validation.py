@@ -195,3 +195,18 @@ def test_a_lowered_average_loss_restarts_the_displayed_average(case, tmp_path):
     with get_solver(str(case[1])) as solver:
         solver.restore(path)
         assert solver.iter == 2 and solver._resumed_loss_window is None
+
+
+def test_an_hdf5_history_declaring_terabytes_is_refused_before_reading(case, tmp_path):
+    """Issue 32, class 1: a history data set that declares 4 TiB and holds nothing."""
+    from netdef.memory import BlobTooLargeError
+
+    def declare_huge_history(handle):
+        del handle["history/0"]
+        handle.create_dataset("history/0", shape=(2**40,), dtype=np.float32, chunks=(1024,))
+
+    path = _crafted_hdf5(case, tmp_path, declare_huge_history)
+    with get_solver(str(case[2])) as solver:
+        with pytest.raises(BlobTooLargeError, match=rf"^HDF5 file {path}: data set '/history/0' of shape "
+                                                    rf"\({2**40},\) needs {4 * 2**40} bytes"):
+            solver.restore(path)

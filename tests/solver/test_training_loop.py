@@ -364,7 +364,7 @@ def test_rmsprop_decay_range_and_train_net_fields(tmp_path):
     text = str(case["solver_prototxt"]).replace("rms_decay: 0.98", "rms_decay: 1.5")
     with pytest.raises(SolverConfigError, match="rms_decay"):
         get_solver(str(write_case_files(case, tmp_path, text)))
-    with pytest.raises(SolverConfigError, match="must specify a train net"):
+    with pytest.raises(SolverConfigError, match="no net to train"):
         get_solver(pb.SolverParameter(base_lr=0.1, lr_policy="fixed"))
     text = str(case["solver_prototxt"]) + 'train_net: "solver_net.prototxt"\n'
     with pytest.raises(SolverConfigError, match="more than one"):
