@@ -255,3 +255,23 @@ def gpu_missing() -> str | None:
     except cupy.cuda.runtime.CUDARuntimeError as exc:
         return f"no usable CUDA device: {exc}"
     return None if count > 0 else "no CUDA device"
+
+
+def dummy_data_solver(inputs: int, prefix: str = "snaps/run") -> str:
+    """A solver prototxt with its net inside: random DummyData of ``inputs`` values per item, one
+    InnerProduct, a loss; 2 iterations on the CPU, then the final snapshot at ``prefix``. No data
+    files needed; the model file holds about 8 x ``inputs`` bytes."""
+    return f"""
+net_param {{
+  layer {{ name: "d" type: "DummyData" top: "x" top: "y"
+          dummy_data_param {{ shape {{ dim: 4 dim: {inputs} }} shape {{ dim: 4 dim: 2 }}
+                             data_filler {{ type: "gaussian" }} data_filler {{ type: "gaussian" }} }} }}
+  layer {{ name: "ip" type: "InnerProduct" bottom: "x" top: "p" inner_product_param {{ num_output: 2 }} }}
+  layer {{ name: "loss" type: "EuclideanLoss" bottom: "p" bottom: "y" top: "loss" }}
+}}
+base_lr: 0.01
+lr_policy: "fixed"
+max_iter: 2
+snapshot_prefix: "{prefix}"
+solver_mode: CPU
+"""

@@ -11,6 +11,7 @@ import pytest
 from netdef import files
 from netdef.proto import io as proto_io
 from netdef.proto import netdef_pb2 as pb
+from tests.helpers import dummy_data_solver
 
 
 def _mode(path) -> int:
@@ -270,20 +271,8 @@ def test_an_lmdb_in_a_link_loop_is_reported_as_a_loop(link_loop):
 
 
 # ------------------------------------------------------------------ a write that fails names the file (issue 32, class 9)
-WRITE_SOLVER = """
-net_param {
-  layer { name: "d" type: "DummyData" top: "x" top: "y"
-          dummy_data_param { shape { dim: 4 dim: 300 } shape { dim: 4 dim: 2 }
-                             data_filler { type: "gaussian" } data_filler { type: "gaussian" } } }
-  layer { name: "ip" type: "InnerProduct" bottom: "x" top: "p" inner_product_param { num_output: 2 } }
-  layer { name: "loss" type: "EuclideanLoss" bottom: "p" bottom: "y" top: "loss" }
-}
-base_lr: 0.01
-lr_policy: "fixed"
-max_iter: 2
-snapshot_prefix: "snaps/run"
-solver_mode: CPU
-"""
+# 300 inputs: a model of about 2.4 KB, past the 1,500-byte limit below.
+WRITE_SOLVER = dummy_data_solver(300)
 
 
 def _limit_file_size(limit: int):

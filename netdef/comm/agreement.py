@@ -10,7 +10,14 @@ training, the ranks compare, in groups of named facts:
   broadcast to all) and the net fields ``net``, ``train_net``, ``test_net``, ``*_net_param`` (a net
   file may lie at another path on every node: the built nets are compared instead). The
   ``netdef_distributed`` field is compared in ``distributed``, after the command line's overrides.
-- ``net``: each net's layers (name, type, bottoms, tops) and the shape of every parameter blob.
+- ``net``: each net's ``force_backward`` and, for each layer, every field of its LayerParameter that is
+  set (and every value of the sub-messages that are set, defaults included), so that ranks differing
+  only in a value (an ``lr_mult``, a ``loss_weight``, a transform's ``scale``, a ReLU's slope, a
+  ``batch_size``) are refused, not left to train different models; and the shape of every parameter
+  blob. Left out, as a rank's own: the files a layer reads or writes on its node (every ``source``,
+  ``mean_file``, ``root_folder``, ``file_name``: each rank may read its own shard, from its own paths),
+  the data layers' ``prefetch`` depth, and the values stored in the definition (``blobs``: parameters
+  are broadcast from rank 0).
 - ``distributed``: the exchange options (``ExchangeOptions``) as given; chunk and credit sizes of 0
   mean "measured", and the measurement itself is rank 0's, broadcast (``scheduler.choose_sizes``).
   The timeline path only matters on rank 0, but whether there is one decides a collective: only that
@@ -36,6 +43,10 @@ _SOLVER_FIELDS_OF_ONE_RANK = frozenset({
     "device_id", "weights", "net", "train_net", "test_net", "net_param", "train_net_param", "test_net_param",
     "netdef_distributed",
 })
+
+#: LayerParameter fields (at any depth) that may differ per rank: paths on a node, prefetch depth,
+#: stored values (see the module docstring).
+_LAYER_FIELDS_OF_ONE_RANK = frozenset({"source", "mean_file", "root_folder", "file_name", "prefetch", "blobs"})
 
 Facts = dict[str, dict[str, str]]  # group -> {field name: value as text}, in a fixed order
 
@@ -76,15 +87,32 @@ def solver_facts(param: pb.SolverParameter) -> dict[str, str]:
 
 
 def net_facts(label: str, net) -> dict[str, str]:
-    """A net's layers (name, type, bottoms, tops) and parameter shapes, keyed by ``label`` and layer."""
-    facts = {}
+    """A net's ``force_backward``, its layers' fields and its parameter shapes, keyed by ``label``,
+    layer and field path (``train net layer 'relu1' relu_param.negative_slope``)."""
+    facts = {f"{label} force_backward": _text(bool(net.force_backward))}
     for layer in net.layers:
-        lp = layer.layer_param
         key = f"{label} layer {layer.name!r}"
-        facts[key] = f"{lp.type} from {list(lp.bottom)} to {list(lp.top)}"
+        _message_facts(layer.layer_param, key + " ", facts)
         for j, blob in enumerate(layer.blobs):
             facts[f"{key} parameter {j} shape"] = str(tuple(int(d) for d in blob.shape))
     return facts
+
+
+def _message_facts(message, prefix: str, facts: dict[str, str]) -> None:
+    """Every field of ``message`` that is not a rank's own, by path: scalars (defaults included) and
+    the sub-messages that are set, recursively."""
+    for field in message.DESCRIPTOR.fields:
+        if field.name in _LAYER_FIELDS_OF_ONE_RANK:
+            continue
+        value = getattr(message, field.name)
+        if field.type != field.TYPE_MESSAGE:
+            facts[prefix + field.name] = ("[" + ", ".join(_field_text(field, v) for v in value) + "]"
+                                          if field.is_repeated else _field_text(field, value))
+        elif field.is_repeated:
+            for index, item in enumerate(value):
+                _message_facts(item, f"{prefix}{field.name}[{index}].", facts)
+        elif message.HasField(field.name):
+            _message_facts(value, f"{prefix}{field.name}.", facts)
 
 
 def distributed_facts(options) -> dict[str, str]:

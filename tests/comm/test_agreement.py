@@ -58,8 +58,17 @@ CASES = [
     pytest.param(lambda s: s.replace("base_lr: 0.2", "base_lr: 0.02"), None, [],
                  "solver base_lr: rank 0 has 0.2, rank 1 has 0.02", id="base_lr"),
     pytest.param(None, lambda n: n.replace("num_output: 12", "num_output: 10"), [],
-                 "net train net layer 'ip1' parameter 0 shape: rank 0 has (12, 16), rank 1 has (10, 16)",
+                 "net train net layer 'ip1' inner_product_param.num_output: rank 0 has 12, rank 1 has 10",
                  id="parameter-shape"),
+    # Values alone (issue 32, class 6): the same shapes, a different model.
+    pytest.param(None, lambda n: n.replace('top: "ip1" }', 'top: "ip1" relu_param { negative_slope: 0.1 } }'), [],
+                 "net train net layer 'relu1' relu_param.negative_slope: rank 0 has nothing, rank 1 has 0.1",
+                 id="relu-slope"),
+    pytest.param(None, lambda n: n.replace("scale: 0.00390625", "scale: 0.5"), [],
+                 "net train net layer 'data' transform_param.scale: rank 0 has 0.00390625, rank 1 has 0.5",
+                 id="transform-scale"),
+    pytest.param(None, lambda n: n.replace("batch_size: 4", "batch_size: 3"), [],
+                 "net train net layer 'data' data_param.batch_size: rank 0 has 4, rank 1 has 3", id="batch-size"),
     pytest.param(None, None, ["--bucket_bytes=4096"],
                  "distributed bucket_bytes: rank 0 has 4194304, rank 1 has 4096", id="bucket_bytes"),
 ]
@@ -80,6 +89,21 @@ def test_ranks_that_differ_end_at_once_with_one_line(tmp_path, change_solver, ch
 @needs_mpi
 def test_ranks_that_agree_train(tmp_path):
     a, b = _two_solvers(tmp_path)
+    run = run_netdef_per_rank([["train", a], ["train", b]], tmp_path, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert re.search(r"Iteration 6, loss", run.stderr + run.stdout)
+
+
+@needs_mpi
+def test_ranks_may_read_their_data_from_their_own_paths(tmp_path):
+    """A data source is a path on each rank's node: it may differ (issue 32, class 6)."""
+    import shutil
+
+    a, b = _two_solvers(tmp_path)
+    shutil.copytree(tmp_path / "train_lmdb", tmp_path / "train_lmdb_of_rank_1")
+    net = tmp_path / "b_net.prototxt"
+    net.write_text(net.read_text().replace(f'{tmp_path / "train_lmdb"}"', f'{tmp_path / "train_lmdb_of_rank_1"}"'))
+    assert "train_lmdb_of_rank_1" in net.read_text()
     run = run_netdef_per_rank([["train", a], ["train", b]], tmp_path, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     assert re.search(r"Iteration 6, loss", run.stderr + run.stdout)

@@ -7,21 +7,9 @@ import sys
 import pytest
 
 from netdef.solver.prefix_lock import SnapshotPrefixInUseError, SnapshotPrefixLock, lock_path
+from tests.helpers import dummy_data_solver
 
-SOLVER = """
-net_param {
-  layer { name: "d" type: "DummyData" top: "x" top: "y"
-          dummy_data_param { shape { dim: 4 dim: 3 } shape { dim: 4 dim: 2 }
-                             data_filler { type: "gaussian" } data_filler { type: "gaussian" } } }
-  layer { name: "ip" type: "InnerProduct" bottom: "x" top: "p" inner_product_param { num_output: 2 } }
-  layer { name: "loss" type: "EuclideanLoss" bottom: "p" bottom: "y" top: "loss" }
-}
-base_lr: 0.01
-lr_policy: "fixed"
-max_iter: 2
-snapshot_prefix: "snaps/run"
-solver_mode: CPU
-"""
+SOLVER = dummy_data_solver(3)
 
 # Another run of the same prefix, as a separate process holding the lock until its stdin closes.
 HOLDER = """
