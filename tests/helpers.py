@@ -246,15 +246,22 @@ def train_twice(text: str, fused: bool, rng, values=None):
 
 def gpu_missing() -> str | None:
     """Why the GPU tests cannot run here (no CuPy, no usable CUDA device), or None."""
+    return backend.gpu_problem(0)
+
+
+@contextlib.contextmanager
+def gpu_settings():
+    """New blobs on GPU 0 for the block; afterwards the CPU again, and the GPU settings a test may
+    change (precision, cuDNN switched off) back at their defaults."""
+    from netdef import cudnn
+
+    backend.set_device("gpu", 0)
     try:
-        import cupy
-    except ImportError:
-        return "CuPy is not installed (pip install -e '.[gpu]')"
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError as exc:
-        return f"no usable CUDA device: {exc}"
-    return None if count > 0 else "no CUDA device"
+        yield
+    finally:
+        backend.set_device("cpu")
+        backend.set_precision("float32")
+        cudnn.set_enabled(True)
 
 
 def dummy_data_solver(inputs: int, prefix: str = "snaps/run") -> str:

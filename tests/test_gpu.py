@@ -26,7 +26,7 @@ import pytest
 
 import netdef
 from netdef import backend
-from tests.helpers import compare_with_caffe_blobs, gpu_missing, layer_case_names, run_caffe_case, shared_path
+from tests.helpers import compare_with_caffe_blobs, gpu_missing, gpu_settings, layer_case_names, run_caffe_case, shared_path
 from tests.solver.test_gpu_updates import UPDATE_RULES, rule_and_params, stepwise_update
 
 f32 = np.float32
@@ -38,11 +38,8 @@ pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"no GPU: {MISSING}"
 
 @pytest.fixture
 def on_gpu():
-    backend.set_device("gpu", 0)
-    try:
+    with gpu_settings():
         yield
-    finally:
-        backend.set_device("cpu")
 
 
 @pytest.mark.parametrize("name", layer_case_names())

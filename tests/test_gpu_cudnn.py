@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from netdef import backend, cudnn
-from tests.helpers import build, gpu_missing, parse_layer
+from tests.helpers import build, gpu_missing, gpu_settings, parse_layer
 
 
 def test_status_names_what_is_missing():
@@ -38,13 +38,8 @@ needs_cudnn = pytest.mark.skipif(MISSING is not None, reason=f"no GPU with cuDNN
 
 @pytest.fixture
 def on_gpu():
-    backend.set_device("gpu", 0)
-    try:
+    with gpu_settings():
         yield
-    finally:
-        backend.set_device("cpu")
-        backend.set_precision("float32")
-        cudnn.set_enabled(True)
 
 
 def _conv(params: str, shape, rng, dtype, weights=None, bottoms=1):

@@ -237,9 +237,6 @@ class Solver:
             if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
                 raise SolverConfigError(f"Cannot write to snapshot prefix {param.snapshot_prefix!r}.  Make sure "
                                         f"that the directory exists and is writable.")
-        if param.precision not in backend.PRECISIONS:
-            raise SolverConfigError(f"precision must be one of {', '.join(backend.PRECISIONS)}, "
-                                    f"got {param.precision!r}")
         rule_class.validate(param)
 
     @staticmethod

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from ..backend import PRECISIONS
 from ..proto import netdef_pb2 as pb
 from .updates import SolverConfigError
 
@@ -50,8 +51,8 @@ def train_net_field(param: pb.SolverParameter, name: str) -> str:
 
 
 def check_solver_values(param: pb.SolverParameter, name: str) -> None:
-    """Raise SolverConfigError, naming ``name`` and the field, when the solver has no net to train or
-    one of its rates is not finite or outside its range."""
+    """Raise SolverConfigError, naming ``name`` and the field, when the solver has no net to train,
+    one of its rates is not finite or outside its range, or its GPU precision is not one netdef has."""
     train_net_field(param, name)
     for field, in_range, words in _RANGES:
         value = getattr(param, field)
@@ -59,3 +60,5 @@ def check_solver_values(param: pb.SolverParameter, name: str) -> None:
             continue
         rule = "a finite number" if words is None else f"a finite number {words}"
         raise SolverConfigError(f"{name}: {field} is {value:g}; it must be {rule}")
+    if param.precision not in PRECISIONS:
+        raise SolverConfigError(f"{name}: precision must be one of {', '.join(PRECISIONS)}, got {param.precision!r}")
