@@ -96,6 +96,14 @@ def _set_device(gpu: str | None) -> int | None:
     return ids[0]
 
 
+def _precision_flag(parser) -> None:
+    from netdef.backend import PRECISIONS
+
+    _flag(parser, "precision", choices=list(PRECISIONS),
+          help="what float32 convolutions and matrix products on a GPU compute in: float32 (strict, "
+               "Caffe's; the default, or the solver file's precision) or tf32 (TensorFloat-32 tensor cores)")
+
+
 def _set_precision(args) -> None:
     """--precision for the verbs without a solver file (test, time)."""
     import netdef
@@ -631,9 +639,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(train, "weights", help="fine-tune from these .caffemodel files (comma separated)")
     _flag(train, "iterations", type=int, help="override the solver's max_iter (at least 1)")
     _flag(train, "gpu", help="GPU id to run on (default: the solver's solver_mode/device_id)")
-    _flag(train, "precision", choices=["float32", "tf32"],
-          help="what float32 convolutions and matrix products on a GPU compute in: float32 (strict, "
-               "Caffe's; the default) or tf32 (TensorFloat-32 tensor cores)")
+    _precision_flag(train)
     _flag(train, "sigint_effect", default="stop", choices=["stop", "snapshot", "none"],
           help="what Ctrl-C (SIGINT) does: stop (snapshot if enabled, then exit), snapshot, none")
     _flag(train, "sighup_effect", default="snapshot", choices=["stop", "snapshot", "none"],
@@ -676,9 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(test, "weights", help="the trained .caffemodel")
     _flag(test, "iterations", type=int, default=50, help="number of batches (default 50)")
     _flag(test, "gpu", help="GPU id")
-    _flag(test, "precision", choices=["float32", "tf32"],
-          help="what float32 convolutions and matrix products on a GPU compute in: float32 (strict, "
-               "Caffe's; the default) or tf32 (TensorFloat-32 tensor cores)")
+    _precision_flag(test)
     _flag(test, "stage", help="comma-separated stages of the net state")
     _flag(test, "level", type=int, default=0, help="level of the net state")
     test.set_defaults(func=cmd_test)
@@ -689,9 +693,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(timing, "iterations", type=int, default=50, help="number of timed iterations (default 50)")
     _flag(timing, "phase", default="TRAIN", choices=["TRAIN", "TEST", "train", "test"], help="net phase")
     _flag(timing, "gpu", help="GPU id")
-    _flag(timing, "precision", choices=["float32", "tf32"],
-          help="what float32 convolutions and matrix products on a GPU compute in: float32 (strict, "
-               "Caffe's; the default) or tf32 (TensorFloat-32 tensor cores)")
+    _precision_flag(timing)
     _flag(timing, "stage", help="comma-separated stages")
     _flag(timing, "level", type=int, default=0, help="level of the net state")
     _flag(timing, "json", metavar="FILE", help="also write the per-layer times and parameter sizes here "

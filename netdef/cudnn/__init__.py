@@ -48,10 +48,6 @@ def set_enabled(enabled: bool) -> None:
     _settings["enabled"] = bool(enabled)
 
 
-def enabled() -> bool:
-    return _settings["enabled"]
-
-
 @functools.lru_cache(maxsize=None)
 def status() -> tuple[bool, str]:
     """(usable, why): whether the cuDNN frontend and a cuDNN 9 library load on this machine; ``why``

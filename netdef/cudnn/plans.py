@@ -30,21 +30,25 @@ class Unsupported(RuntimeError):
 
 
 class Plan:
-    """One operation graph with its chosen execution plan. ``run(*arrays)`` launches it on the
-    current stream with ``arrays`` bound to the operands, in the order ``describe`` returned them."""
+    """One operation graph with its chosen execution plan, on the device it was built for.
+    ``run(*arrays)`` launches it on the current stream with ``arrays`` bound to the operands, in the
+    order ``describe`` returned them."""
 
-    def __init__(self, graph, operands, index: int, workspace_bytes: int, name: str):
+    def __init__(self, graph, operands, index: int, workspace_bytes: int, device: "_Device"):
         self.graph = graph
         self.operands = operands
         self.index = index
         self.workspace_bytes = workspace_bytes
-        self.name = name
+        self.device = device
 
     def run(self, *arrays) -> None:
-        device = _device()
-        pack = {operand: array.data.ptr for operand, array in zip(self.operands, arrays)}
-        self.graph.execute_plan_at_index(pack, device.workspace(self.workspace_bytes), index=self.index,
-                                         handle=device.bound_handle())
+        self.graph.execute_plan_at_index(_pointers(self.operands, arrays), self.device.workspace(self.workspace_bytes),
+                                         index=self.index, handle=self.device.bound_handle())
+
+
+def _pointers(operands, arrays) -> dict:
+    """The frontend's variant pack: each operand's device address."""
+    return {operand: array.data.ptr for operand, array in zip(operands, arrays)}
 
 
 class _Device:
@@ -73,10 +77,13 @@ _devices: dict[int, _Device] = {}
 _plans: dict = {}
 
 
-def _device() -> _Device:
+def _current_device_id() -> int:
     import cupy
 
-    device_id = cupy.cuda.Device().id
+    return cupy.cuda.Device().id
+
+
+def _device(device_id: int) -> _Device:
     found = _devices.get(device_id)
     if found is None:
         found = _devices[device_id] = _Device()
@@ -95,8 +102,9 @@ def data_type(cudnn, dtype):
 
 def plan(key: tuple, describe, arrays) -> Plan:
     """The plan for ``key``, built and timed on ``arrays`` the first time (see the module docstring).
-    The settings that decide which plans qualify (precision, workspace limit) are part of the key."""
-    key = key + (backend.precision(), workspace_limit())
+    The device and the settings that decide which plans qualify (precision, workspace limit) are part
+    of the key."""
+    key = key + (backend.precision(), workspace_limit(), _current_device_id())
     found = _plans.get(key)
     if found is None:
         try:
@@ -110,7 +118,7 @@ def plan(key: tuple, describe, arrays) -> Plan:
 
 
 def _build(key, describe, arrays) -> Plan:
-    device = _device()
+    device = _device(key[-1])
     cudnn = device.cudnn
     dtype = arrays[0].dtype
     compute = cudnn.data_type.DOUBLE if dtype == np.float64 else cudnn.data_type.FLOAT
@@ -135,14 +143,14 @@ def _build(key, describe, arrays) -> Plan:
         raise Unsupported(f"{key[0]}: none of the {graph.get_execution_plan_count()} ranked plans built "
                           f"within the workspace limit ({workspace_limit()} bytes) and precision "
                           f"{backend.precision()}")
-    best_ms, index, workspace_bytes = min(timed)
-    return Plan(graph, operands, index, workspace_bytes, graph.get_plan_name_at_index(index))
+    _, index, workspace_bytes = min(timed)
+    return Plan(graph, operands, index, workspace_bytes, device)
 
 
 def _time_candidates(graph, operands, arrays, device) -> list:
     """(milliseconds, index, workspace bytes) of each of the first MAX_CANDIDATES plans that build."""
     cupy = device.cupy
-    pack = {operand: array.data.ptr for operand, array in zip(operands, arrays)}
+    pack = _pointers(operands, arrays)
     timed = []
     for index in range(graph.get_execution_plan_count()):
         if len(timed) == MAX_CANDIDATES:
@@ -166,7 +174,3 @@ def _time_candidates(graph, operands, arrays, device) -> list:
         timed.append((cupy.cuda.get_elapsed_time(start, stop) / TIMED_RUNS, index, workspace_bytes))
     return timed
 
-
-def planned() -> dict:
-    """Every key planned so far -> the chosen plan's name, or why there was none (for logs, tests)."""
-    return {key: (found.name if isinstance(found, Plan) else f"unsupported: {found}") for key, found in _plans.items()}

@@ -177,6 +177,15 @@ class Layer:
         beside = os.path.join(self.base_dir, path)
         return beside if os.path.lexists(beside) else path
 
+    @staticmethod
+    def is_missing(path: str) -> bool:
+        """Whether nothing is at ``path`` (as ``resolve_path`` gave it), for a "no such file" error
+        naming ``places_tried``. A link that leads nowhere counts as there, and so does a name no file
+        can have (a NUL byte): opening them says what is wrong with them."""
+        import os
+
+        return "\0" not in path and not os.path.lexists(path)
+
     def places_tried(self, path: str) -> str:
         """Where ``resolve_path`` looked for ``path``, for an error: the working directory's and,
         where the net's folder is another, that folder's."""

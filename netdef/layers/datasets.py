@@ -447,7 +447,7 @@ class DataLayer(DataSourceLayer):
         if not p.source:
             raise self.error("data_param.source (the DB path) is empty")
         source = self.resolve_path(p.source)
-        if "\0" not in source and not os.path.exists(source):
+        if self.is_missing(source):
             raise self.error(f"data_param.source {p.source!r}: no such DB (looked for {self.places_tried(p.source)}); "
                              f"create it (netdef convert-mnist, convert-imageset) or correct the path")
         self.source_name = source
@@ -578,7 +578,7 @@ class ImageDataLayer(DataSourceLayer):
     def open_source(self):
         p = self.layer_param.image_data_param
         source = self.resolve_path(p.source)
-        if "\0" not in source and not os.path.exists(source):
+        if self.is_missing(source):
             raise self.error(f"cannot open image list image_data_param.source {p.source!r}: no such file "
                              f"(looked for {self.places_tried(p.source)})")
         self.source_name = source
@@ -702,7 +702,7 @@ class HDF5DataLayer(DataSourceLayer):
         if self.layer_param.HasField("transform_param"):
             raise self.error("HDF5Data does not transform data: remove transform_param")
         source = self.resolve_path(p.source)
-        if "\0" not in source and not os.path.exists(source):
+        if self.is_missing(source):
             raise self.error(f"cannot open the HDF5 file list hdf5_data_param.source {p.source!r}: no such file "
                              f"(looked for {self.places_tried(p.source)})")
         self.source_name = source

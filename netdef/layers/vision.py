@@ -471,11 +471,9 @@ class ConvolutionLayer(_ConvolutionBase):
             return self._leave_cudnn(exc).backward(top, propagate_down, bottom)
         w = self.blobs[0].data
         want_w = self.param_propagate_down[0]
-        want_b = self.bias_term and self.param_propagate_down[1]
         for i, (b, t) in enumerate(zip(bottom, top)):
             dy = t.diff.reshape(y_shape)
-            if want_b:
-                self.blobs[1].diff += dy.reshape(self.num, self.num_output, -1).sum(axis=(0, 2))
+            self._bias_gradient(dy.reshape(self.num, self.num_output, -1))
             if want_w:
                 x = b.data.reshape(x_shape)
                 dw, overwrite = self.blobs[0].diff_for_accumulation()
