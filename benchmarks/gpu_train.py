@@ -58,6 +58,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import netdef  # noqa: E402
+import netdef.cudnn  # noqa: E402
 from netdef import backend  # noqa: E402
 from netdef.proto import netdef_pb2 as pb  # noqa: E402
 
@@ -175,7 +176,7 @@ def convolution_algorithms(net) -> dict:
     """{algorithm_summary(): number of Convolution layers that chose it}."""
     chosen = collections.Counter()
     for layer in net.layers:
-        if layer.type == "Convolution" and hasattr(layer, "algorithm_summary"):
+        if layer.type == "Convolution":
             chosen[layer.algorithm_summary()] += 1
     return dict(chosen.most_common())
 
@@ -285,13 +286,7 @@ class GpuDevice:
         lines = [f"GPU {self.device_id}: {name}, {props['totalGlobalMem'] / 2**30:.0f} GiB",
                  f"CuPy {self.cupy.__version__} (CUDA runtime {self.cupy.cuda.runtime.runtimeGetVersion()}); "
                  f"torch {torch.__version__} (CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()})"]
-        try:
-            import cudnn
-
-            lines.append(f"netdef's cuDNN frontend {getattr(cudnn, '__version__', '?')}, cuDNN backend "
-                         f"{cudnn.backend_version()}")
-        except Exception as exc:  # noqa: BLE001 - any failure only means no frontend to report
-            lines.append(f"netdef's cuDNN frontend: not available ({type(exc).__name__}: {exc})")
+        lines.append(f"netdef's cuDNN: {netdef.cudnn.status()[1]}")
         return lines
 
 
