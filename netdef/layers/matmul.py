@@ -29,10 +29,11 @@ PARALLEL_MIN_MULTIPLY_ADDS = 1 << 19
 # the columns of LeNet's, MobileNet's and others' products, splitting the columns was the faster only
 # where C has few rows (64 x 800 x 500: 409 against 288 us), and 2x slower for a 500 x 64 x 800 one.
 SPLIT_ROWS_FROM = 128
-# Products of at most this many rows by a transposed matrix are cut into PANEL_ALIGN columns when
-# each panel stays under this many multiply-adds (``_skinny_panels``).
+# Products of at most this many rows by a transposed matrix are cut into panels of SKINNY_COLUMNS
+# columns when each panel stays under this many multiply-adds (``_skinny_panels``).
 SKINNY_MAX_ROWS = 8
 SKINNY_MAX_MULTIPLY_ADDS = 1 << 20
+SKINNY_COLUMNS = 16
 
 _NO_TRANS, _TRANS = 111, 112  # CBLAS's enumerations (jit/blas.py)
 
@@ -105,10 +106,10 @@ def _gemm_panels(a, b, out):
         layout = _LAYOUTS[key] = _layout(a, b, out, key[-1])
     if layout is None:
         return None
-    double, trans_a, trans_b, m, n, k, lda, step_a, ldb, step_b, ldc, step_c, items, parts, split_rows = layout
+    double, trans_a, trans_b, m, n, k, lda, step_a, ldb, step_b, ldc, step_c, items, parts, split_rows, align = layout
     address = _blas().data_address
     return (double, trans_a, trans_b, m, n, k, address(a), lda, step_a, address(b), ldb, step_b, address(out), ldc,
-            step_c, items, parts, split_rows)
+            step_c, items, parts, split_rows, align)
 
 
 # What _layout works out depends only on the operands' shapes, strides and dtype and the pool's threads:
@@ -134,11 +135,11 @@ def _layout(a, b, out, threads: int):
         return None
     (trans_a, lda, step_a), (trans_b, ldb, step_b) = operands
     if items == 1 and trans_b == _TRANS:
-        parts, split_rows = _skinny_panels(m, n, k, threads)
+        parts, split_rows, align = _skinny_panels(m, n, k, threads)
     else:
-        parts, split_rows = _panels(items, m, n, threads)
+        parts, split_rows, align = _panels(items, m, n, threads)
     return (a.dtype == np.float64, trans_a, trans_b, m, n, k, lda, step_a, ldb, step_b, c[1], c[2], items, parts,
-            split_rows)
+            split_rows, align)
 
 
 _BLAS = []  # jit/blas.py once imported (it binds OpenBLAS's functions when first imported)
@@ -204,7 +205,7 @@ def _matrix_vector(blas, a, b, out):
     rows, cols = matrix.shape if stored == _NO_TRANS else matrix.shape[::-1]
     # BLAS's op on the stored (row-major) matrix: a stored b is read transposed for out^T = b^T a^T.
     trans = (_TRANS if stored == _NO_TRANS else _NO_TRANS) if flip else stored
-    parts = _panels(1, outputs, 1, kernel_threads())[0]  # the outputs as a column: cut like C's rows
+    parts = max(1, min(kernel_threads(), -(-outputs // blas.COLUMN_ALIGN)))
     blas.gemv_panels(a.dtype == np.float64, trans, rows, cols, matrix.ctypes.data, lead, vector.ctypes.data, incx,
                      y.ctypes.data, incy, parts)
     return out
@@ -240,24 +241,25 @@ def _matrix(x):
     return None
 
 
-def _skinny_panels(m: int, n: int, k: int, threads: int) -> tuple[int, bool]:
+def _skinny_panels(m: int, n: int, k: int, threads: int) -> tuple[int, bool, int]:
     """A few rows times a large transposed matrix (a fully connected layer's forward at batch 1-8: x @
-    w.T): panels of PANEL_ALIGN columns of C, each one pass over PANEL_ALIGN rows of w, small enough
+    w.T): panels of SKINNY_COLUMNS columns of C, each one pass over as many rows of w, small enough
     (SKINNY_MAX_MULTIPLY_ADDS) for OpenBLAS's small-matrix kernel, which reads them as they are where
     one product packs all of w through a transposing copy first. VGG-16's fc6 at batch 2 (2 x 25088 by
     25088 x 4096): 12.6-14 against 34-39 ms; fc7 (4096 x 4096) 1.3 against 6.2, at batch 4 1.5 against 6.2
     (PyTorch 1.2 and 2.5). Larger panels than that kernel takes ran as slowly as the whole product."""
-    align = _blas().PANEL_ALIGN
-    if m > SKINNY_MAX_ROWS or m * align * k > SKINNY_MAX_MULTIPLY_ADDS:
+    if m > SKINNY_MAX_ROWS or m * SKINNY_COLUMNS * k > SKINNY_MAX_MULTIPLY_ADDS:
         return _panels(1, m, n, threads)
-    return -(-n // align), False
+    return -(-n // SKINNY_COLUMNS), False, SKINNY_COLUMNS
 
 
-def _panels(items: int, m: int, n: int, threads: int) -> tuple[int, bool]:
-    """(panels per matrix, whether they split the rows): C's rows (SPLIT_ROWS_FROM) or columns cut so
-    that every thread of ``threads`` gets work, at most one panel per PANEL_ALIGN rows or columns."""
+def _panels(items: int, m: int, n: int, threads: int) -> tuple[int, bool, int]:
+    """(panels per matrix, whether they split the rows, the multiple their edges fall on): C's rows
+    (SPLIT_ROWS_FROM) or columns cut so that every thread of ``threads`` gets work, each panel at least
+    one alignment unit (jit/blas.py: whole row tiles of OpenBLAS's kernel, or COLUMN_ALIGN columns)."""
     split_rows = m >= n or m >= SPLIT_ROWS_FROM
+    align = _blas().row_alignment() if split_rows else _blas().COLUMN_ALIGN
     if threads == 1 or items >= threads:
-        return 1, split_rows
+        return 1, split_rows, align
     side = m if split_rows else n
-    return max(1, min(-(-threads // items), -(-side // _blas().PANEL_ALIGN))), split_rows
+    return max(1, min(-(-threads // items), -(-side // align))), split_rows, align

@@ -150,7 +150,8 @@ def test_direct_weight_gradient_beside_the_row_input_gradient(monkeypatch, dtype
         np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance * np.abs(want).max())
     monkeypatch.setattr(direct, "ENABLED", True)
     monkeypatch.setattr(im2col_mod, "ROW_PRODUCTS", True)
-    checked = check_gradients(parse_layer(conv_text(num_output=5, kernel_size=3)), [RNG.standard_normal((2, 22, 7, 7))])
+    # 5 x 5 over 9 x 9: the direct input gradient would cost 81/25 of col2im's on any vector width
+    checked = check_gradients(parse_layer(conv_text(num_output=5, kernel_size=5)), [RNG.standard_normal((2, 22, 9, 9))])
     assert checked.algorithm_summary() == "direct/rows-col2im"
 
 
@@ -209,10 +210,14 @@ def test_row_blocks_shrink_until_every_thread_has_work():
         conv = direct.DirectConvolution(geom, num, 512, 512, 1, (hw, hw), (hw, hw), np.float32)
         return direct.block_rows(conv.forward_dir, threads)
 
+    # 512 outputs in blocks of the kernels' vector width: 16 blocks on AVX-512, 32 on AVX2
+    blocks = -(-512 // microkernels.shape_for(np.dtype(np.float32)).channels)
+    assert direct.MIN_ITEMS_PER_THREAD == 4
     assert rows(2, 56, 2) == direct.BLOCK_ROWS == 8
-    assert rows(1, 7, 16) == 2  # 16 channel blocks: one row block of 8 rows would give 16 items for 64 wanted
-    assert rows(1, 14, 64) == 1
-    assert rows(8, 7, 16) == 8
+    # One row block of 8 rows gives `blocks` items of the 4 * blocks wanted; 2 rows, 4 row blocks.
+    assert rows(1, 7, blocks) == 2
+    assert rows(1, 14, 4 * blocks) == 1  # 14 row blocks of 1 row: still fewer than wanted
+    assert rows(8, 7, blocks) == 8
 
 
 def test_direct_only_where_it_applies(monkeypatch):

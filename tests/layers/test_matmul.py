@@ -94,28 +94,44 @@ def test_data_address_is_the_first_element_of_any_view():
 
 @pytest.mark.parametrize("rows", [2, 5, 8])
 def test_a_few_rows_by_a_large_transposed_matrix(rows):
-    """A fully connected layer's forward at a small batch (x @ w.T) runs in panels of PANEL_ALIGN
+    """A fully connected layer's forward at a small batch (x @ w.T) runs in panels of SKINNY_COLUMNS
     columns; more rows than SKINNY_MAX_ROWS, or panels past SKINNY_MAX_MULTIPLY_ADDS, do not."""
     rng = np.random.default_rng(rows)
     x = rng.standard_normal((rows, 3000)).astype(np.float32)
     w = rng.standard_normal((300, 3000)).astype(np.float32)
-    assert products._skinny_panels(rows, 300, 3000, 2) == (-(-300 // blas.PANEL_ALIGN), False)
+    width = products.SKINNY_COLUMNS
+    assert products._skinny_panels(rows, 300, 3000, 2) == (-(-300 // width), False, width)
     close_to_numpy(products.matmul(x, w.T), x, w.T)
     assert products._skinny_panels(products.SKINNY_MAX_ROWS + 1, 300, 3000, 2) == products._panels(1, 9, 300, 2)
-    if rows * blas.PANEL_ALIGN * 25088 > products.SKINNY_MAX_MULTIPLY_ADDS:  # VGG's fc6 at 5 or 8 rows
+    if rows * width * 25088 > products.SKINNY_MAX_MULTIPLY_ADDS:  # VGG's fc6 at 5 or 8 rows
         assert products._skinny_panels(rows, 300, 25088, 2) == products._panels(1, rows, 300, 2)
 
 
-def test_the_panels_equal_one_whole_product():
-    """A product cut into panels on 2 threads gives the bits of one single-threaded BLAS call over it
-    (sides far above OpenBLAS's small-matrix kernels, which a panel and the whole could pick apart)."""
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_panels_equal_one_whole_product(dtype):
+    """A product cut into row panels on 2 threads gives the bits of one single-threaded BLAS call over
+    it: the panels begin on whole row tiles of this CPU's OpenBLAS kernel (sides far above its
+    small-matrix kernels, which a panel and the whole could pick apart). 500 rows: an edge on a
+    multiple of 16 but not of 12 (256) rounds otherwise on an AVX2 machine."""
     rng = np.random.default_rng(1)
-    a = rng.standard_normal((512, 300)).astype(np.float32)
-    b = rng.standard_normal((300, 256)).astype(np.float32)
+    a = rng.standard_normal((500, 300)).astype(dtype)
+    b = rng.standard_normal((300, 256)).astype(dtype)
     with threadpool_limits(1):
         want = np.matmul(a, b)
-    assert products._panels(1, 512, 256, numba.get_num_threads())[0] == min(2, numba.get_num_threads())
+    parts, split_rows, align = products._panels(1, 500, 256, numba.get_num_threads())
+    assert (parts, split_rows, align) == (min(2, numba.get_num_threads()), True, blas.row_alignment())
     np.testing.assert_array_equal(products.matmul(a, b), want)
+
+
+def test_column_panels_agree_with_one_whole_product():
+    """Column panels (C with few rows) agree with one whole call to rounding; to the bit only where the
+    CPU's kernel tiles columns as they fall (not Haswell's or Zen's sgemm: jit/blas.py)."""
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((64, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 800)).astype(np.float32)
+    parts, split_rows, align = products._panels(1, 64, 800, 2)
+    assert (parts, split_rows, align) == (2, False, blas.COLUMN_ALIGN)
+    close_to_numpy(products.matmul(a, b), a, b)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -210,6 +226,7 @@ def test_what_numpy_computes(case, monkeypatch):
         out = b  # NumPy computes into a copy when out is an operand
     elif case == "small":
         a = a[:20]
+    elif case == "empty":
         a = a[:, :0]
         b = b[:0]
     elif case == "off":

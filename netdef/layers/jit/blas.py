@@ -11,10 +11,15 @@ map after it took 74 and 16 us alone and 160-230 us in turn, whatever the two sp
 computes its panels by OpenBLAS's ``cblas_?gemm`` with OpenBLAS held at one thread for the call (its
 count is restored after it, so NumPy's own products elsewhere keep their threads).
 
-Panels only choose which elements of C a call computes, each element one BLAS dot product: a product
-cut into panels gave the bits of one single-threaded call over it in 46 of 47 cases tried; the one
-apart had a panel small enough for OpenBLAS's small-matrix kernel where the whole was not, which
-rounds otherwise. (OpenBLAS's own threads changed the bits of 16 of the 47 against one thread.)
+Panels only choose which elements of C a call computes, each element one BLAS dot product. Whether a
+panel gives the bits one single-threaded call over the whole gives them depends on OpenBLAS's kernel
+for the CPU: its micro-kernels of different widths round differently, so a panel edge must fall where
+the whole call's tiles fall. Row panels begin on whole row tiles (``row_alignment``): on an AVX-512
+machine (SkylakeX's kernels) a product cut into panels gave the whole call's bits in 46 of 47 cases
+tried, the one apart having a panel small enough for OpenBLAS's small-matrix kernel. Column panels
+round otherwise on AVX2 machines (Haswell's and Zen's sgemm tiles C's columns in blocks of 320, 16
+wide with narrower tails), so there they agree with the whole call to rounding, not to the bit.
+(OpenBLAS's own threads changed the bits of 16 of the 47 against one thread.)
 
 Which BLAS: the ILP64 OpenBLAS of NumPy's wheels (``scipy_cblas_sgemm64_``, ``cblas_sgemm64_`` in the
 1.x wheels), found once when this module loads; ``AVAILABLE`` is False with any other BLAS (MKL,
@@ -38,16 +43,21 @@ from .fusion import stage_addresses  # noqa: E402
 from .kernel_calls import call11  # noqa: E402
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enumerations
-# Panel edges fall on multiples of this many rows or columns: whole tiles of OpenBLAS's kernels.
-PANEL_ALIGN = 16
+# Column panels (and a matrix-vector product's panels of outputs) begin on multiples of this many.
+COLUMN_ALIGN = 16
+# Rows of C per row tile of OpenBLAS's kernels, by the kernel set it chose for the CPU (threadpoolctl's
+# "architecture"), found by cutting products at every row: 12 for Haswell's and Zen's sgemm (2 for
+# their dgemm), 16 for SkylakeX's; any other, 48, a multiple of both.
+_ROW_TILES = {"haswell": 12, "zen": 12, "skylakex": 16, "cooperlake": 16, "sapphirerapids": 16}
+_UNKNOWN_ROW_TILE = 48
 
 _SYMBOLS = {"sgemm": "cblas_sgemm", "dgemm": "cblas_dgemm", "sgemv": "cblas_sgemv", "dgemv": "cblas_dgemv",
             "get_threads": "openblas_get_num_threads", "set_threads": "openblas_set_num_threads"}
 
 
 def _numpy_openblas():
-    """ctypes handle of the OpenBLAS library NumPy loaded, and the prefix its symbols carry; None when
-    NumPy's BLAS is another library or not an ILP64 OpenBLAS."""
+    """ctypes handle of the OpenBLAS library NumPy loaded, the prefix its symbols carry and the kernel
+    set it chose for this CPU; None when NumPy's BLAS is another library or not an ILP64 OpenBLAS."""
     from threadpoolctl import threadpool_info
 
     numpy_dir = os.path.dirname(np.__file__)
@@ -57,24 +67,33 @@ def _numpy_openblas():
         library = ctypes.CDLL(pool["filepath"])
         for prefix in ("scipy_", ""):
             if all(hasattr(library, f"{prefix}{name}64_") for name in _SYMBOLS.values()):
-                return library, prefix
+                return library, prefix, str(pool.get("architecture", ""))
     return None
 
 
-def _bind() -> bool:
+def _bind() -> str | None:
+    """Binds OpenBLAS's functions for the kernels; the kernel set's name, None where there is none."""
     found = _numpy_openblas()
     if found is None:
-        return False
+        return None
     import llvmlite.binding as llvm
 
-    library, prefix = found
+    library, prefix, architecture = found
     for ours, theirs in _SYMBOLS.items():
         address = ctypes.cast(getattr(library, f"{prefix}{theirs}64_"), ctypes.c_void_p).value
         llvm.add_symbol(f"netdef_blas_{ours}", address)
-    return True
+    return architecture
 
 
-AVAILABLE = _bind()
+_ARCHITECTURE = _bind()
+AVAILABLE = _ARCHITECTURE is not None
+
+
+def row_alignment() -> int:
+    """Row panels begin on multiples of this many rows of C: whole row tiles of OpenBLAS's kernels here.
+    An argument of the kernels, not a constant in them: their compiled code is cached on disk, and a
+    cache may move to another CPU."""
+    return _ROW_TILES.get((_ARCHITECTURE or "").lower(), _UNKNOWN_ROW_TILE)
 
 _i32, _i64, _ptr = types.int32, types.int64, types.intp
 
@@ -98,17 +117,18 @@ _set_threads = types.ExternalFunction("netdef_blas_set_threads", types.void(_i32
 
 
 @njit(inline="always")
-def _bounds(part, parts, side):
-    """(lo, hi): panel ``part`` of ``parts`` near-equal runs of whole PANEL_ALIGN units over ``side``."""
-    units = (side + PANEL_ALIGN - 1) // PANEL_ALIGN
-    return min(side, units * part // parts * PANEL_ALIGN), min(side, units * (part + 1) // parts * PANEL_ALIGN)
+def _bounds(part, parts, side, align):
+    """(lo, hi): panel ``part`` of ``parts`` near-equal runs of whole ``align`` units over ``side``."""
+    units = (side + align - 1) // align
+    return min(side, units * part // parts * align), min(side, units * (part + 1) // parts * align)
 
 
 @njit(inline="always")
-def _panel(task, parts, split_rows, m, n, trans_a, lda, trans_b, ldb, ldc):
-    """(batch item, rows, columns, offsets into a, b and c in elements) of panel ``task``."""
+def _panel(task, parts, split_rows, align, m, n, trans_a, lda, trans_b, ldb, ldc):
+    """(batch item, rows, columns, offsets into a, b and c in elements) of panel ``task``: the panels cut
+    C's rows (``split_rows``) or its columns on multiples of ``align``."""
     item = task // parts
-    lo, hi = _bounds(task % parts, parts, m if split_rows else n)
+    lo, hi = _bounds(task % parts, parts, m if split_rows else n, align)
     if split_rows:  # rows lo..hi of op(a) and c
         return item, hi - lo, n, lo * (1 if trans_a == TRANS else lda), 0, lo * ldc
     return item, m, hi - lo, 0, lo * (ldb if trans_b == TRANS else 1), lo  # columns lo..hi of op(b) and c
@@ -116,8 +136,8 @@ def _panel(task, parts, split_rows, m, n, trans_a, lda, trans_b, ldb, ldc):
 
 @njit(inline="always")
 def _gemm_panel(task, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, parts,
-                split_rows):
-    item, rows, cols, da, db, dc = _panel(task, parts, split_rows, m, n, trans_a, lda, trans_b, ldb, ldc)
+                split_rows, align):
+    item, rows, cols, da, db, dc = _panel(task, parts, split_rows, align, m, n, trans_a, lda, trans_b, ldb, ldc)
     if rows <= 0 or cols <= 0:
         return
     size = 8 if double else 4
@@ -130,12 +150,12 @@ def _gemm_panel(task, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb,
 
 
 @njit(inline="always")
-def _map_panel(task, parts, split_rows, m, n, c, size, mapper, stages):
+def _map_panel(task, parts, split_rows, align, m, n, c, size, mapper, stages):
     """Panel ``task``'s elements of C (at address ``c``: items x m x n, elements of ``size`` bytes)
     through the channel map (``mapper``: jit/fusion.rows_mapper's address; ``stages``: the addresses
     of the map's arrays), row r of each matrix being channel r."""
     item = task // parts
-    lo, hi = _bounds(task % parts, parts, m if split_rows else n)
+    lo, hi = _bounds(task % parts, parts, m if split_rows else n, align)
     rows = (lo, hi) if split_rows else (0, m)
     cols = (0, n) if split_rows else (lo, hi)
     if cols[1] <= cols[0] or rows[1] <= rows[0]:
@@ -147,7 +167,7 @@ def _map_panel(task, parts, split_rows, m, n, c, size, mapper, stages):
 
 @njit(inline="always")
 def _run_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, items, parts,
-                split_rows, mapper, stages):
+                split_rows, align, mapper, stages):
     """The panels of ``gemm_panels``, each then mapped by ``_map_panel`` where ``mapper`` is not 0
     (C then contiguous: ldc n, step_c m*n)."""
     size = 8 if double else 4
@@ -156,33 +176,34 @@ def _run_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_
         _set_threads(1)
     if items * parts == 1:
         _gemm_panel(0, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, 1,
-                    split_rows)
+                    split_rows, align)
         if mapper != 0:
-            _map_panel(0, 1, split_rows, m, n, c, size, mapper, stages)
+            _map_panel(0, 1, split_rows, align, m, n, c, size, mapper, stages)
     else:
         for task in prange(items * parts):
             _gemm_panel(task, double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c,
-                        parts, split_rows)
+                        parts, split_rows, align)
             if mapper != 0:
-                _map_panel(task, parts, split_rows, m, n, c, size, mapper, stages)
+                _map_panel(task, parts, split_rows, align, m, n, c, size, mapper, stages)
     if threads != 1:
         _set_threads(threads)
 
 
 @njit(nogil=True, parallel=True, cache=True)
 def gemm_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, items, parts,
-                split_rows):
+                split_rows, align):
     """c[i] = op(a[i]) @ op(b[i]) for the ``items`` matrices (float64 when ``double``, else float32) at
     addresses a + i * step_a elements (and so on; steps and leading dimensions in elements, a step of 0
-    broadcasts), each cut into ``parts`` panels: one OpenBLAS call per panel on the pool's threads (one
-    panel: in the calling thread)."""
+    broadcasts), each cut into ``parts`` panels of its rows (``split_rows``) or its columns, edges on
+    multiples of ``align``: one OpenBLAS call per panel on the pool's threads (one panel: in the calling
+    thread)."""
     _run_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, items, parts,
-                split_rows, 0, (0, 0, 0, 0, 0, 0))
+                split_rows, align, 0, (0, 0, 0, 0, 0, 0))
 
 
 @njit(nogil=True, parallel=True, cache=True)
 def gemm_panels_mapped(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, items,
-                       parts, split_rows, mapper, shift, mean, std, scale, bias, slope):
+                       parts, split_rows, align, mapper, shift, mean, std, scale, bias, slope):
     """``gemm_panels`` with C contiguous (ldc n, step_c m*n), then each panel through a channel map
     (layers/fusion.py; row r of each matrix is channel r) by the thread that computed it, while it is
     in cache: ``mapper`` is jit/fusion.rows_mapper's address, ``shift`` ... ``bias`` the map's
@@ -190,7 +211,7 @@ def gemm_panels_mapped(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb
     has: the mapper reads only its own)."""
     stages = stage_addresses(shift, mean, std, scale, bias, slope)
     _run_panels(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb, step_b, c, ldc, step_c, items, parts,
-                split_rows, mapper, stages)
+                split_rows, align, mapper, stages)
 
 
 @njit(nogil=True, cache=True)
@@ -203,7 +224,7 @@ def data_address(x):
 @njit(inline="always")
 def _gemv_panel(part, double, trans, rows, cols, a, lda, x, incx, y, incy, parts):
     # The outputs lo..hi of panel ``part``: rows lo..hi of a (NO_TRANS) or its columns (TRANS).
-    lo, hi = _bounds(part, parts, cols if trans == TRANS else rows)
+    lo, hi = _bounds(part, parts, cols if trans == TRANS else rows, COLUMN_ALIGN)
     if hi <= lo:
         return
     size = 8 if double else 4
@@ -222,7 +243,7 @@ def _gemv_panel(part, double, trans, rows, cols, a, lda, x, incx, y, incy, parts
 def gemv_panels(double, trans, rows, cols, a, lda, x, incx, y, incy, parts):
     """y = op(a) @ x, a a rows x cols matrix (row-major, leading dimension ``lda``; op: TRANS or
     NO_TRANS) at address ``a``, x and y vectors of elements ``incx`` and ``incy`` apart: y's elements
-    cut into ``parts`` panels of whole PANEL_ALIGN runs, one OpenBLAS ``cblas_?gemv`` per panel on the
+    cut into ``parts`` panels of whole COLUMN_ALIGN runs, one OpenBLAS ``cblas_?gemv`` per panel on the
     pool's threads, OpenBLAS held at one thread as in ``gemm_panels``. Each element of y is one dot
     product whichever panel computes it."""
     threads = _get_threads()
