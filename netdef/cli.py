@@ -249,7 +249,6 @@ def cmd_test(args) -> int:
 
 # -------------------------------------------------------------------------------------------- time
 def cmd_time(args) -> int:
-    import netdef
     from netdef.timing import LayerTimer, clock_for
 
     if not args.model:
@@ -259,8 +258,9 @@ def cmd_time(args) -> int:
     _set_precision(args)
     if gpu_id is not None:
         log.info("Use GPU with device ID %d", gpu_id)
-    phase = netdef.TRAIN if args.phase.upper() == "TRAIN" else netdef.TEST
-    net = netdef.Net(args.model, phase, stages=_stages(args), level=args.level)
+    net = _net_maybe_without_data(args)
+    if args.data_shape:
+        log.info("The data layers are Inputs of --data_shape %s (zeros): their reading is not timed", args.data_shape)
     log.info("Performing Forward")
     log.info("Initial loss: %g", net.forward_range())
     log.info("Performing Backward")
@@ -304,6 +304,23 @@ def cmd_time(args) -> int:
                       blas_threads=os.environ.get("OPENBLAS_NUM_THREADS", ""))
         log.info("Per-layer times written to %s (netdef simulate reads them)", args.json)
     return 0
+
+
+def _net_maybe_without_data(args):
+    """The net of --model (or summary's MODEL) in --phase, its data layers Inputs of --data_shape when
+    given (netdef/without_data.py)."""
+    import netdef
+    from netdef import without_data
+
+    data_shape = without_data.parse_data_shape(args.data_shape) if args.data_shape else None
+    phase = netdef.TRAIN if args.phase.upper() == "TRAIN" else netdef.TEST
+    return without_data.build_net(args.model, phase, stages=_stages(args), level=args.level, data_shape=data_shape)
+
+
+def _data_shape_flag(parser) -> None:
+    _flag(parser, "data_shape", metavar="C,H,W",
+          help="build the net without its data: each Data/ImageData/HDF5Data/WindowData layer becomes an Input "
+               "of this shape (batch: the layer's batch_size; or give N,C,H,W), a label top of shape N; all zeros")
 
 
 # ---------------------------------------------------------------------------------------- simulate
@@ -447,12 +464,9 @@ def cmd_zoo(args) -> int:
 # ----------------------------------------------------------------------------------------- summary
 def cmd_summary(args) -> int:
     """Per layer: top shapes, parameters, multiply-adds and activation memory, then totals."""
-    import netdef
     from netdef import summary
 
-    data_shape = summary.parse_data_shape(args.data_shape) if args.data_shape else None
-    phase = netdef.TRAIN if args.phase.upper() == "TRAIN" else netdef.TEST
-    net = summary.build_net(args.model, phase, stages=_stages(args), level=args.level, data_shape=data_shape)
+    net = _net_maybe_without_data(args)
     print(summary.format_summary(summary.summarize(net)))
     return 0
 
@@ -698,6 +712,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(timing, "level", type=int, default=0, help="level of the net state")
     _flag(timing, "json", metavar="FILE", help="also write the per-layer times and parameter sizes here "
                                                "(the profile netdef simulate reads)")
+    _data_shape_flag(timing)
     timing.set_defaults(func=cmd_time)
     _add_simulate(verbs, common)
 
@@ -756,9 +771,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(described, "phase", default="TEST", choices=["TRAIN", "TEST", "train", "test"], help="net phase (default TEST)")
     _flag(described, "stage", help="comma-separated stages of the net state")
     _flag(described, "level", type=int, default=0, help="level of the net state")
-    _flag(described, "data_shape", metavar="C,H,W",
-          help="build the net without its data: each Data/ImageData/HDF5Data layer becomes an Input of this shape "
-               "(batch: the layer's batch_size; or give N,C,H,W)")
+    _data_shape_flag(described)
     described.set_defaults(func=cmd_summary)
 
     models = verbs.add_parser("zoo", parents=[common], help="list the model zoo, or copy a model's prototxts out",

@@ -38,7 +38,14 @@ BackwardHook = Callable[[int, list], None]
 
 
 class NetError(ValueError):
-    """A net definition that cannot be built; the message names the file, line, layer and blob."""
+    """A net definition that cannot be built; the message names the file, line, layer and blob.
+
+    ``layer_type``: the type of the layer whose set-up failed (``"Data"`` when its DB is missing),
+    None when the fault is not one layer's set-up."""
+
+    def __init__(self, message: str, *, layer_type: str | None = None):
+        super().__init__(message)
+        self.layer_type = layer_type
 
 
 def state_matches_rule(state: pb.NetState, rule: pb.NetStateRule) -> bool:
@@ -112,7 +119,10 @@ class Net:
     forward_only = False
 
     def __init__(self, model, phase=None, weights=None, *, stages=(), level: int = 0, base_dir=None,
-                 python_layers: str | None = None, python_path=(), **legacy):
+                 python_layers: str | None = None, python_path=(), read_from=None, **legacy):
+        # read_from: the prototxt file a NetParameter ``model`` was made from, layer for layer (--data_shape
+        # replaces its data layers, netdef/without_data.py): errors name that file's lines, and relative
+        # paths inside layers are tried beside it.
         # pycaffe also accepts Net(model, weights_path, phase).
         if isinstance(phase, (str, os.PathLike)) and str(phase).upper() not in ("TRAIN", "TEST"):
             weights, phase = phase, weights
@@ -122,15 +132,21 @@ class Net:
             raise TypeError(f"unexpected arguments: {', '.join(legacy)}")
         self.python_policy = PythonLayerPolicy.resolve(python_layers, python_path)
         param, text, self.source = proto_io.read_net_param(model)
+        if read_from is not None:
+            _, text, self.source = proto_io.read_net_param(read_from)
+        defined_in = read_from if read_from is not None else model
         # Relative file names inside layers (data sources, mean files) are tried in the working
         # directory first, as Caffe does, then in this folder: the definition's own by default.
-        if base_dir is None and not isinstance(model, pb.NetParameter) and not proto_io.looks_like_text_message(str(model)):
-            base_dir = os.path.dirname(os.path.abspath(str(model)))
+        if (base_dir is None and not isinstance(defined_in, pb.NetParameter)
+                and not proto_io.looks_like_text_message(str(defined_in))):
+            base_dir = os.path.dirname(os.path.abspath(str(defined_in)))
         self.base_dir = base_dir
         copy = pb.NetParameter()
         copy.CopyFrom(param)  # never mutate the caller's
         param = copy
         self._layer_lines = proto_io.top_level_block_lines(text) if text else []
+        if param.input:  # upgrade_net makes the input: fields a leading Input layer: theirs is its line
+            self._layer_lines[:0] = proto_io.top_level_block_lines(text, ("input",))[:1]
         try:
             upgrade_net(param, self.source)
         except ValueError as exc:
@@ -342,7 +358,7 @@ class Net:
                 OSError, MemoryError) as exc:
             detail = exc.detail if isinstance(exc, LayerError) else str(exc)
             raise NetError(f"{where}: layer {layer_param.name!r} ({layer_param.type}) with bottoms [{shapes}]: "
-                           f"{detail}") from None
+                           f"{detail}", layer_type=layer_param.type) from None
         for name, top in zip(layer_param.top, tops):
             # An in-place top is its bottom's blob: a layer that reshapes it would read its input in the
             # new shape (a Pooling over its own input broke the NumPy kernels with a ValueError).

@@ -22,21 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 from . import backend
-from .net import Net, NetError, layer_included
-from .proto import io as proto_io
-from .proto import netdef_pb2 as pb
-from .upgrade import upgrade_net
-
-# Layers that read their records from files, and the field holding their batch size.
-FILE_DATA_LAYERS = {"Data": "data_param", "ImageData": "image_data_param", "HDF5Data": "hdf5_data_param",
-                    "WindowData": "window_data_param"}
-
-
-class SummaryError(ValueError):
-    """A net that cannot be summarized as asked (a data shape that does not fit, data that is missing)."""
+from .net import Net
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,71 +127,6 @@ def summarize(net: Net) -> NetSummary:
     first_top = rows[0].tops[0][1] if rows and rows[0].tops else ()
     batch = first_top[0] if first_top else 1
     return NetSummary(net.name, batch, tuple(rows))
-
-
-# ============================================================================================ building
-def parse_data_shape(text: str) -> tuple[int, ...]:
-    """``"3,224,224"`` (C,H,W: the batch is each data layer's batch_size) or ``"N,C,H,W"``."""
-    try:
-        dims = tuple(int(d) for d in text.split(","))
-    except ValueError:
-        raise SummaryError(f"--data_shape: {text!r} is not comma-separated whole numbers (C,H,W or N,C,H,W)") from None
-    if len(dims) not in (3, 4) or min(dims) < 1:
-        raise SummaryError(f"--data_shape: {text!r} must be C,H,W or N,C,H,W of positive numbers")
-    return dims
-
-
-def with_data_as_input(param: pb.NetParameter, data_shape: tuple[int, ...]) -> pb.NetParameter:
-    """``param`` with every layer that reads records from files (FILE_DATA_LAYERS) replaced by an Input
-    of the same name, tops and phase rules: its first top ``data_shape`` (N from the layer's batch_size
-    when only C,H,W are given), every other top (labels) N."""
-    out = pb.NetParameter()
-    out.CopyFrom(param)
-    del out.layer[:]
-    for layer in param.layer:
-        if layer.type not in FILE_DATA_LAYERS:
-            out.layer.add().CopyFrom(layer)
-            continue
-        batch = getattr(layer, FILE_DATA_LAYERS[layer.type]).batch_size
-        shape = data_shape if len(data_shape) == 4 else (batch,) + data_shape
-        replacement = out.layer.add(name=layer.name, type="Input", top=layer.top, include=layer.include,
-                                    exclude=layer.exclude)
-        replacement.input_param.shape.add(dim=shape)
-        for _ in layer.top[1:]:
-            replacement.input_param.shape.add(dim=shape[:1])
-    return out
-
-
-def build_net(model_path: str, phase: int, *, stages=(), level: int = 0,
-              data_shape: tuple[int, ...] | None = None) -> Net:
-    """The net of the prototxt ``model_path`` in ``phase`` (netdef.TRAIN or TEST), its file data layers
-    replaced by Inputs when ``data_shape`` is given (so that no LMDB need exist)."""
-    if data_shape is None:
-        try:
-            return Net(model_path, phase, stages=stages, level=level)
-        except NetError as exc:
-            if _reads_files(model_path, phase, stages, level):
-                raise SummaryError(f"{exc} (to summarize the net without its data, give --data_shape C,H,W, or "
-                                   f"summarize the deploy net)") from exc
-            raise
-    param = _read_upgraded(model_path)
-    return Net(with_data_as_input(param, data_shape), phase, stages=stages, level=level,
-               base_dir=os.path.dirname(os.path.abspath(model_path)))
-
-
-def _read_upgraded(model_path: str) -> pb.NetParameter:
-    param, _, source = proto_io.read_net_param(model_path)
-    try:
-        return upgrade_net(param, source)
-    except ValueError as exc:
-        raise NetError(str(exc)) from None
-
-
-def _reads_files(model_path: str, phase: int, stages, level: int) -> bool:
-    """Whether the net in this state has a layer that reads records from files."""
-    state = pb.NetState(phase=phase, level=level, stage=list(stages))
-    return any(layer.type in FILE_DATA_LAYERS and layer_included(layer, state)
-               for layer in _read_upgraded(model_path).layer)
 
 
 # ============================================================================================ printing

@@ -131,6 +131,19 @@ def test_a_missing_db_names_every_folder_it_looked_in(workdir, tmp_path):
     line = one_error_line(netdef("time", "--model=model/net.prototxt", "--iterations=1", cwd=tmp_path, check=False))
     assert "net.prototxt:3: layer 'd' (Data)" in line
     assert f"no such DB (looked for {tmp_path / 'absent_lmdb'} and {tmp_path / 'model' / 'absent_lmdb'})" in line
+    assert "give --data_shape C,H,W" in line   # netdef time can go on without the data
+
+
+def test_time_without_the_data_takes_data_shape(tmp_path):
+    """As `netdef summary`: the data layers become Inputs of that shape, so a net whose LMDBs are not
+    here is timed; the log says that their reading is not in the figures."""
+    (tmp_path / "net.prototxt").write_text(NET)   # train_lmdb and test_lmdb are not there
+    log = netdef("time", "--model=net.prototxt", "--iterations=2", "--data_shape=1,6,6", cwd=tmp_path).stderr
+    assert "The data layers are Inputs of --data_shape 1,6,6 (zeros): their reading is not timed" in log
+    assert re.search(r"\]\s+d\tforward: ", log) and re.search(r"\]\s+ip1\tbackward: ", log)
+    assert "Average Forward-Backward: " in log
+    bad = one_error_line(netdef("time", "--model=net.prototxt", "--data_shape=6,6", cwd=tmp_path, check=False))
+    assert bad == "netdef: error: --data_shape: '6,6' must be C,H,W or N,C,H,W of positive numbers"
 
 
 def test_time_of_a_deploy_net_says_it_timed_no_backward_and_its_lines_add_up(workdir, tmp_path):
@@ -230,6 +243,7 @@ def test_errors_are_one_clear_line_and_exit_nonzero(workdir):
     assert done.returncode != 0
     assert "bad.prototxt:" in done.stderr and "unknown bottom blob 'nope'" in done.stderr
     assert "Traceback" not in done.stderr
+    assert "--data_shape" not in done.stderr   # the data is there: the hint would mislead
 
 
 def test_convert_imageset_and_compute_image_mean(tmp_path):

@@ -5,10 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import netdef
 from netdef import summary
+from netdef.data.convert import convert_mnist, write_idx
 from tests.helpers import REPO
 
 MODELS = REPO / "models"
@@ -147,3 +149,49 @@ def test_command_without_data_and_with_data_shape(tmp_path):
     assert [line.split()[:2] for line in out.splitlines() if line.startswith("loss")] == [["loss", "SoftmaxWithLoss"]]
     bad = _netdef(train_val, "--data_shape", "3,32", cwd=tmp_path)
     assert bad.returncode == 1 and "C,H,W or N,C,H,W" in bad.stderr
+
+
+# Line 2: the data layer; line 4: conv1, whose kernel is larger than the 6x6 images.
+TOO_LARGE_KERNEL = """name: "too_large_kernel"
+layer { name: "data" type: "Data" top: "data" top: "label"
+        data_param { source: "images_lmdb" batch_size: 4 backend: LMDB } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 2 kernel_size: 7 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "conv1" bottom: "label" top: "loss" }
+"""
+
+
+def _error_line(done) -> str:
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    return done.stderr.strip()
+
+
+def test_errors_name_the_file_and_line_and_hint_data_shape_only_for_the_data(tmp_path):
+    (tmp_path / "net.prototxt").write_text(TOO_LARGE_KERNEL)
+    no_data = _error_line(_netdef("net.prototxt", cwd=tmp_path))
+    assert no_data.startswith("netdef: error: net.prototxt:2: layer 'data' (Data)") and "no such DB" in no_data
+    assert "give --data_shape C,H,W" in no_data
+
+    # With --data_shape the net is built from a rewritten definition: still the file's name and line.
+    shaped = _error_line(_netdef("net.prototxt", "--data_shape=1,6,6", cwd=tmp_path))
+    assert shaped.startswith("netdef: error: net.prototxt:4: layer 'conv1' (Convolution)"), shaped
+    assert "<NetParameter>" not in shaped and "--data_shape" not in shaped
+
+    # The data is there: the fault is conv1's alone, and --data_shape would not help.
+    write_idx(tmp_path / "images.gz", np.zeros((4, 6, 6), np.uint8))
+    write_idx(tmp_path / "labels.gz", np.zeros(4, np.uint8))
+    convert_mnist(tmp_path / "images.gz", tmp_path / "labels.gz", tmp_path / "images_lmdb")
+    with_data = _error_line(_netdef("net.prototxt", cwd=tmp_path))
+    assert with_data.startswith("netdef: error: net.prototxt:4: layer 'conv1' (Convolution)"), with_data
+    assert "--data_shape" not in with_data
+
+
+def test_a_deploy_net_with_input_fields_names_its_layers_lines(tmp_path):
+    """Caffe's old input: fields become an Input layer in front; the lines of the layers after it stay theirs."""
+    (tmp_path / "deploy.prototxt").write_text(
+        'name: "old_inputs"\ninput: "data"\ninput_shape { dim: 1 dim: 1 dim: 4 dim: 4 }\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 2 } }\n'
+        'layer { name: "relu" type: "Relu" bottom: "ip" top: "ip" }\n')
+    line = _error_line(_netdef("deploy.prototxt", cwd=tmp_path))
+    assert line.startswith("netdef: error: deploy.prototxt:5: layer 'relu': unknown layer type 'Relu'"), line
