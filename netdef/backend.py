@@ -32,7 +32,8 @@ def set_device(device="cpu", device_id: int = 0) -> None:
         try:
             import cupy
         except ImportError as exc:  # pragma: no cover - depends on the machine
-            raise RuntimeError("set_device('gpu') needs CuPy: pip install cupy-cuda12x (or the build for your CUDA)") from exc
+            raise RuntimeError('set_device("gpu") needs CuPy: pip install "netdef-trainer[gpu]" (CUDA 12) or '
+                               '"netdef-trainer[gpu-cuda13]" (CUDA 13)') from exc
         cupy.cuda.Device(device_id).use()
     _state["device"] = device
     _state["device_id"] = device_id

@@ -38,6 +38,31 @@ def test_install_advice_names_the_distribution_not_the_unrelated_netdef():
     assert advising == []
 
 
+def test_advice_to_install_an_extras_package_names_the_extra():
+    """A message that says `pip install cupy...` (or plyvel, scikit-learn, onnx, matplotlib,
+    tensorboardX) names the extra that brings it, `pip install "netdef-trainer[gpu]"`, so that the
+    versions pyproject.toml pins come with it. (The MPI advice is in netdef/comm, which names the
+    embedded MPI's two packages.)"""
+    import re
+
+    extras = {extra: [re.split(r"[<>=\[; ]", requirement)[0] for requirement in requirements]
+              for extra, requirements in pyproject()["project"]["optional-dependencies"].items()
+              if extra not in ("test", "bench", "mpi")}
+    missing = []
+    for path in (REPO / "netdef").rglob("*.py"):
+        if "comm" in path.relative_to(REPO).parts:
+            continue
+        text = path.read_text(encoding="utf-8")
+        for extra, packages in extras.items():
+            for package in packages:
+                for found in re.finditer(rf"pip install {re.escape(package)}\b", text):
+                    # The message around the advice (it may span a few source lines).
+                    around = text[max(0, found.start() - 300): found.end() + 300]
+                    if f"netdef-trainer[{extra}]" not in around:
+                        missing.append(f"{path.relative_to(REPO)}: {found.group(0)} without netdef-trainer[{extra}]")
+    assert missing == []
+
+
 def run(args, cwd):
     return subprocess.run(NETDEF + args, cwd=cwd, capture_output=True, text=True, timeout=60)
 

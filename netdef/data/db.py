@@ -503,8 +503,8 @@ def _plyvel():
     try:
         import plyvel
     except ImportError:
-        raise DBError("LevelDB support needs the plyvel package (pip install plyvel); or convert the data "
-                      "to LMDB (backend: LMDB)") from None
+        raise DBError('LevelDB support needs the plyvel package (pip install "netdef-trainer[leveldb]"); or convert '
+                      'the data to LMDB (backend: LMDB)') from None
     return plyvel
 
 
