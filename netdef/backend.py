@@ -29,11 +29,13 @@ def set_device(device="cpu", device_id: int = 0) -> None:
     if device not in ("cpu", "gpu"):
         raise ValueError(f"set_device: device must be 'cpu' or 'gpu', not {device!r}")
     if device == "gpu":
-        try:
-            import cupy
-        except ImportError as exc:  # pragma: no cover - depends on the machine
-            raise RuntimeError('set_device("gpu") needs CuPy: pip install "netdef-trainer[gpu]" (CUDA 12) or '
-                               '"netdef-trainer[gpu-cuda13]" (CUDA 13)') from exc
+        # Said here, not at the first allocation as CUDA's own error that names no remedy.
+        problem = gpu_problem(device_id)
+        if problem is not None:
+            raise RuntimeError(f"set_mode_gpu / set_device('gpu', {device_id}): no usable GPU, {problem}; "
+                               f"netdef.set_mode_cpu() runs on the CPU")
+        import cupy
+
         cupy.cuda.Device(device_id).use()
     _state["device"] = device
     _state["device_id"] = device_id

@@ -430,6 +430,10 @@ def cmd_download_mnist(args) -> int:
 def cmd_device_query(args) -> int:
     import netdef
 
+    problem = netdef.backend.gpu_problem(args.gpu_id)
+    if problem is not None:
+        log.error("No usable GPU %d: %s", args.gpu_id, problem)
+        return 1
     try:
         netdef.set_device("gpu", args.gpu_id)
         import cupy

@@ -354,6 +354,22 @@ def test_init_log_and_log_write_glog_lines_to_stderr(capsys, restored_log):
         netdef.init_log(4)
 
 
+def test_set_mode_gpu_without_a_usable_gpu_says_why_and_what_to_do():
+    """pycaffe's set_device(id) then set_mode_gpu(): GPU 99 is on no machine, so this always fails, and
+    says so where it is asked (not at the first allocation, as CUDA's error), naming the remedy."""
+    netdef.set_device(99)
+    try:
+        with pytest.raises(RuntimeError) as error:
+            netdef.set_mode_gpu()
+        message = str(error.value)
+        assert message.startswith("set_mode_gpu / set_device('gpu', 99): no usable GPU, ")
+        assert message.endswith("; netdef.set_mode_cpu() runs on the CPU")
+        assert netdef.backend.device() == "cpu"   # nothing half switched
+    finally:
+        netdef.set_device(0)
+        netdef.set_mode_cpu()
+
+
 def test_solver_count_and_nccl_give_one_process_answers():
     assert netdef.solver_count() == 1 and netdef.solver_rank() == 0 and netdef.has_nccl() is False
     netdef.set_solver_count(1)
