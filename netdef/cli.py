@@ -263,8 +263,12 @@ def cmd_time(args) -> int:
         log.info("The data layers are Inputs of --data_shape %s (zeros): their reading is not timed", args.data_shape)
     log.info("Performing Forward")
     log.info("Initial loss: %g", net.forward_range())
-    log.info("Performing Backward")
-    net.forward_backward()
+    if any(net.layer_need_backward):
+        log.info("Performing Backward")
+        net.forward_backward()
+    else:
+        log.warning("No layer of this net needs backward (a deploy net: no loss, no force_backward: true): "
+                    "only the forward pass is timed, and a profile of it (--json) has no backward times")
     log.info("*** Benchmark begins ***")
     log.info("Testing for %d iterations.", args.iterations)
     total_start = time.perf_counter()
@@ -286,10 +290,6 @@ def cmd_time(args) -> int:
     for li, layer in enumerate(net.layers):
         log.info("%10s\tforward: %g ms.", layer.name, forward_ms[li])
         log.info("%10s\tbackward: %g ms.", layer.name, backward_ms[li])
-    if not any(net.layer_need_backward):
-        backward_ms = [0.0] * len(net.layers)  # what was measured is the loop's overhead: no layer ran backward
-        log.warning("No layer of this net needs backward (a deploy net: no loss, no force_backward: true): "
-                    "only the forward pass was timed, and a profile of it (--json) has no backward times")
     log.info("Average Forward pass: %g ms.", timer.total_forward_ms / args.iterations)
     log.info("Average Backward pass: %g ms.", timer.total_backward_ms / args.iterations)
     log.info("Average Forward-Backward: %g ms.", (timer.total_forward_ms + timer.total_backward_ms) / args.iterations)

@@ -57,11 +57,13 @@ class LayerTimer:
     """Sums of the times of a net's steps over the iterations of a benchmark, by layer index, as
     ``netdef time`` prints them: a step (a chain of layers the net runs as one, or one layer) is
     timed forward on its first layer and backward on its last (where the gradients it hands on
-    become ready)."""
+    become ready). A net no layer of which needs backward (a deploy net) has no backward pass: only
+    its forward is run and timed, and its backward times stay 0."""
 
     def __init__(self, net, clock):
         self.net = net
         self.clock = clock
+        self.times_backward = any(net.layer_need_backward)
         self.steps = net.forward_steps()
         self.forward_ms = [0.0] * len(net.layers)
         self.backward_ms = [0.0] * len(net.layers)
@@ -78,18 +80,21 @@ class LayerTimer:
             net.forward_range(first, last)
             forward.append((first, start, clock.mark()))
         middle = clock.mark()
-        net._fill_loss_diffs(0, len(net.layers) - 1)
         backward = []
-        for first, last in reversed(self.steps):
-            start = clock.mark()
-            net.backward_range(last, first)
-            backward.append((last, start, clock.mark()))
-        end = clock.mark()
+        if self.times_backward:
+            net._fill_loss_diffs(0, len(net.layers) - 1)
+            for first, last in reversed(self.steps):
+                start = clock.mark()
+                net.backward_range(last, first)
+                backward.append((last, start, clock.mark()))
+            end = clock.mark()
         clock.settle()
         for index, start, stop in forward:
             self.forward_ms[index] += clock.elapsed_ms(start, stop)
         for index, start, stop in backward:
             self.backward_ms[index] += clock.elapsed_ms(start, stop)
-        self.total_forward_ms += clock.elapsed_ms(begin, middle)
-        self.total_backward_ms += clock.elapsed_ms(middle, end)
-        return clock.elapsed_ms(begin, end)
+        forward_ms = clock.elapsed_ms(begin, middle)
+        backward_ms = clock.elapsed_ms(middle, end) if self.times_backward else 0.0
+        self.total_forward_ms += forward_ms
+        self.total_backward_ms += backward_ms
+        return forward_ms + backward_ms

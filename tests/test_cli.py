@@ -152,7 +152,9 @@ def test_time_of_a_deploy_net_says_it_timed_no_backward_and_its_lines_add_up(wor
         'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 2 } }\n'
     (tmp_path / "deploy.prototxt").write_text(deploy)
     log = netdef("time", "--model=deploy.prototxt", "--iterations=3", "--json=profile.json", cwd=tmp_path).stderr
-    assert "only the forward pass was timed" in log
+    assert "only the forward pass is timed" in log and "Performing Backward" not in log
+    assert re.findall(r"\]\s+\w+\tbackward: (\S+) ms\.", log) == ["0", "0"]       # data, ip
+    assert "Average Backward pass: 0 ms." in log
     per_iteration = [float(ms) for ms in re.findall(r"Iteration: \d forward-backward time: ([\d.e+-]+) ms\.", log)]
     average = float(re.search(r"Average Forward-Backward: ([\d.e+-]+) ms\.", log).group(1))
     assert len(per_iteration) == 3 and sum(per_iteration) / 3 == pytest.approx(average, rel=1e-3, abs=1e-3)

@@ -11,9 +11,10 @@ from netdef.timing import HostClock, LayerTimer, clock_for
 class FakeNet:
     """Four layers, the middle two run as one step; records the calls in ``log``."""
 
-    def __init__(self, log):
+    def __init__(self, log, need_backward=(False, True, True, True)):
         self.log = log
         self.layers = ["data", "conv", "relu", "loss"]
+        self.layer_need_backward = list(need_backward)
 
     def forward_steps(self):
         return [(0, 0), (1, 2), (3, 3)]
@@ -70,6 +71,19 @@ def test_each_step_is_timed_on_its_first_layer_forward_and_its_last_backward():
     assert timer.backward_ms == [span(12, 13), 0.0, span(10, 11), span(8, 9)]
     assert timer.total_forward_ms == span(0, 7) and timer.total_backward_ms == span(7, 14)
     assert total == span(0, 14)
+
+
+def test_a_net_without_backward_is_timed_forward_only():
+    """A deploy net: no layer needs backward, so no backward is run, and none is reported."""
+    log = []
+    clock = RecordingClock(log)
+    timer = LayerTimer(FakeNet(log, need_backward=(False,) * 4), clock)
+    total = timer.run_iteration()
+    assert [entry for entry in log if entry[0] != "mark"] == [
+        ("forward", 0, 0), ("forward", 1, 2), ("forward", 3, 3), ("settle",)]
+    # Marks: 0 begin; 1-2, 3-4, 5-6 the forward steps; 7 the end of forward.
+    assert timer.backward_ms == [0.0] * 4 and timer.total_backward_ms == 0.0
+    assert total == timer.total_forward_ms == float(2 ** 7 - 2 ** 0)
 
 
 def test_times_add_up_over_iterations():
