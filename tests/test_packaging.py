@@ -67,6 +67,15 @@ def run(args, cwd):
     return subprocess.run(NETDEF + args, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
+def test_zoo_help_says_what_list_and_copy_do(tmp_path):
+    done = run(["zoo", "--help"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())   # argparse wraps to the terminal's width
+    assert "list: print each model of the zoo" in text and "with its title" in text
+    assert "copy NAME [DIR]: write that model's train_val, deploy and solver prototxts and its README into DIR" in text
+    assert "replaced only with --overwrite" in text
+
+
 def test_zoo_lists_every_model_folder(tmp_path):
     done = run(["zoo", "list"], tmp_path)
     assert done.returncode == 0, done.stderr
