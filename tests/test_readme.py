@@ -78,3 +78,54 @@ def test_the_first_run_and_the_time_example_run_offline_in_a_checkout(tmp_path):
     done = _netdef(args + [data_shape], tmp_path)
     assert done.returncode == 0, done.stderr
     assert "Average Forward-Backward: " in done.stderr
+
+
+def _resolve(dotted: str):
+    """The module or attribute ``dotted`` names (``netdef.proto.caffe_pb2``, ``netdef.io.load_image``)."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            found = getattr(found, name)
+        return found
+    raise ImportError(dotted)
+
+
+def test_the_porting_sections_module_map_names_what_netdef_has():
+    """Each row of README's pycaffe -> netdef table: the netdef module (or class) exists and has every
+    pycaffe name the row lists; and the import caffe rule for Python layers is stated beside it."""
+    table = README.split("| pycaffe | netdef |", 1)[1].split("\n\n", 1)[0]
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| `")]
+    assert len(rows) >= 5
+    checked = 0
+    for left, right in rows:
+        targets = [t for t in re.findall(r"`([\w.]+)`", right) if t.startswith("netdef")]
+        if not targets:
+            assert re.search(r"`netdef [a-z-]+`", right), right   # a command-line verb
+            continue
+        for target in targets:
+            _resolve(target)
+        listed = re.search(r"\((.*)\)", left)
+        for name in re.findall(r"`(\w+)`", listed.group(1)) if listed else []:
+            assert hasattr(_resolve(targets[0]), name), f"{targets[0]} has no {name} (README's map)"
+            checked += 1
+    assert checked >= 25
+    names = README.split("`Net` also has pycaffe's underscore names", 1)[1].split("\n\n", 1)[0]
+    import netdef
+
+    net = netdef.Net('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 } } }',
+                     netdef.TEST)
+    underscored = re.findall(r"`(_\w+)", names)
+    assert len(underscored) >= 10 and all(hasattr(net, name) for name in underscored), underscored
+    assert hasattr(net, "save_hdf5") and hasattr(net, "load_hdf5")
+    assert hasattr(netdef.SGDSolver, "share_weights") and hasattr(netdef.SGDSolver, "lr")
+    for name in ("solver_count", "solver_rank", "has_nccl", "set_solver_count", "NCCL"):
+        assert f"`{name}" in names and hasattr(netdef, name), name
+    assert "`netdef.proto.caffe_pb2`" in table
+    rule = README.split("A Python layer module written for pycaffe loads unchanged", 1)[1].split("\n\n", 1)[0]
+    assert "`import caffe`" in rule and "an installed Caffe wins" in rule and "at the top of the module" in rule
