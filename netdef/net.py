@@ -132,8 +132,9 @@ class Net:
             raise TypeError(f"unexpected arguments: {', '.join(legacy)}")
         self.python_policy = PythonLayerPolicy.resolve(python_layers, python_path)
         param, text, self.source = proto_io.read_net_param(model)
+        as_written = param
         if read_from is not None:
-            _, text, self.source = proto_io.read_net_param(read_from)
+            as_written, text, self.source = proto_io.read_net_param(read_from)
         defined_in = read_from if read_from is not None else model
         # Relative file names inside layers (data sources, mean files) are tried in the working
         # directory first, as Caffe does, then in this folder: the definition's own by default.
@@ -145,7 +146,7 @@ class Net:
         copy.CopyFrom(param)  # never mutate the caller's
         param = copy
         self._layer_lines = proto_io.top_level_block_lines(text) if text else []
-        if param.input:  # upgrade_net makes the input: fields a leading Input layer: theirs is its line
+        if as_written.input:  # upgrade_net makes the input: fields a leading Input layer: theirs is its line
             self._layer_lines[:0] = proto_io.top_level_block_lines(text, ("input",))[:1]
         try:
             upgrade_net(param, self.source)

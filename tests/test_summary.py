@@ -195,3 +195,5 @@ def test_a_deploy_net_with_input_fields_names_its_layers_lines(tmp_path):
         'layer { name: "relu" type: "Relu" bottom: "ip" top: "ip" }\n')
     line = _error_line(_netdef("deploy.prototxt", cwd=tmp_path))
     assert line.startswith("netdef: error: deploy.prototxt:5: layer 'relu': unknown layer type 'Relu'"), line
+    shaped = _error_line(_netdef("deploy.prototxt", "--data_shape=1,4,4", cwd=tmp_path))   # rebuilt, same lines
+    assert shaped.startswith("netdef: error: deploy.prototxt:5: layer 'relu': unknown layer type 'Relu'"), shaped
