@@ -243,7 +243,8 @@ class MPICommunicator(Communicator):
         # Made whatever the times (0 included), so that every rank makes the same collective calls and
         # answers the others' questions even where its own times are off.
         self.watchdog = Watchdog(self.duplicate(), self, warn_after_s, abort_after_s)
-        # Before mpi4py finalizes MPI (registered when MPI was imported, so it runs after this).
+        # Stopped before MPI is finalized: mpi4py finalizes it from a Py_AtExit function, which Python
+        # calls after the atexit module's.
         atexit.register(self.watchdog.close)
 
     def duplicate(self) -> "MPICommunicator":
