@@ -21,7 +21,8 @@ collective watchdog do, each rank runs a watchdog thread:
   library's shared-memory file). When several ranks wait as long, the lowest of them writes the
   line; the others keep quiet for a few ticks, and speak only if the job has not ended by then.
 
-0 turns either step off. Asking needs MPI calls from the watchdog thread beside the training
+The waits themselves stay the MPI library's blocking calls, which move an exchange along fastest; the
+watchdog only reads the marks, from its own thread. 0 turns either step off. Asking needs MPI calls from the watchdog thread beside the training
 thread's, so the watchdog needs MPI_THREAD_MULTIPLE (which netdef asks mpi4py for).
 
 Cost on a run that does not stall: the marks, and one wake-up per tick (at most a second) in which
