@@ -147,7 +147,8 @@ def cmd_train(args) -> int:
                            progress=args.progress, timeline=args.timeline, schedule=args.schedule,
                            chunk_bytes=args.chunk_bytes, credit_bytes=args.credit_bytes,
                            multicolor_colors=args.colors, tau=args.tau, alpha=args.alpha, beta=args.beta,
-                           group_size=args.group_size, gossip_probability=args.gossip_probability)
+                           group_size=args.group_size, gossip_probability=args.gossip_probability,
+                           stall_warning_s=args.stall_warning, stall_abort_s=args.stall_abort)
     comm = create_communicator(async_progress=options.progress == "MPI_ASYNC")
     if comm.rank > 0:
         log.setLevel(logging.WARNING)  # only rank 0 logs progress; every rank reports its errors
@@ -692,6 +693,12 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(dist, "group_size", type=int, metavar="N", help="hybrid: ranks per synchronous group (default 2)")
     _flag(dist, "gossip_probability", type=float, metavar="P",
           help="gossip: probability of sending the weights to a random peer after an update (default 0.1)")
+    _flag(dist, "stall_warning", type=float, metavar="SECONDS",
+          help="a rank that has waited this long for the others logs which ranks have not reached the exchange, "
+               "and again each time as long again (default 60; 0: never)")
+    _flag(dist, "stall_abort", type=float, metavar="SECONDS",
+          help="a rank that has waited this long ends the job with one line naming the ranks that have not "
+               "come (default 600; 0: never)")
     train.set_defaults(func=cmd_train)
 
     test = verbs.add_parser("test", parents=[common],

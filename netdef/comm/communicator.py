@@ -15,6 +15,8 @@ allreduce) beside MPI's requests.
 """
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import sys
 import time
@@ -24,6 +26,10 @@ import numpy as np
 from .. import backend
 from ..threads import own_cores
 from .launch import LaunchInfo, detect_launch
+from .watchdog import (ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, GATHER, NO_WATCHDOG, REQUESTS, NoWatchdog,
+                       Watchdog)
+
+logger = logging.getLogger("netdef")
 
 
 class CommunicatorError(RuntimeError):
@@ -55,13 +61,21 @@ class Communicator:
     """The interface, implemented for one process: every collective leaves the arrays as they are.
 
     ``rank``/``size``: this process and how many there are; ``local_size``: how many run on this
-    machine (for choosing a progress driver); ``description``: the MPI library in words.
+    machine (for choosing a progress driver); ``description``: the MPI library in words;
+    ``watchdog``: what marks this process's waits on the others (``watchdog.py``; nothing is watched
+    until ``watch_stalls``).
     """
 
     rank = 0
     size = 1
     local_size = 1
     description = "single process"
+    watchdog: NoWatchdog = NO_WATCHDOG
+
+    def watch_stalls(self, warn_after_s: float, abort_after_s: float) -> None:
+        """Collective: from now on a wait on the other ranks that lasts ``warn_after_s`` logs which
+        ranks have not come, and one that lasts ``abort_after_s`` ends the job naming them (0: never);
+        called again, it changes the times. One process waits on nobody."""
 
     # -------------------------------------------------------------------------------- blocking
     def local_core_count(self) -> int:
@@ -217,30 +231,56 @@ class MPICommunicator(Communicator):
             return array, False
         return np.ascontiguousarray(backend.to_host(array)), True
 
+    def watch_stalls(self, warn_after_s: float, abort_after_s: float) -> None:
+        if isinstance(self.watchdog, Watchdog):
+            self.watchdog.set_times(warn_after_s, abort_after_s)
+            return
+        if self.thread_level < self._MPI.THREAD_MULTIPLE:
+            logger.warning("Stalled ranks are not reported: the stall watchdog calls MPI from a thread of its own, "
+                           "which needs MPI_THREAD_MULTIPLE, and %s gives level %d", self.description,
+                           self.thread_level)
+            return
+        # Made whatever the times (0 included), so that every rank makes the same collective calls and
+        # answers the others' questions even where its own times are off.
+        self.watchdog = Watchdog(self.duplicate(), self, warn_after_s, abort_after_s)
+        # Stopped before MPI is finalized: mpi4py finalizes it from a Py_AtExit function, which Python
+        # calls after the atexit module's.
+        atexit.register(self.watchdog.close)
+
+    def duplicate(self) -> "MPICommunicator":
+        """The same ranks as a communicator of their own, whose messages no other one sees (collective)."""
+        return MPICommunicator(self.comm.Dup())
+
     def broadcast(self, array, root: int = 0) -> None:
         host, staged = self._host(array)
-        self.comm.Bcast(host, root=root)
+        with self.watchdog.waiting(BROADCAST):
+            self.comm.Bcast(host, root=root)
         if staged:
             array[...] = backend.to_device(host, like=array)
 
     def allreduce(self, array, op: str = "sum") -> None:
         host, staged = self._host(array)
-        self.comm.Allreduce(self._MPI.IN_PLACE, host, op=self._ops[op])
+        with self.watchdog.waiting(ALLREDUCE):
+            self.comm.Allreduce(self._MPI.IN_PLACE, host, op=self._ops[op])
         if staged:
             array[...] = backend.to_device(host, like=array)
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        with self.watchdog.waiting(BARRIER):
+            self.comm.Barrier()
 
     def gather_bytes(self, data: bytes, root: int = 0):
-        return self.comm.gather(bytes(data), root=root)
+        with self.watchdog.waiting(GATHER):
+            return self.comm.gather(bytes(data), root=root)
 
     def allgather_bytes(self, data: bytes) -> list[bytes]:
-        return self.comm.allgather(bytes(data))
+        with self.watchdog.waiting(ALLGATHER):
+            return self.comm.allgather(bytes(data))
 
     def broadcast_int(self, value: int, root: int = 0) -> int:
         buf = np.array([value], dtype=np.int64)
-        self.comm.Bcast(buf, root=root)
+        with self.watchdog.waiting(BROADCAST):
+            self.comm.Bcast(buf, root=root)
         return int(buf[0])
 
     def iallreduce(self, array, op: str = "sum"):
@@ -259,20 +299,22 @@ class MPICommunicator(Communicator):
         return sorted(done)
 
     def wait_all(self, requests: list) -> None:
-        # Operations first: each blocks inside MPI, where the library also moves the other requests.
-        for request in requests:
-            if isinstance(request, Operation):
-                request.wait()
-        handles = [r for r in requests if r is not None and not isinstance(r, Operation)]
-        if handles:
-            self._MPI.Request.Waitall(handles)
+        with self.watchdog.waiting(REQUESTS):
+            # Operations first: each blocks inside MPI, where the library also moves the other requests.
+            for request in requests:
+                if isinstance(request, Operation):
+                    request.wait()
+            handles = [r for r in requests if r is not None and not isinstance(r, Operation)]
+            if handles:
+                self._MPI.Request.Waitall(handles)
         requests[:] = [None] * len(requests)
 
     def wait_some(self, requests: list) -> list[int]:
         active = [i for i, r in enumerate(requests) if r is not None]
         if not active:
             return []
-        indices = self._MPI.Request.Waitsome([requests[i] for i in active]) or []
+        with self.watchdog.waiting(REQUESTS):
+            indices = self._MPI.Request.Waitsome([requests[i] for i in active]) or []
         done = [active[k] for k in indices]
         for i in done:
             requests[i] = None
@@ -295,7 +337,9 @@ class MPICommunicator(Communicator):
         return array
 
     def split(self, color: int) -> "MPICommunicator":
-        return MPICommunicator(self.comm.Split(int(color), self.rank))
+        group = MPICommunicator(self.comm.Split(int(color), self.rank))
+        group.watchdog = self.watchdog  # one per process: its waits are this process's, on whichever group
+        return group
 
     def window(self, count: int, dtype) -> "MPIWindow":
         return MPIWindow(self._MPI, self.comm, count, dtype)

@@ -171,6 +171,7 @@ class DataParallel(Parallel):
     def begin_iteration(self, iteration: int) -> None:
         self._mark = self._clock()
         self._record = self.measurements.begin(iteration, self._mark)
+        self.comm.watchdog.at_iteration(iteration)  # for the stall watchdog's messages
         self.exchange.begin_iteration(iteration)
 
     def forward_done(self) -> None:

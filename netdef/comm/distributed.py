@@ -2,7 +2,7 @@
 
 ``create_solver(path, comm)`` returns the solver the file asks for (SGD, Adam...) holding a
 ``DataParallel`` (``data_parallel.py``) as its parallel seam: the Solver calls it at fixed points
-and knows nothing else of MPI. Every rank runs the same program (``mpiexec -n 4 netdef train
+and knows nothing else of MPI. It also starts the communicator's stall watchdog (``watchdog.py``). Every rank runs the same program (``mpiexec -n 4 netdef train
 solver.prototxt``); only rank 0 logs (``netdef train`` quiets the others to warnings and errors).
 
 Failures: ``netdef train`` runs each rank inside ``run_guarded``: an exception prints the rank's
@@ -13,6 +13,7 @@ using this API should do the same (``run_guarded(comm, main)``, or ``python -m m
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import traceback
 
@@ -33,7 +34,8 @@ def options_from(param: pb.SolverParameter, *, exchange: str | None = None, over
                  timeline: str | None = None, schedule: str | None = None, chunk_bytes: int | None = None,
                  credit_bytes: int | None = None, multicolor_colors: int | None = None, tau: int | None = None,
                  alpha: float | None = None, beta: float | None = None, group_size: int | None = None,
-                 gossip_probability: float | None = None) -> ExchangeOptions:
+                 gossip_probability: float | None = None, stall_warning_s: float | None = None,
+                 stall_abort_s: float | None = None) -> ExchangeOptions:
     """The solver file's ``netdef_distributed`` settings with the given (command line) overrides."""
     d = param.netdef_distributed
     options = ExchangeOptions(exchange=d.exchange, overlap=d.overlap, bucket_bytes=int(d.bucket_bytes),
@@ -41,7 +43,8 @@ def options_from(param: pb.SolverParameter, *, exchange: str | None = None, over
                               chunk_bytes=int(d.chunk_bytes), credit_bytes=int(d.credit_bytes),
                               multicolor_colors=int(d.multicolor_colors), tau=int(d.tau),
                               alpha=float(d.alpha), beta=float(d.beta), group_size=int(d.group_size),
-                              gossip_probability=float(d.gossip_probability))
+                              gossip_probability=float(d.gossip_probability),
+                              stall_warning_s=float(d.stall_warning_seconds), stall_abort_s=float(d.stall_abort_seconds))
     _override_asynchronous(options, tau=tau, alpha=alpha, beta=beta, group_size=group_size,
                            gossip_probability=gossip_probability)
     if schedule is not None:
@@ -70,6 +73,7 @@ def options_from(param: pb.SolverParameter, *, exchange: str | None = None, over
         options.timeline = timeline
     if options.bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, got {options.bucket_bytes}")
+    _override_stall_times(options, stall_warning_s, stall_abort_s)
     exchange_class(options.exchange)  # an unknown rule: a clear error before anything is built
     return options
 
@@ -91,6 +95,18 @@ def _override_asynchronous(options: ExchangeOptions, **given) -> None:
         raise ValueError(f"netdef_distributed.gossip_probability must lie in [0, 1], got {options.gossip_probability}")
 
 
+def _override_stall_times(options: ExchangeOptions, warning_s: float | None, abort_s: float | None) -> None:
+    """The stall watchdog's times from the command line, checked."""
+    if warning_s is not None:
+        options.stall_warning_s = float(warning_s)
+    if abort_s is not None:
+        options.stall_abort_s = float(abort_s)
+    for name, value in (("stall_warning_seconds", options.stall_warning_s),
+                        ("stall_abort_seconds", options.stall_abort_s)):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"netdef_distributed.{name} must be a number of seconds >= 0 (0: off), got {value}")
+
+
 def create_solver(solver, comm: Communicator | None = None, options: ExchangeOptions | None = None,
                   solver_file: str | None = None) -> Solver:
     """``get_solver`` for a distributed run: the solver class for the file's ``type``, with data
@@ -100,6 +116,7 @@ def create_solver(solver, comm: Communicator | None = None, options: ExchangeOpt
     options = options or options_from(param)
     if comm is None:
         comm = create_communicator(async_progress=options.progress == "MPI_ASYNC")
+    comm.watch_stalls(options.stall_warning_s, options.stall_abort_s)
     return get_solver(param, solver_file=path or solver_file, parallel=DataParallel(comm, options))
 
 

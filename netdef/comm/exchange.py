@@ -76,6 +76,7 @@ from .progress import choose_mode, make_driver
 from .reduction import Reduction
 from .scheduler import PriorityTransport, ScheduleThread, choose_sizes
 from .timeline import BucketRecord, ChunkRecord, Measurements
+from .watchdog import DEFAULT_ABORT_AFTER_S, DEFAULT_WARN_AFTER_S, GRADIENT_EXCHANGE
 
 logger = logging.getLogger("netdef")
 
@@ -100,6 +101,8 @@ class ExchangeOptions:
     beta: float = 0.9           # easgd, hybrid
     group_size: int = 2         # hybrid
     gossip_probability: float = 0.1
+    stall_warning_s: float = DEFAULT_WARN_AFTER_S  # watchdog.py; each rank's own (not compared at start-up)
+    stall_abort_s: float = DEFAULT_ABORT_AFTER_S
 
 
 # ============================================================================================== registry
@@ -589,7 +592,8 @@ class AllreduceExchange(ExchangeRule):
         if not buckets:
             return
         start = self.clock()
-        self.transport.wait(buckets)
+        with self.comm.watchdog.waiting(GRADIENT_EXCHANGE):
+            self.transport.wait(buckets)
         self._record.wait_s += self.clock() - start
         for bucket in buckets:
             self._unpack(bucket)
@@ -616,10 +620,11 @@ class AllreduceExchange(ExchangeRule):
         if not self._active:
             return
         start = self.clock()
-        if self.transport is not None:
-            self.transport.wait(self.buckets)
-        else:
-            self.driver.wait_all()
+        with self.comm.watchdog.waiting(GRADIENT_EXCHANGE):
+            if self.transport is not None:
+                self.transport.wait(self.buckets)
+            else:
+                self.driver.wait_all()
         self._record.wait_s += self.clock() - start
         for bucket in self.buckets:
             self._unpack(bucket)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import netdef
+from netdef.comm.communicator import mapped_mpi_segments
 from netdef.comm.launch import detect_launch
 
 
@@ -15,8 +17,10 @@ class LearnedScale(netdef.Layer):
     bottom[0]: (N x C); top[0]: (N x C); blobs[0]: s (C).
     dL/dx = s dL/dy;  dL/ds += sum over N of x dL/dy.
 
-    ``param_str`` "fail_rank=R fail_iter=K mode=raise|kill" makes rank R fail in its K-th training
-    forward pass (counting from 0): raise a RuntimeError, or SIGKILL itself.
+    ``param_str`` "fail_rank=R fail_iter=K mode=raise|kill|stop|sleep" makes rank R fail in its K-th
+    training forward pass (counting from 0): raise a RuntimeError, SIGKILL itself, SIGSTOP itself, or
+    sleep ``sleep=S`` seconds (default an hour) and go on: a stalled rank. "show_segments=1" prints
+    the MPI library's shared-memory files the process has mapped, at set-up.
     """
 
     def setup(self, bottom, top):
@@ -27,7 +31,10 @@ class LearnedScale(netdef.Layer):
         self.fail_rank = int(options.get("fail_rank", -1))
         self.fail_iter = int(options.get("fail_iter", -1))
         self.fail_mode = options.get("mode", "raise")
+        self.sleep_s = float(options.get("sleep", 3600))
         self.passes = 0
+        if options.get("show_segments"):
+            print("segments", *mapped_mpi_segments(), flush=True)
 
     def reshape(self, bottom, top):
         top[0].reshape(bottom[0].shape)
@@ -37,11 +44,19 @@ class LearnedScale(netdef.Layer):
             launch = detect_launch()
             rank = launch.rank if launch is not None else 0
             if rank == self.fail_rank and self.passes == self.fail_iter:
-                if self.fail_mode == "kill":
-                    os.kill(os.getpid(), signal.SIGKILL)
-                raise RuntimeError(f"deliberate failure in layer {self.name!r} on rank {rank} at pass {self.passes}")
+                self._fail(rank)
             self.passes += 1
         top[0].data = bottom[0].data * self.blobs[0].data
+
+    def _fail(self, rank: int) -> None:
+        if self.fail_mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif self.fail_mode == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)  # trains on if continued
+        elif self.fail_mode == "sleep":
+            time.sleep(self.sleep_s)
+        else:
+            raise RuntimeError(f"deliberate failure in layer {self.name!r} on rank {rank} at pass {self.passes}")
 
     def backward(self, top, propagate_down, bottom):
         dy = top[0].diff
