@@ -16,6 +16,7 @@ from netdef.layers import LayerError
 from netdef.layers import direct
 from netdef.layers import im2col as im2col_mod
 from netdef.layers import jit
+from netdef.layers import pool2d
 from netdef.layers import vision
 from tests.helpers import (TEST, TRAIN, build, check_gradients, layer_case_names, parse_layer,
                            run_caffe_case, shared_path)
@@ -632,7 +633,7 @@ def naive_max_pool(x, kernel, stride, pad, out):
 def test_max_pooling_matches_caffe_loop(monkeypatch, fields, shape, dtype):
     """Ties everywhere (small integers), NaN, -inf and -FLT_MAX cells, windows of NaN only, and plane
     blocks of a few planes: top, mask and bottom gradient as Caffe's loop gives them."""
-    monkeypatch.setattr(vision, "_POOL_BLOCK_BYTES", 2000)
+    monkeypatch.setattr(pool2d, "_POOL_BLOCK_BYTES", 2000)
     rng = np.random.default_rng(7)
     x = rng.integers(-3, 3, shape).astype(float)
     special = rng.random(shape)
@@ -691,8 +692,8 @@ def test_pooling_plane_blocks_agree(monkeypatch):
     x = normal(5, 7, 9, 11)
     dy_shape = None
     results = []
-    for budget in (vision._POOL_BLOCK_BYTES, 3000):
-        monkeypatch.setattr(vision, "_POOL_BLOCK_BYTES", budget)
+    for budget in (pool2d._POOL_BLOCK_BYTES, 3000):
+        monkeypatch.setattr(pool2d, "_POOL_BLOCK_BYTES", budget)
         out = []
         for fields in (dict(pool="MAX", kernel_size=3, stride=2, pad=1), dict(pool="AVE", kernel_size=3, stride=2)):
             layer, bottom, top = build(pool_text(**fields), [x], 1)

@@ -43,3 +43,13 @@ def usable(*arrays) -> bool:
         elif a.dtype != dtype:
             return False
     return dtype is not None
+
+
+def planes(a):
+    """(N, C, ...) as (N*C, ...): the planes the pooling and LRN kernels loop over."""
+    return a.reshape((-1,) + a.shape[2:])
+
+
+def cells(a):
+    """(N, C, ...) as (N, C, cells): the channels and cells the LRN kernels loop over."""
+    return a.reshape(a.shape[:2] + (-1,))
