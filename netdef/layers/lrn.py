@@ -125,8 +125,8 @@ def lrn_within_backward(x, y, scale, power, dy, size, alpha, beta):
         from .jit import lrn as compiled
 
         dx = np.empty_like(x)
-        compiled.within_backward(jit.planes(x), jit.planes(y), jit.planes(scale), jit.planes(power), jit.planes(dy), size,
-                                 dtype(2.0 * alpha * beta / (size * size)), jit.planes(dx))
+        compiled.within_backward(jit.planes(x), jit.planes(y), jit.planes(scale), jit.planes(power), jit.planes(dy),
+                                 size, dtype(2.0 * alpha * beta / (size * size)), jit.planes(dx))
         return dx
     ratio = _box_sum(dy * y / scale, size)
     ratio *= x

@@ -185,7 +185,8 @@ class Pool2D:
 
 def _pool_args(p: Pool2D, x_shape):
     n, c, h, w = x_shape
-    return kernels.int_args(c, h, w, p.out[0], p.out[1], p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.pad[0], p.pad[1])
+    return kernels.int_args(c, h, w, p.out[0], p.out[1], p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.pad[0],
+                            p.pad[1])
 
 
 class _Phases:
