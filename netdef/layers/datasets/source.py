@@ -146,6 +146,7 @@ class DataSourceLayer(DataSource):
     num_records = 0
     batch_size = 0
     source_name = ""
+    _stop = None  # the prefetch thread's stop event while it runs
 
     # ------------------------------------------------------------------ setup
     def setup(self, bottom, top):
@@ -275,9 +276,8 @@ class DataSourceLayer(DataSource):
         self._apply(self._consumed)
 
     def __del__(self):
-        stop = getattr(self, "_stop", None)
-        if stop is not None:
-            stop.set()
+        if self._stop is not None:
+            self._stop.set()
 
     # ------------------------------------------------------------------ sharding
     def set_shard(self, rank: int, num_ranks: int) -> bool:
