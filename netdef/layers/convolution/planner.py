@@ -17,7 +17,7 @@ make for this layer); the log says once per layer which path runs and why. Other
 - "columns": im2col and one product per group over chunks of the batch, anything else (columns.py).
 
 A TEST net's layers run forward only (a backward still works, by either path), and the direct
-forward is the faster one at every width: there the row path never wins.
+forward is the faster one at every width: there the direct path is taken wherever it applies.
 """
 from __future__ import annotations
 
