@@ -1,2 +1,3 @@
 """Imports every built-in layer family so that their types are registered."""
-from . import activation, data, datasets, dense, loss, normalization, python, recurrent, shape, vision  # noqa: F401
+from . import (activation, convolution, data, datasets, dense, loss, lrn, normalization, pooling, python,  # noqa: F401
+               recurrent, shape)

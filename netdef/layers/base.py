@@ -102,6 +102,8 @@ class Layer:
     runs_user_code = False
 
     _scratch = None  # see scratch
+    #: Folder of the net definition, set by the Net; see resolve_path.
+    base_dir: str | None = None
 
     def __init__(self, layer_param: pb.LayerParameter | None = None):
         self.layer_param = layer_param if layer_param is not None else pb.LayerParameter()
@@ -109,8 +111,6 @@ class Layer:
         self.param_propagate_down: list[bool] = []
         self.phase = self.layer_param.phase if self.layer_param.HasField("phase") else TRAIN
         self.param_str = self.layer_param.python_param.param_str
-        #: Folder of the net definition, set by the Net; see resolve_path.
-        self.base_dir: str | None = None
 
     # ------------------------------------------------------------------ identity
     @property
@@ -172,7 +172,7 @@ class Layer:
         import os
 
         # lexists: a link that leads nowhere (a loop) is the file meant; opening it will say what is wrong.
-        if os.path.isabs(path) or os.path.lexists(path) or not getattr(self, "base_dir", None):
+        if os.path.isabs(path) or os.path.lexists(path) or not self.base_dir:
             return path
         beside = os.path.join(self.base_dir, path)
         return beside if os.path.lexists(beside) else path
@@ -192,7 +192,7 @@ class Layer:
         import os
 
         places = [os.path.abspath(path)]
-        if not os.path.isabs(path) and getattr(self, "base_dir", None):
+        if not os.path.isabs(path) and self.base_dir:
             beside = os.path.abspath(os.path.join(self.base_dir, path))
             if beside not in places:
                 places.append(beside)

@@ -31,11 +31,9 @@ from .im2col import Geometry
 
 ENABLED = True
 # Fewer taps per group than this leave each kernel call too little work against the pass that
-# copies blocked sums out (output planes of a multiple of 4 KiB, ``scatters_to_nchw``): VGG's first
-# layer (3 channels x 3 x 3 into 224 x 224 planes) ran 14.9 ms direct against 10.5 by the column
-# path. Where the kernels scatter into the output itself they won with any number of taps: LeNet's
-# first layer (1 x 5 x 5) 0.95 against 1.63 ms, SqueezeNet's (3 x 3 x 3, stride 2) 7.4 against 11.6,
-# VGG's first layer without its padding 6.7 against 10.0 (forward, one thread, CPU time).
+# copies blocked sums out (output planes of a multiple of 4 KiB, ``scatters_to_nchw``): such a layer
+# (VGG's first) runs faster by the column path. Where the kernels scatter into the output itself
+# they win with any number of taps (benchmarks/README.md, "The figures behind the convolution paths").
 MIN_TAPS = 32
 # The input gradient is the direct forward of the padded top gradient where that costs at most this
 # many times the multiply-adds of col2im's product (the kernels compute whole channel blocks, and
@@ -44,47 +42,31 @@ MIN_TAPS = 32
 DIRECT_INPUT_GRADIENT_ABOVE = 2.5
 # Where the row-product path can compute a convolution, its backward is used instead of the direct
 # path's when the output rows are narrower than this (each kernel call then gets a short row), and its
-# input gradient alone when the direct path's would be col2im's in a TRAIN net (the row path's is
-# faster: LeNet's conv2, 11.4 against 8.8 ms forward+backward; its weight gradient stays direct, see
-# vision.py's direct_weight_gradient). Only in TRAIN nets, and only the backward: the direct
-# forward is the faster at these widths too (ResNet-50's 7 x 7 x 512 layers at batch 1, 2 threads:
-# 1.4-1.6 ms against 2.4-2.7; LeNet's conv2 at batch 64 in a TRAIN net, 1.9-2.0 ms against 4.0-4.2,
-# its backward 6.7-6.9 against 7.6-7.9 without the forward's expanded rows to start from). The
-# width was 8 while the direct backward was slower (ResNet-50's 7 x 7 layers, one thread: 58 ms
-# forward+backward direct against 47 by rows); with its later weight packing and gradient steps the
-# direct backward of 7-wide outputs is the faster (backward ms, direct against rows: ResNet-50's
-# 7 x 7 x 512 3x3 at batch 8, 2 threads 21.1 against 36.0, one thread 40.1 against 49.2; ResNet-101's
-# at batch 4, 2 threads 13.5 against 19.8, one thread 24.3 against 34.6; GoogLeNet's inception_5b 3x3
-# and 5x5 at batch 8: 6.4 and 1.7 against 13.5 and 3.2; 16 x 64 -> 128 on 6 x 6: 1.27 against 1.75),
-# even at 5 wide (32 x 256 -> 256: 12.2 against 12.0), and the slower at 4 and 2 wide (64 x 128 -> 128
-# on 4 x 4: 4.7 against 4.4; 64 x 64 -> 64 on 2 x 2: 1.04 against 0.65).
+# input gradient alone when the direct path's would be col2im's in a TRAIN net (the row path's is the
+# faster; the weight gradient stays direct, see layers/convolution/planner.py's plan_rows). Only in
+# TRAIN nets, and only the backward: the direct forward is the faster at these widths too. With its
+# weight packing and gradient steps the direct backward is the faster from 6 wide up, as fast at 5,
+# and the slower below (benchmarks/README.md, "The figures behind the convolution paths").
 ROWS_BELOW_WIDTH = 5
 # The forward's taps go in chunks whose packed weights take about this many bytes: they and the input
-# rows the chunk's taps read stay in L1 (48 KiB here) while a block of output rows is computed. 32 KiB
-# left the rows (28 channels x 6 rows of a 56-wide image, 39 KB) to L2. One thread, CPU time, VGG-16 at
-# batch 2, 16 KiB against 32: 56 x 56 x 256 layers 39.0-39.4 ms against 44.2-45.0 (the sgemm rate), 112 x
-# 112 x 128 40.9-41.2 against 44.4-44.6, 28 x 28 x 512 41.2-42.5 against 43.5, ResNet's 56 x 56 x 64
-# (batch 8) 10.5 against 11.2-11.5; 12 and 20 KiB about as 16. The chunks change no sum: each output's
-# taps are added in order, the partial sums carried between chunks in the output's type. ...
+# rows the chunk's taps read stay in L1 (48 KiB here) while a block of output rows is computed; 32 KiB
+# left the rows to L2 (benchmarks/README.md, "The figures behind the convolution paths"). The chunks
+# change no sum: each output's taps are added in order, the partial sums carried between chunks in the
+# output's type. ...
 TAP_CHUNK_BYTES = 16 << 10
 # ... over blocks of up to this many output rows of one image (the chunk's weights and input rows are
-# read again for each row of the block). One thread, CPU time, 8 rows against 4: VGG-16's 3x3 layers
-# 3-6% faster at every size (56 x 56: 38.3-39.2 ms against 39.4-40.9), ResNet's 56 x 56 x 64 and 14 x 14
-# x 256 at batch 8 5-6%, CIFAR-10's 16 x 16 the same. Blocks are halved until every thread has 4 work
-# items (a batch of one on 7 x 7 planes would leave threads idle). No sum depends on them.
+# read again for each row of the block; 8 rows ran faster than 4 at every size, benchmarks/README.md,
+# "The figures behind the convolution paths"). Blocks are halved until every thread has 4 work items
+# (a batch of one on 7 x 7 planes would leave threads idle). No sum depends on them.
 BLOCK_ROWS = 8
 MIN_ITEMS_PER_THREAD = 4
 # The threads split the work by channel blocks (each reads its share of the packed weights, every
 # image) where the weights take more bytes than the padded input, else by images (each reads its
-# share of the input, all the weights). No sum depends on it. 2 threads, float32, by channel blocks
-# against by images: ResNet-50's 3x3 layers at batch 1, 28 x 28 x 128 0.82-0.88 against 0.97-0.99 ms,
-# 14 x 14 x 256 1.02-1.06 against 1.19-1.26, at batch 8 7 x 7 x 512 6.9-7.3 against 7.6-8.4; by images
-# where the input is larger: at batch 8 28 x 28 x 128 5.4-6.0 against 6.4-6.7, 56 x 56 x 64 5.9-6.1
-# against 6.6-6.9, CIFAR-10's 16 x 16 x 32 at batch 100 2.2 against 2.5-2.7.
+# share of the input, all the weights): what every thread reads whole is the smaller of the two. No
+# sum depends on it.
 # The weight gradient goes over the images in steps whose padded inputs and blocked gradients take
-# about this many bytes (at least one image): they stay in L2 while every tap span reads them. One
-# thread, float32: ResNet's 56 x 56 x 64 layer ran at 165-171 GFLOP/s one image per step and 87-134
-# eight; its 7 x 7 x 512 layers at 126-140 and 143-155.
+# about this many bytes (at least one image): they stay in L2 while every tap span reads them
+# (benchmarks/README.md, "The figures behind the convolution paths").
 WEIGHT_GRADIENT_STEP_BYTES = 1 << 20
 # Addresses this many bytes apart fall in the same L1 set (x86's L1 caches: 64 sets of 64 bytes).
 SCATTER_ALIASING_BYTES = 4096
@@ -235,8 +217,7 @@ class DirectConvolution:
         # The forward's packing is the layout change of to_blocks, the filters as one image of G*Og
         # channels over T cells: its square tiles move by vector transposes, where a loop over the
         # values (as pack_flipped) moves one at a time. At batch 1 the packing is a large part of a
-        # layer with many weights: ResNet-50's 3 x 3 x 512 x 512 filters (9.4 MB), 2 threads, 0.8 ms
-        # against 2.3 (the layer's forward 2.4 ms against 3.5).
+        # layer with many weights (benchmarks/README.md, "The figures behind the convolution paths").
         g, b, t, block = d.packed_shape
         direct_conv.to_blocks(w.reshape(1, w.shape[0], t, 1), packed.reshape(1, g, b, t, 1, block),
                               self.kernels.transpose[0], self.kernels.shape.lanes)
@@ -285,9 +266,8 @@ class DirectConvolution:
         num = x.shape[0]
         dyb = scratch.get("direct_dy", (min(step, num),) + d.blocked_shape[1:], self.dtype, np)
         # The gradient blocked one step of images at a time, right before the kernels read it: still
-        # in cache, where blocking the whole batch first sent it through memory (CIFAR-10 quick's
-        # conv1: 13 MB). Weight gradients 4-9% faster: that conv1 3.42 -> 3.13 ms, ResNet-50's 3x3
-        # layers at batch 8 6.1-6.3 -> 5.4-6.0; a step's buffer instead of the batch's.
+        # in cache, where blocking the whole batch first sent it through memory; a step's buffer
+        # instead of the batch's.
         for start in range(0, num, step):
             stop = min(num, start + step)
             blocked = dyb[:stop - start]
@@ -296,8 +276,8 @@ class DirectConvolution:
                                self.kernels.shape.widest_taps, stop - start, get_num_threads(), start == 0)
         if overwrite:
             # The packed sums moved into dw's layout by tile transposes (plus 0, as from_blocks adds
-            # a missing bias: the values adding them to zeros gives). ResNet's 3 x 3 x 512 x 512
-            # filters: 1.8 ms to add them unpacked, and 1.0 to zero dw before.
+            # a missing bias: the values adding them to zeros gives), without the passes that add
+            # them unpacked and zero dw before.
             g, b, t, block = d.packed_shape
             direct_conv.from_blocks(part.reshape(1, g, b, t, 1, block), np.empty(0, self.dtype),
                                     dw.reshape(1, dw.shape[0], t, 1), self.kernels.transpose[1],

@@ -38,7 +38,7 @@ def use_kernels(xp) -> bool:
 
 def strided_pixels(x, stride, out):
     """out (N x C x *O) = x (N x C x *S) at every stride-th position along each spatial axis: the
-    input of a 1x1 convolution with strides, as its products read it (layers/vision.py)."""
+    input of a 1x1 convolution with strides, as its products read it (layers/convolution/pointwise.py)."""
     if len(stride) == 2 and jit.usable(x, out):
         from .jit import layout
 
@@ -122,6 +122,11 @@ class Workspace:
 
     def clear(self) -> None:
         self._arrays.clear()
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the arrays kept."""
+        return sum(a.nbytes for a in self._arrays.values())
 
 
 def _as_strided(xp, a, shape, strides):
@@ -393,10 +398,10 @@ def _col2im_cuda(cols, x_shape, geom, out_sizes, out):
 # machinery run on the top gradient padded by extent - 1 - pad, with the flipped, transposed filters
 # (the adjoint of a stride-1 convolution is such a convolution: no scatter), or col2im's: one product
 # dcols = dy W with kh*kw*C columns, then a compiled scatter-add (row_col2im). The layer chooses once
-# per shape (vision.py, ROW_COL2IM_*): col2im where the map shrinks (the convolution would cost
+# per shape (layers/convolution/rows.py, ROW_COL2IM_*): col2im where the map shrinks (the convolution would cost
 # prod(input) / prod(output) times the multiply-adds) or the input has few channels.
 ROW_PRODUCTS = True          # tests switch the path off to compare it with the column path
-ROW_MIN_WIDTH = 64           # Convolution takes this path when kw * C is at least this (see vision.py)
+ROW_MIN_WIDTH = 64           # Convolution takes this path when kw * C is at least this (see convolution/rows.py)
 ROW_FOLD_BELOW = 64          # fold the kernel rows into q when kw * C is below this
 
 
@@ -416,8 +421,7 @@ class RowPlan:
 
     @functools.cached_property
     def out(self) -> tuple:
-        # Cached: the products and copies of a chunk ask for it dozens of times (4 ms of Python per
-        # backward of CIFAR-10 quick's conv2 in 10 chunks when it was recomputed).
+        # Cached: the products and copies of a chunk ask for it dozens of times.
         return self.geom.conv_out(self.spatial)
 
     @property

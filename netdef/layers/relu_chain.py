@@ -1,8 +1,8 @@
 """A convolution or inner product and the ReLU in place on its output, trained as one step.
 
 Run one by one in training, the ReLU reads the product's output and writes its own array: a second
-pass over every activation, into memory that is not in cache (SqueezeNet at batch 8: 7.4 ms of ReLU
-forward against PyTorch's 4.3 in place; GoogLeNet 13 ms). The product's output is an array it has
+pass over every activation, into memory that is not in cache (benchmarks/README.md, "The figures
+behind the convolution paths"). The product's output is an array it has
 just written that nothing else holds (the TEST phase's fusion rests on the same fact, fusion.py), so
 the ReLU can rectify it in place, and the pointwise and depthwise convolutions add their bias in that
 same pass (``forward_mapped``). Backward is the layers' own: the ReLU's gradient (its sign read from
@@ -18,7 +18,7 @@ from . import elementwise, fusion
 from .activation import ReLULayer
 from .dense import InnerProductLayer
 from .trained_chain import TrainedChain, rectifies_in_place
-from .vision import ConvolutionLayer
+from .convolution import ConvolutionLayer
 
 
 class RectifiedProductChain(TrainedChain):

@@ -538,10 +538,13 @@ class FilterLayer(Layer):
 
     min_bottom = 2
     min_top = 1
+    _selector_index: int | None = None  # the selector's bottom, once set up
 
     def allow_force_backward(self, bottom_index):
         # The selector is the last bottom; before setup, count the bottoms the definition names.
-        selector = getattr(self, "_selector_index", len(self.layer_param.bottom) - 1)
+        selector = self._selector_index
+        if selector is None:
+            selector = len(self.layer_param.bottom) - 1
         return bottom_index != selector
 
     def setup(self, bottom, top):

@@ -277,7 +277,7 @@ def test_pointwise_matches_naive_reference_and_gradients(fields, shape, stacked)
     x = RNG.standard_normal(shape)
     layer = check_gradients(parse_layer(conv_text(**fields)), [x])
     assert layer.algorithm == "pointwise"
-    assert layer._pointwise_stacked() == stacked
+    assert layer.strategy.stacked == stacked
     w = layer.blobs[0].data
     b = layer.blobs[1].data if len(layer.blobs) > 1 else np.zeros(fields["num_output"])
     layer2, bottom, top = build(parse_layer(conv_text(**fields)), [x], 1, params=[p.data for p in layer.blobs])

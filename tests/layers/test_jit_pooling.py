@@ -11,10 +11,11 @@ import pytest
 
 from netdef.layers import jit, vision
 from netdef.layers.jit import pooling as kernels
+from netdef.proto import netdef_pb2 as pb
 from tests.helpers import check_gradients
 from tests.layers.test_vision import distinct, naive_max_pool, pool_text
 
-MAX, AVE = vision._Pool.MAX, vision._Pool.AVE
+MAX, AVE = pb.PoolingParameter.MAX, pb.PoolingParameter.AVE
 LOWEST = -np.finfo(np.float32).max
 
 GEOMETRIES = [  # kernel, stride, pad, input (H, W)

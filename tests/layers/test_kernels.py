@@ -21,6 +21,7 @@ from netdef.layers import im2col as im2col_mod
 from netdef.layers import kernels
 from netdef.layers import vision
 from netdef.layers.im2col import Geometry, col2im, column_layout, im2col
+from netdef.proto import netdef_pb2 as pb
 from tests.helpers import layer_case_names, run_caffe_case
 
 SOURCES = kernels.sources()
@@ -134,13 +135,11 @@ def gpu_path(host_kernels, monkeypatch):
     launcher = HostLauncher(host_kernels)
     monkeypatch.setattr(kernels, "launch", launcher)
     monkeypatch.setattr(im2col_mod, "use_kernels", lambda xp: True)
-    monkeypatch.setattr(vision, "use_kernels", lambda xp: True)
     return launcher
 
 
 def _cpu(monkeypatch):
     monkeypatch.setattr(im2col_mod, "use_kernels", lambda xp: False)
-    monkeypatch.setattr(vision, "use_kernels", lambda xp: False)
 
 
 GEOMETRIES = [
@@ -177,15 +176,15 @@ def test_im2col_col2im_twins(gpu_path, monkeypatch, geom, dtype):
 
 
 POOLS = [  # method, kernel, stride, pad, input (h, w)
-    (vision._Pool.MAX, (3, 3), (2, 2), (0, 0), (8, 10)),
-    (vision._Pool.MAX, (3, 3), (2, 2), (1, 1), (7, 9)),
-    (vision._Pool.MAX, (2, 2), (2, 2), (1, 1), (5, 7)),
-    (vision._Pool.MAX, (3, 2), (1, 2), (2, 1), (6, 5)),
-    (vision._Pool.MAX, (6, 7), (6, 7), (0, 0), (6, 7)),
-    (vision._Pool.AVE, (3, 3), (2, 2), (1, 1), (7, 9)),
-    (vision._Pool.AVE, (3, 3), (2, 2), (0, 0), (8, 10)),
-    (vision._Pool.AVE, (2, 3), (1, 2), (1, 2), (5, 6)),
-    (vision._Pool.AVE, (6, 6), (6, 6), (0, 0), (6, 7)),
+    (pb.PoolingParameter.MAX, (3, 3), (2, 2), (0, 0), (8, 10)),
+    (pb.PoolingParameter.MAX, (3, 3), (2, 2), (1, 1), (7, 9)),
+    (pb.PoolingParameter.MAX, (2, 2), (2, 2), (1, 1), (5, 7)),
+    (pb.PoolingParameter.MAX, (3, 2), (1, 2), (2, 1), (6, 5)),
+    (pb.PoolingParameter.MAX, (6, 7), (6, 7), (0, 0), (6, 7)),
+    (pb.PoolingParameter.AVE, (3, 3), (2, 2), (1, 1), (7, 9)),
+    (pb.PoolingParameter.AVE, (3, 3), (2, 2), (0, 0), (8, 10)),
+    (pb.PoolingParameter.AVE, (2, 3), (1, 2), (1, 2), (5, 6)),
+    (pb.PoolingParameter.AVE, (6, 6), (6, 6), (0, 0), (6, 7)),
 ]
 
 
@@ -199,7 +198,7 @@ def test_pooling_twins(gpu_path, monkeypatch, cfg, dtype):
     out = vision.pooled_shape(*hw, kernel, stride, pad)
     pool = vision.Pool2D(method, kernel, stride, pad, hw, out)
     y = pool.forward(x)
-    mask = vision.max_mask_flat(pool.state[1], pool).copy() if method == vision._Pool.MAX else None
+    mask = vision.max_mask_flat(pool.state[1], pool).copy() if method == pb.PoolingParameter.MAX else None
     dy = rng.standard_normal(y.shape).astype(dtype)
     dx = pool.backward(dy, x.shape, np.empty_like(x)).copy()
     assert len(gpu_path.calls) == 2

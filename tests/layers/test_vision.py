@@ -16,7 +16,10 @@ from netdef.layers import LayerError
 from netdef.layers import direct
 from netdef.layers import im2col as im2col_mod
 from netdef.layers import jit
+from netdef.layers import pool2d
 from netdef.layers import vision
+from netdef.layers.convolution import columns
+from netdef.layers.convolution import rows as rows_mod
 from tests.helpers import (TEST, TRAIN, build, check_gradients, layer_case_names, parse_layer,
                            run_caffe_case, shared_path)
 
@@ -226,7 +229,7 @@ def test_convolution_parameter_gradients_accumulate_and_respect_propagate_flags(
     text = parse_layer(conv_text(num_output=2, kernel_size=2, pad=1))
     x = normal(2, 3, 4, 4)
     layer, bottom, top = build(text, [x], 1)
-    assert layer._rows_eligible(np) == rows
+    assert rows_mod.eligible(layer.shape, np) == rows
     layer.forward(bottom, top)
     top[0].diff = normal(*top[0].shape)
     layer.backward(top, [True], bottom)
@@ -317,7 +320,7 @@ def test_convolution_fast_paths_agree(column_paths, kind, fields):
     reference = run()
     monkeypatch.setattr(im2col_mod, "FULL_WIDTH_MAX_RATIO", 0.0)
     plain = run()
-    monkeypatch.setattr(vision, "COLUMN_BUDGET_CPU", 2000)  # a few samples per chunk, the last one short
+    monkeypatch.setattr(columns, "COLUMN_BUDGET_CPU", 2000)  # a few samples per chunk, the last one short
     chunked = run()
     monkeypatch.setattr(im2col_mod, "FULL_WIDTH_MAX_RATIO", 10.0)
     chunked_full = run()
@@ -368,10 +371,10 @@ ROW_IDS = [",".join(f"{k}={v}" for k, v in f.items()) for f in ROW_CONFIGS]
 @pytest.mark.parametrize("fields", ROW_CONFIGS, ids=ROW_IDS)
 def test_convolution_row_path_gradients(row_path, fields, fold_below, input_gradient):
     row_path.setattr(im2col_mod, "ROW_FOLD_BELOW", fold_below)
-    row_path.setattr(vision, "ROW_COL2IM_CHANNELS", 0)
-    row_path.setattr(vision, "ROW_COL2IM_ABOVE", 0.0 if input_gradient == "col2im" else 1e9)
+    row_path.setattr(rows_mod, "ROW_COL2IM_CHANNELS", 0)
+    row_path.setattr(rows_mod, "ROW_COL2IM_ABOVE", 0.0 if input_gradient == "col2im" else 1e9)
     layer = check_gradients(parse_layer(conv_text(**fields)), [normal(2, 3, 5, 6)])
-    assert layer._rows_eligible(np)
+    assert rows_mod.eligible(layer.shape, np)
     assert layer.rows_input_gradient == (None if layer.algorithm == "pointwise" else input_gradient)
 
 
@@ -388,23 +391,23 @@ def test_convolution_row_path_matches_column_path(column_paths, fields):
     monkeypatch = column_paths
     monkeypatch.setattr(im2col_mod, "ROW_MIN_WIDTH", 0)
 
-    def run(rows, budget=vision.ROW_BUDGET, fold_below=im2col_mod.ROW_FOLD_BELOW):
+    def run(rows, budget=rows_mod.ROW_BUDGET, fold_below=im2col_mod.ROW_FOLD_BELOW):
         monkeypatch.setattr(im2col_mod, "ROW_PRODUCTS", rows)
-        monkeypatch.setattr(vision, "ROW_BUDGET", budget)
+        monkeypatch.setattr(rows_mod, "ROW_BUDGET", budget)
         monkeypatch.setattr(im2col_mod, "ROW_FOLD_BELOW", fold_below)
         lay, bot, tp = build(text, xs, 2, params=params)
-        assert lay._rows_eligible(np) == rows
+        assert rows_mod.eligible(lay.shape, np) == rows
         out = two_passes(lay, bot, tp, xs, dys)
-        if rows and budget < vision.ROW_BUDGET:
-            assert len(lay._row_chunks(np.float64)) > 2
+        if rows and budget < rows_mod.ROW_BUDGET:
+            assert len(lay.strategy.row_chunks(np.float64)) > 2
         return out
 
     reference = run(False)
     runs = [run(True), run(True, budget=3000), run(True, fold_below=10**6), run(True, budget=3000, fold_below=0)]
     # Both input gradients of the row path, whichever the shapes choose (see ROW_COL2IM_ABOVE).
     for col2im_above in (0.0, 1e9):
-        monkeypatch.setattr(vision, "ROW_COL2IM_ABOVE", col2im_above)
-        monkeypatch.setattr(vision, "ROW_COL2IM_CHANNELS", 0)
+        monkeypatch.setattr(rows_mod, "ROW_COL2IM_ABOVE", col2im_above)
+        monkeypatch.setattr(rows_mod, "ROW_COL2IM_CHANNELS", 0)
         runs += [run(True), run(True, budget=3000)]
     for got in runs:
         for a, b in zip(reference, got):
@@ -428,8 +431,8 @@ def test_row_path_layout_kernels_are_exact_copies(column_paths, fields, dtype):
 
     def run(compiled, col2im_above):
         monkeypatch.setattr(jit, "ENABLED", compiled)
-        monkeypatch.setattr(vision, "ROW_COL2IM_ABOVE", col2im_above)
-        monkeypatch.setattr(vision, "ROW_COL2IM_CHANNELS", 0)
+        monkeypatch.setattr(rows_mod, "ROW_COL2IM_ABOVE", col2im_above)
+        monkeypatch.setattr(rows_mod, "ROW_COL2IM_CHANNELS", 0)
         lay, bot, tp = build(text, [x], 1, params=params, dtype=dtype)
         assert lay.algorithm == "rows"
         assert lay.rows_input_gradient == ("col2im" if col2im_above == 0 else "convolution")
@@ -463,7 +466,7 @@ def test_convolution_row_path_choice(column_paths):
     first layer's few channels), pad <= extent - 1, and only for NumPy arrays."""
     def eligible(channels, **fields):
         layer, _, _ = build(parse_layer(conv_text(**fields)), [np.zeros((1, channels, 9, 9))], 1)
-        return layer._rows_eligible(np)
+        return rows_mod.eligible(layer.shape, np)
 
     assert eligible(32, num_output=32, kernel_size=5, pad=2)
     assert eligible(20, num_output=50, kernel_size=5)
@@ -472,7 +475,7 @@ def test_convolution_row_path_choice(column_paths):
     assert not eligible(32, num_output=8, kernel_size=5, group=2)
     assert not eligible(32, num_output=8, kernel_size=3, pad=3)      # pad > extent - 1
     layer, _, _ = build(parse_layer(conv_text(num_output=4, kernel_size=3)), [np.zeros((1, 32, 5, 5))], 1)
-    assert not layer._rows_eligible(object())                       # another array module
+    assert not rows_mod.eligible(layer.shape, object())             # another array module
 
 
 def test_convolution_row_path_input_gradient_choice(column_paths):
@@ -632,7 +635,7 @@ def naive_max_pool(x, kernel, stride, pad, out):
 def test_max_pooling_matches_caffe_loop(monkeypatch, fields, shape, dtype):
     """Ties everywhere (small integers), NaN, -inf and -FLT_MAX cells, windows of NaN only, and plane
     blocks of a few planes: top, mask and bottom gradient as Caffe's loop gives them."""
-    monkeypatch.setattr(vision, "_POOL_BLOCK_BYTES", 2000)
+    monkeypatch.setattr(pool2d, "_POOL_BLOCK_BYTES", 2000)
     rng = np.random.default_rng(7)
     x = rng.integers(-3, 3, shape).astype(float)
     special = rng.random(shape)
@@ -691,8 +694,8 @@ def test_pooling_plane_blocks_agree(monkeypatch):
     x = normal(5, 7, 9, 11)
     dy_shape = None
     results = []
-    for budget in (vision._POOL_BLOCK_BYTES, 3000):
-        monkeypatch.setattr(vision, "_POOL_BLOCK_BYTES", budget)
+    for budget in (pool2d._POOL_BLOCK_BYTES, 3000):
+        monkeypatch.setattr(pool2d, "_POOL_BLOCK_BYTES", budget)
         out = []
         for fields in (dict(pool="MAX", kernel_size=3, stride=2, pad=1), dict(pool="AVE", kernel_size=3, stride=2)):
             layer, bottom, top = build(pool_text(**fields), [x], 1)

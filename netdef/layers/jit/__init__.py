@@ -11,8 +11,8 @@ Compiled on first use for the dtype at hand (float32 and float64), cached on dis
 (``cache=True``) so later processes start fast. Threads: numba's pool, ``NUMBA_NUM_THREADS`` or all
 cores by default. Every kernel that is called from Python releases the GIL while it runs
 (``nogil=True``): in distributed training the communication thread must get the interpreter to keep
-the exchange moving, and a convolution's im2col copy or a pooling pass held it for tens of
-milliseconds.
+the exchange moving, and a convolution's im2col copy or a pooling pass would hold it for as long as
+it runs.
 """
 from __future__ import annotations
 
@@ -43,3 +43,13 @@ def usable(*arrays) -> bool:
         elif a.dtype != dtype:
             return False
     return dtype is not None
+
+
+def planes(a):
+    """(N, C, ...) as (N*C, ...): the planes the pooling and LRN kernels loop over."""
+    return a.reshape((-1,) + a.shape[2:])
+
+
+def cells(a):
+    """(N, C, ...) as (N, C, cells): the channels and cells the LRN kernels loop over."""
+    return a.reshape(a.shape[:2] + (-1,))

@@ -2,9 +2,9 @@
 layout (H, N, W, C), in parallel over the (h, n) rows.
 
 NumPy copies a transposed array one element at a time on one core, with the innermost axis of one
-side strided: for VGG-16's conv1_2 (batch 2, 64 channels of 224 x 224) the output's (H, N, W, O) to
-NCHW copy took 60 ms and the input's copy into the padded rows 18 ms, against 113 ms for PyTorch's
-whole convolution (one thread each); here they take 5-8 ms and 3-4 ms. Twins: the NumPy expressions
+side strided: for a large layer the output's copy alone took half as long as PyTorch's whole
+convolution; compiled here, a small part of that (benchmarks/README.md, "The figures behind the
+convolution paths"). Twins: the NumPy expressions
 in ``im2col.rows_from_nchw`` / ``im2col.nchw_from_rows``. Also here, with their twins in im2col.py:
 the row path's expansion straight from NCHW (``rows_expanded``), its col2im (``row_col2im``), the
 sum of its partial products, and the column path's copies between its matrix and NCHW
@@ -76,8 +76,9 @@ def nchw_from_rows_plus_bias(y, bias, out):
 
 # ---- weights: (A x B x kh x kw) <-> (kh x kw x B x A), A (output channels) in blocks of COLUMN_BLOCK
 # so that each block's writes (or reads) on the A side are one cache line while the other side runs
-# contiguously. NumPy's transposed copies of VGG's 512 x 512 x 3 x 3 filters took 6 ms each, and the
-# weight gradient's transposed accumulation 10 ms, per layer and iteration.
+# contiguously: NumPy's transposed copies of large filters, and the weight gradient's transposed
+# accumulation, ran one element at a time on one core (benchmarks/README.md, "The figures behind the
+# convolution paths").
 @njit(nogil=True, parallel=True, cache=True)
 def weights_to_rows(w, out):
     """out[i, j, b, a] = w[a, b, i, j]; ``w`` may be any strided view (flipped, transposed)."""
@@ -113,7 +114,7 @@ def expand_rows_from_nchw(x, ph, pw, dh, dw, q):
     """q[h, n, wo, f, j, c] = x[n, c, h + f*dh - ph, wo + j*dw - pw], zero outside x: the row path's
     expanded input (im2col.RowPlan) straight from an NCHW array, q being (Hq x N x W_out x fold x kw x C).
     In one parallel pass: NumPy needed two (NCHW into the padded rows, then the expansion, a strided copy
-    on one core), 3.4 ms of CIFAR-10 quick's conv2 forward (batch 100) on one thread."""
+    on one core)."""
     n_, c_, h_, w_ = x.shape
     hq, _, wo_, fold, kw, _ = q.shape
     for task in prange(hq * n_):
@@ -151,8 +152,9 @@ def accumulate(dst, src):
 
 
 # ---- the column path's matrices (im2col.ColumnLayout, 2-D): (R x N x H x width) <-> NCHW planes. NumPy's
-# copy of the transposed view (with the bias added) took 4 ms per forward of CIFAR-10 quick's conv1
-# (batch 100, 32 x 32 x 32 outputs; one thread); each plane here is H runs of W contiguous cells.
+# copy of the transposed view (with the bias added) ran one element at a time on one core
+# (benchmarks/README.md, "The figures behind the convolution paths"); each plane here is H runs of W
+# contiguous cells.
 @njit(inline="always")
 def _copy_plus(dst, src, value):
     for k in range(dst.shape[0]):
@@ -210,10 +212,10 @@ def col2im_rows(dcols, ph, pw, dh, dw, out):
                 dst_row[w] = acc[w, c]
 
 
-# ---- strided 1x1 convolutions (layers/vision.py's pointwise path): the pixels a stride picks, and the
-# input gradient spread back over the whole map. NumPy's copy of x[:, :, ::2, ::2] ran on one core:
-# ResNet-50's res3a projections (batch 8, 256 x 56 x 56) 1.1 ms against 0.7 here. Twins:
-# ``im2col.strided_pixels`` and ``im2col.spread_strided``.
+# ---- strided 1x1 convolutions (layers/convolution/pointwise.py): the pixels a stride picks, and the
+# input gradient spread back over the whole map. NumPy's copy of x[:, :, ::2, ::2] ran on one core
+# (benchmarks/README.md, "The figures behind the convolution paths"). Twins: ``im2col.strided_pixels``
+# and ``im2col.spread_strided``.
 @njit(nogil=True, parallel=True, cache=True)
 def pick_strided(x, out, stride_h, stride_w):
     """out[n, c, i, j] = x[n, c, i * stride_h, j * stride_w]; x (N x C x H x W), out (N x C x Ho x Wo)."""

@@ -54,6 +54,11 @@ def load_kernel(name: str, dtype=np.float32):
     return cupy.RawKernel(path.read_text(), name, options=("--std=c++14", f"-Dreal={real_type(dtype)}"))
 
 
+def int_args(*values) -> tuple:
+    """The kernels' ``int`` arguments, as ``launch`` takes them: a ``numpy.int32`` each."""
+    return tuple(np.int32(v) for v in values)
+
+
 def _real_dtype(args):
     for a in args:
         dtype = getattr(a, "dtype", None)

@@ -1,4 +1,4 @@
-// LRN across channels (CuPy RawKernel sources). NumPy twins: netdef/layers/vision.py
+// LRN across channels (CuPy RawKernel sources). NumPy twins: netdef/layers/lrn.py
 // (lrn_across_forward, lrn_across_backward).
 //
 // scale[n, c, h, w] = k + alpha / size * sum of x^2 over channels [c - (size-1)/2, c + (size-1)/2]

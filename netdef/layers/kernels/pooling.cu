@@ -1,5 +1,5 @@
 // 2-D MAX and AVE pooling with Caffe's window rules (CuPy RawKernel sources).
-// NumPy twins: netdef/layers/vision.py (max_pool_forward, max_pool_backward, ave_pool_forward,
+// NumPy twins: netdef/layers/pool2d.py (max_pool_forward, max_pool_backward, ave_pool_forward,
 // ave_pool_backward).
 //
 // Window of output (ph, pw): rows [ph*stride_h - pad_h, + kernel_h) clipped to the input.
