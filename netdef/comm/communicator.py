@@ -55,13 +55,17 @@ class Communicator:
     """The interface, implemented for one process: every collective leaves the arrays as they are.
 
     ``rank``/``size``: this process and how many there are; ``local_size``: how many run on this
-    machine (for choosing a progress driver); ``description``: the MPI library in words.
+    machine (for choosing a progress driver); ``description``: the MPI library in words, ``library``
+    its family ("MPICH", "Open MPI"; none for one process) and ``thread_level`` the MPI thread level
+    it gives (one process has no MPI to share: any thread may call).
     """
 
     rank = 0
     size = 1
     local_size = 1
     description = "single process"
+    library = ""
+    thread_level = 3  # MPI_THREAD_MULTIPLE
 
     # -------------------------------------------------------------------------------- blocking
     def local_core_count(self) -> int:

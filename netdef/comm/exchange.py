@@ -98,9 +98,10 @@ class ExchangeRule(GradientExchange):
     """The base rule: the calls of the module docstring, each a no-op here except
     ``broadcast_initial``, and ``arrived``/``wait_for``, which wait for ``finish()`` once per
     iteration. ``self.comm`` (a Communicator: the ranks whose gradients it combines), ``self.net``
-    (the train net), ``self.params`` (its learnable parameter Blobs), ``self.options`` (ExchangeOptions) and
-    ``self.measurements`` (record the rule's timings in ``self.measurements.current``), ``self.seed``
-    (the run's random seed, the same on every rank, for a rule's own random choices).
+    (the train net), ``self.params`` (its learnable parameter Blobs), ``self.options``
+    (ExchangeOptions, checked) and ``self.measurements`` (record the rule's timings in
+    ``self.measurements.current``), ``self.seed`` (the run's random seed, the same on every rank, for
+    a rule's own random choices).
 
     ``trains_own_weights``: whether each rank trains weights of its own, which then differ from the
     model that is tested and saved (``model_description`` says what that is, for the log)."""
@@ -111,11 +112,11 @@ class ExchangeRule(GradientExchange):
 
     def __init__(self, comm, net, options: ExchangeOptions | None = None, measurements: Measurements | None = None,
                  clock=time.perf_counter, seed: int = 0):
+        self.options = options or ExchangeOptions()
+        check(self.options)
         self.comm = self.gradient_communicator(comm)
         self.net = net
         self.params = net.learnable_params
-        self.options = options or ExchangeOptions()
-        check(self.options)
         self.measurements = measurements or Measurements()
         self.clock = clock
         self.seed = int(seed)
