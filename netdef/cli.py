@@ -6,6 +6,9 @@ Caffe's names and also accept Caffe's single-dash spelling (``-solver x``, ``--s
 A failure ends the command with one line on stderr, ``netdef: error: ...`` naming the file, layer or
 field, and exit status 1; ``--debug`` shows the traceback instead. Under MPI each failing rank prints
 its own line and the job is aborted.
+
+The verbs of ``train``, ``simulate`` and the data tools are in ``netdef/commands/``; this module builds
+the parser, runs a verb and holds the others.
 """
 from __future__ import annotations
 
@@ -323,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
 
     train.add_parser(verbs, common)
+
     test = verbs.add_parser("test", parents=[common],
                             help="score a model: print each output's mean over --iterations batches")
     _flag(test, "model", help="the model prototxt (TEST phase)")
