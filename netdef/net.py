@@ -5,9 +5,8 @@ definitions, insert Split layers where a blob feeds several layers, resolve bott
 order (a top named like one of the layer's bottoms works in place), share parameters by ``param { name }``,
 assign loss weights and decide which layers and bottoms need backward.
 
-During ``backward`` the net calls its backward hooks each time some parameters' gradients become final
-(a parameter shared by several layers is final after the last of them in backward order, i.e. its
-first user in definition order): the distributed solver starts exchanging those gradients right then.
+During ``backward`` the net calls its backward hooks each time some parameters' gradients become final,
+and around every layer its layer hooks (``net_hooks.py``).
 
 Where no backward follows, ``forward_range`` runs a layer and the per-channel maps working in place on
 its top after it (BatchNorm with global statistics, Scale, ReLU) as one pass (layers/fusion.py), with
@@ -17,11 +16,9 @@ from __future__ import annotations
 
 import collections
 import os
-from typing import Callable
-
 import numpy as np
 
-from . import backend, net_memory, weights as _weights
+from . import backend, net_backward, net_batches, net_memory, weights as _weights
 from .blob import Blob
 from .memory import BlobTooLargeError
 from .layers import batchnorm_chain, fusion, relu_chain, sum_chain
@@ -29,12 +26,13 @@ from .layers.base import TEST, TRAIN, DataSource, LayerError, layer_class
 from .layers.data import MemoryDataLayer
 from .layers.python import PythonLayerPolicy
 from .layers.scratch import Scratch
+from .net_hooks import GradientHook, NetHooks
 from .proto import io as proto_io
 from .proto import netdef_pb2 as pb
 from .splits import insert_splits
 from .upgrade import upgrade_net
 
-BackwardHook = Callable[[int, list], None]
+BackwardHook = GradientHook
 
 
 class NetError(ValueError):
@@ -165,8 +163,7 @@ class Net:
         self.name = param.name
         self.force_backward = param.force_backward
         self.param_def = param
-        self._backward_hooks: list[BackwardHook] = []
-        self._layer_hooks: list[tuple] = []  # (before_forward, after_forward, before_backward, after_backward)
+        self._hooks = NetHooks()
         self._build(param)
         if weights is not None:
             self.copy_from(weights)
@@ -434,72 +431,13 @@ class Net:
 
     def _decide_backward(self) -> None:
         """Which layers run backward and which of their bottoms get a gradient (Caffe's rules)."""
-        n = len(self.layers)
-        blob_needs = {}
-        self.layer_need_backward = [False] * n
-        self.bottom_need_backward: list[list[bool]] = []
-        for li, layer in enumerate(self.layers):
-            lp = layer.layer_param
-            need = False
-            per_bottom = []
-            for bi, bottom_name in enumerate(lp.bottom):
-                needs = blob_needs.get(bottom_name, False)
-                need |= needs
-                allowed = lp.propagate_down[bi] if lp.propagate_down else True
-                per_bottom.append(needs and allowed)
-            need |= any(layer.param_propagate_down)
-            self.layer_need_backward[li] = need
-            self.bottom_need_backward.append(per_bottom)
-            if need:
-                for top_name in lp.top:
-                    blob_needs[top_name] = True
-        # Backward only where the loss depends on the layer.
-        under_loss: set[str] = set()
-        skip_backprop: set[str] = set()
-        for li in range(n - 1, -1, -1):
-            lp = self.layers[li].layer_param
-            contributes = False
-            skip = True
-            for ti, top_name in enumerate(lp.top):
-                if self._loss_weights[li][ti] != 0 or top_name in under_loss:
-                    contributes = True
-                if top_name not in skip_backprop:
-                    skip = False
-                if contributes and not skip:
-                    break
-            if self.layer_need_backward[li] and skip:
-                self.layer_need_backward[li] = False
-                self.bottom_need_backward[li] = [False] * len(lp.bottom)
-            if not contributes:
-                self.layer_need_backward[li] = False
-            for bi, bottom_name in enumerate(lp.bottom):
-                if contributes:
-                    under_loss.add(bottom_name)
-                else:
-                    self.bottom_need_backward[li][bi] = False
-                if not self.bottom_need_backward[li][bi]:
-                    skip_backprop.add(bottom_name)
-        if self.force_backward:
-            for li, layer in enumerate(self.layers):
-                self.layer_need_backward[li] = True
-                lp = layer.layer_param
-                for bi in range(len(lp.bottom)):
-                    allowed = lp.propagate_down[bi] if lp.propagate_down else True
-                    self.bottom_need_backward[li][bi] = (self.bottom_need_backward[li][bi]
-                                                         or (allowed and layer.allow_force_backward(bi)))
+        self.layer_need_backward, self.bottom_need_backward = net_backward.decide_backward(
+            self.layers, self._loss_weights, self.force_backward)
 
     def _compute_hook_points(self) -> None:
         """For each layer, the learnable parameters whose gradient is final once it has run backward."""
-        last_user: dict[int, int] = {}
-        for li, ids in enumerate(self._learnable_id_of):
-            layer = self.layers[li]
-            for j, pid in enumerate(ids):
-                if self.layer_need_backward[li] and layer.param_propagate_down[j]:
-                    last_user[pid] = min(last_user.get(pid, li), li)
-        self._final_at: list[list[int]] = [[] for _ in self.layers]
-        for pid, li in sorted(last_user.items()):
-            self._final_at[li].append(pid)
-        self.learnable_param_ids_with_grad = sorted(last_user)
+        self._final_at, self.learnable_param_ids_with_grad = net_backward.final_gradients(
+            self.layers, self._learnable_id_of, self.layer_need_backward)
         # Tops whose gradient nothing reads once the layer has run backward (see keep_blob_diffs): a
         # layer's own tops, except those it works in place on, whose diff becomes the bottom's.
         inputs = [self.blobs[name] for name in self._input_names]
@@ -560,11 +498,11 @@ class Net:
         end = len(self.layers) - 1 if end is None else end
         loss = 0.0
         li = start
-        hooks = self._layer_hooks
+        hooks = self._hooks
         while li <= end:
             last, training_chain = self._step_end(li, end)
-            if hooks:
-                self._call_hooks([h[0] for h in hooks], li, last)
+            if hooks.before_forward:
+                hooks.call(hooks.before_forward, li, last)
             if training_chain is not None:
                 ran_as_one = self._forward_training_chain(training_chain)
             else:
@@ -572,8 +510,8 @@ class Net:
             if not ran_as_one:
                 for lj in range(li, last + 1):
                     self._forward_layer(lj)
-            if hooks:
-                self._call_hooks([h[1] for h in hooks], li, last)
+            if hooks.after_forward:
+                hooks.call(hooks.after_forward, li, last)
             for lj in range(li, last + 1):
                 for blob, weight in self._weighted_tops[lj]:
                     loss += weight * float(blob.data.sum())
@@ -611,14 +549,6 @@ class Net:
         if not self.forward_only and any(self.layer_need_backward[li:last + 1]):
             return li
         return last
-
-    @staticmethod
-    def _call_hooks(hooks: list, first: int, last: int) -> None:
-        """Each hook (None: none) for each layer first..last (a fused chain's layers all before it runs)."""
-        for hook in hooks:
-            if hook:
-                for li in range(first, last + 1):
-                    hook(li)
 
     def _forward_training_chain(self, chain) -> bool:
         """Run a chain trained as one step; False (nothing computed) where its kernels do not take
@@ -684,55 +614,12 @@ class Net:
     def forward_all(self, blobs=None, **kwargs):
         """pycaffe's forward_all: run the inputs in ``kwargs`` (arrays of any length, batched by the
         net's batch size, the last batch padded) and return {output name: all its rows}."""
-        outputs = collections.OrderedDict()
-        for batch in self._batches(kwargs):
-            for name, data in self.forward(blobs=blobs, **batch).items():
-                outputs.setdefault(name, []).append(backend.to_host(data).copy())
-        return self._unpadded(outputs, kwargs)
+        return net_batches.forward_all(self, blobs, kwargs)
 
     def forward_backward_all(self, blobs=None, diffs=None, **kwargs):
         """pycaffe's forward_backward_all: forward_all and backward over the same batches (top diffs
         from ``kwargs`` too); returns ({output: rows}, {input diff: rows})."""
-        forward_in = {k: v for k, v in kwargs.items() if k in self.inputs}
-        backward_in = {k: v for k, v in kwargs.items() if k not in forward_in}
-        outputs, input_diffs = collections.OrderedDict(), collections.OrderedDict()
-        forward_batches = self._batches(forward_in)
-        backward_batches = self._batches(backward_in) if backward_in else [{}] * len(forward_batches)
-        if len(backward_batches) != len(forward_batches):
-            raise ValueError("forward_backward_all: the inputs and the top diffs have different lengths")
-        for fwd, bwd in zip(forward_batches, backward_batches):
-            for name, data in self.forward(blobs=blobs, **fwd).items():
-                outputs.setdefault(name, []).append(backend.to_host(data).copy())
-            for name, diff in self.backward(diffs=diffs, **bwd).items():
-                input_diffs.setdefault(name, []).append(backend.to_host(diff).copy())
-        return self._unpadded(outputs, kwargs), self._unpadded(input_diffs, kwargs)
-
-    def _batches(self, arrays: dict) -> list[dict]:
-        """Rows of ``arrays`` in chunks of the net's batch size (the first input's first axis), the
-        last chunk padded with zeros; one empty dict when there are no arrays."""
-        if not arrays:
-            return [{}]
-        batch = self.blobs[self.inputs[0]].shape[0] if self.inputs else None
-        lengths = {len(v) for v in arrays.values()}
-        if len(lengths) != 1:
-            raise ValueError(f"inputs of different lengths: {sorted(lengths)}")
-        total = lengths.pop()
-        batch = batch or total
-        chunks = []
-        for start in range(0, total, batch):
-            chunk = {}
-            for name, values in arrays.items():
-                part = np.asarray(values[start:start + batch])
-                if len(part) < batch:
-                    part = np.concatenate([part, np.zeros((batch - len(part),) + part.shape[1:], part.dtype)])
-                chunk[name] = part
-            chunks.append(chunk)
-        return chunks
-
-    @staticmethod
-    def _unpadded(collected: dict, arrays: dict) -> dict:
-        total = len(next(iter(arrays.values()))) if arrays else None
-        return collections.OrderedDict((name, np.concatenate(parts)[:total]) for name, parts in collected.items())
+        return net_batches.forward_backward_all(self, blobs, diffs, kwargs)
 
     def set_input_arrays(self, data, labels) -> None:
         """pycaffe's set_input_arrays: the arrays the first layer, a MemoryData layer, serves from."""
@@ -790,27 +677,25 @@ class Net:
 
     def _batch(self, blobs: dict):
         """pycaffe's batcher: {name: rows} in the net's batch size, the last batch padded with zeros."""
-        yield from self._batches(blobs)
+        yield from net_batches.batches(self, blobs)
 
     # ====================================================================================== backward
     def register_backward_hook(self, hook: BackwardHook) -> None:
         """Call ``hook(layer_index, param_ids)`` during backward each time the gradients of the
         learnable parameters ``param_ids`` (indices into ``learnable_params``) become final."""
-        self._backward_hooks.append(hook)
+        self._hooks.gradients_final.append(hook)
 
     def remove_backward_hook(self, hook: BackwardHook) -> None:
-        self._backward_hooks.remove(hook)
+        self._hooks.gradients_final.remove(hook)
 
     def register_layer_hooks(self, before_forward=None, after_forward=None, before_backward=None,
                              after_backward=None) -> tuple:
         """Call ``fn(layer_index)`` around every layer's forward and backward (tracing, progress polls).
         ``after_backward`` runs before that layer's gradient hooks. Returns a handle for removal."""
-        handle = (before_forward, after_forward, before_backward, after_backward)
-        self._layer_hooks.append(handle)
-        return handle
+        return self._hooks.add_layer_hooks(before_forward, after_forward, before_backward, after_backward)
 
     def remove_layer_hooks(self, handle: tuple) -> None:
-        self._layer_hooks.remove(handle)
+        self._hooks.remove_layer_hooks(handle)
 
     def _fill_loss_diffs(self, start: int, end: int) -> None:
         for li in range(start, end + 1):
@@ -835,9 +720,8 @@ class Net:
                                    f"its layers one by one")
                 members = range(chain.last, chain.first - 1, -1)
                 for lj in members:
-                    for _, _, before, _ in self._layer_hooks:
-                        if before:
-                            before(lj)
+                    for before in self._hooks.before_backward:
+                        before(lj)
                 try:
                     chain.backward(self._top_vecs[chain.last], self._bottom_vecs[chain.first],
                                    self.bottom_need_backward[chain.first])
@@ -845,9 +729,8 @@ class Net:
                     raise self.layers[chain.first].error(str(exc)) from None
             else:
                 members = [li]
-                for _, _, before, _ in self._layer_hooks:
-                    if before:
-                        before(li)
+                for before in self._hooks.before_backward:
+                    before(li)
                 if self.layer_need_backward[li]:
                     layer = self.layers[li]
                     try:
@@ -861,14 +744,13 @@ class Net:
     def _after_backward(self, li: int) -> None:
         """What follows layer ``li``'s backward: the layer hooks, the release of the gradients no
         one reads any more, the hooks of the parameter gradients that are now final."""
-        for _, _, _, after in self._layer_hooks:
-            if after:
-                after(li)
+        for after in self._hooks.after_backward:
+            after(li)
         if not self.keep_blob_diffs:
             for blob in self._diff_consumed_at[li]:
                 blob.release_diff()
         if self._final_at[li]:
-            for hook in self._backward_hooks:
+            for hook in self._hooks.gradients_final:
                 hook(li, self._final_at[li])
 
     def backward(self, diffs=None, start=None, end=None, **kwargs):

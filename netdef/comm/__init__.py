@@ -9,6 +9,7 @@ exchanging gradients during backprop. The pieces, each replaceable on its own:
 - ``reduction``: the algorithm that sums a bucket or chunk (the MPI library's allreduce by default).
 - the other exchange rules, one module each: ``multicolor`` (multi-colour trees over point-to-point),
   ``fp16`` (float16 messages over those trees); importing this package registers them.
+- ``options``: the distributed options, each declared once (flag, check, agreement).
 - ``progress``: who drives non-blocking exchanges forward (polling, a communication thread, MPI's
   own progress thread).
 - ``timeline``: per-iteration measurements and the Chrome trace.

@@ -18,10 +18,10 @@ training, the ranks compare, in groups of named facts:
   ``mean_file``, ``root_folder``, ``file_name``: each rank may read its own shard, from its own paths),
   the data layers' ``prefetch`` depth, and the values stored in the definition (``blobs``: parameters
   are broadcast from rank 0).
-- ``distributed``: the exchange options (``ExchangeOptions``) as given; chunk and credit sizes of 0
-  mean "measured", and the measurement itself is rank 0's, broadcast (``scheduler.choose_sizes``).
-  The timeline path only matters on rank 0, but whether there is one decides a collective: only that
-  is compared.
+- ``distributed``: the exchange options (``ExchangeOptions``, each declared in ``options.py``) as
+  given; chunk and credit sizes of 0 mean "measured", and the measurement itself is rank 0's,
+  broadcast (``scheduler.choose_sizes``). The timeline path only matters on rank 0, but whether there
+  is one decides a collective: only that is compared.
 - ``version``: netdef's version.
 
 Cost: one ``allgather`` of a 16-byte digest per group. Only when digests differ does a second
@@ -38,6 +38,7 @@ import numpy as np
 from google.protobuf import text_format
 
 from ..proto import netdef_pb2 as pb
+from . import options as options_module
 
 _SOLVER_FIELDS_OF_ONE_RANK = frozenset({
     "device_id", "weights", "net", "train_net", "test_net", "net_param", "train_net_param", "test_net_param",
@@ -116,13 +117,8 @@ def _message_facts(message, prefix: str, facts: dict[str, str]) -> None:
 
 
 def distributed_facts(options) -> dict[str, str]:
-    return {"exchange": options.exchange, "overlap": _text(bool(options.overlap)),
-            "bucket_bytes": str(options.bucket_bytes), "progress": options.progress,
-            "schedule": options.schedule, "chunk_bytes": str(options.chunk_bytes),
-            "credit_bytes": str(options.credit_bytes), "multicolor_colors": str(options.multicolor_colors),
-            "timeline written": _text(bool(options.timeline)),
-            "tau": str(options.tau), "alpha": _text(float(options.alpha)), "beta": _text(float(options.beta)),
-            "group_size": str(options.group_size), "gossip_probability": _text(float(options.gossip_probability))}
+    """The exchange options every rank must share, as declared in ``options.py``."""
+    return {name: _text(value) for name, value in options_module.agreed(options).items()}
 
 
 def startup_facts(param: pb.SolverParameter, nets, options, version: str) -> Facts:

@@ -61,7 +61,9 @@ class Communicator:
     """The interface, implemented for one process: every collective leaves the arrays as they are.
 
     ``rank``/``size``: this process and how many there are; ``local_size``: how many run on this
-    machine (for choosing a progress driver); ``description``: the MPI library in words;
+    machine (for choosing a progress driver); ``description``: the MPI library in words, ``library``
+    its family ("MPICH", "Open MPI"; none for one process) and ``thread_level`` the MPI thread level
+    it gives (one process has no MPI to share: any thread may call);
     ``watchdog``: what marks this process's waits on the others (``watchdog.py``; nothing is watched
     until ``watch_stalls``).
     """
@@ -70,6 +72,8 @@ class Communicator:
     size = 1
     local_size = 1
     description = "single process"
+    library = ""
+    thread_level = 3  # MPI_THREAD_MULTIPLE
     watchdog: NoWatchdog = NO_WATCHDOG
 
     def watch_stalls(self, warn_after_s: float, abort_after_s: float) -> None:

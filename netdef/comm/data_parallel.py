@@ -1,7 +1,8 @@
 """Data parallelism over MPI: the solver's ``Parallel`` seam for N ranks.
 
 Every rank runs the same program (``mpiexec -n 4 netdef train solver.prototxt``). At the solver's
-fixed points (``netdef/solver/parallel.py``) this class:
+fixed points (``netdef/solver/parallel.py``, which also lists the calls of an iteration in order)
+this class:
 
 - ``prepare`` and ``attach`` first make sure the ranks train the same thing (``agreement.py``):
   solver settings, nets and parameter shapes, exchange options and netdef version, compared in one
@@ -15,8 +16,6 @@ fixed points (``netdef/solver/parallel.py``) this class:
   ``size * batch_size * iter_size`` (logged). It builds the exchange rule (``exchange.py``).
 - ``begin_step``: rank 0's parameters are broadcast before the first iteration (fresh,
   ``--weights`` or restored).
-- Gradients: ``gradients_final`` hands each layer's final gradients to the exchange rule;
-  ``arrived``/``wait_gradients`` tell the solver which averaged gradients it may update with.
 - Tests run on every rank over its shard; the summed outputs and loss are averaged over the ranks,
   which equals one process testing all those records with an N times larger batch for outputs that
   are means over the batch (accuracy, normalized losses). Under the asynchronous rules (easgd,
@@ -33,7 +32,8 @@ fixed points (``netdef/solver/parallel.py``) this class:
   asynchronous rules the ranks first settle (nothing in flight), and every rank's own weights and
   update history and the rule's state (gossip's mixing weight and peer-choice generator) go into
   its rank state; the model file holds the model, from which the centre is rebuilt at resume.
-- Measurements: ``measurements`` (``timeline.Measurements``), and with ``timeline`` a Chrome trace of
+- Measurements: ``measurements`` (``timeline.Measurements``), taken by an ``IterationClock`` that
+  observes the net's layer hooks and the solver's updates, and with ``timeline`` a Chrome trace of
   every rank written by ``end_training``.
 
 Data sources that do not shard (Input, MemoryData, DummyData, Python layers that are not
@@ -43,6 +43,7 @@ statistics are not exchanged (as in Caffe's multi-GPU training): each rank keeps
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -57,7 +58,7 @@ from . import elastic, gossip  # noqa: F401  (they register the rules easgd, hyb
 from .agreement import agree, startup_facts
 from .communicator import Communicator, create_communicator
 from .exchange import ExchangeOptions, exchange_class
-from .timeline import Measurements, Timeline, instrument_net, write_chrome_trace
+from .timeline import IterationClock, Measurements, Timeline, instrument_net, write_chrome_trace
 
 logger = logging.getLogger("netdef")
 
@@ -87,26 +88,20 @@ class DataParallel(Parallel):
         self.measurements = Measurements()
         self.exchange = None
         self.timeline: Timeline | None = None
+        self._clock: IterationClock | None = None
+        self._net = None
         self._seed: int | None = None
         self._param_as_given: pb.SolverParameter | None = None
-        self._solver = None
+        self._layer_hooks = None  # the exchange rule's, on the net
         self._synchronized = False
-        self._clock = time.perf_counter
-        self._mark = 0.0
-        self._record = None
-        self._param_names: list[str] = []
-        self._update_start = 0.0
         self._reported_up_to = 0  # the first iteration scalars() has not reported yet
-        self._model_depth = 0     # nested swap_in_model calls (a snapshot requested during a test)
-
-    def describe(self) -> str:
-        return f"{self.size} ranks ({self.comm.description})"
+        self._model_depth = 0     # nested model() contexts (a snapshot requested during a test)
 
     # ------------------------------------------------------------------------------ set-up
     def prepare(self, param) -> None:
+        self._param_as_given = pb.SolverParameter()
+        self._param_as_given.CopyFrom(param)
         if self.size > 1:
-            self._param_as_given = pb.SolverParameter()
-            self._param_as_given.CopyFrom(param)
             # Every rank takes part in the broadcast, whatever its own file says: ranks whose random_seed
             # differ must reach the agreement check in attach, not wait here for each other.
             drawn = int(np.random.SeedSequence().entropy % (2**31)) if self.rank == 0 else 0
@@ -114,35 +109,40 @@ class DataParallel(Parallel):
             self._seed = int(param.random_seed) if param.random_seed >= 0 else drawn
             param.random_seed = self._seed
 
-    def attach(self, solver) -> None:
-        self._solver = solver
+    def attach(self, net, test_nets, updates) -> None:
+        self._net = net
         if self.size > 1:
-            nets = [("train net", solver.net)] + [(f"test net {i}", net) for i, net in enumerate(solver.test_nets)]
+            nets = [("train net", net)] + [(f"test net {i}", test_net) for i, test_net in enumerate(test_nets)]
             agree(self.comm, startup_facts(self._param_as_given, nets, self.options, __version__))
         if self._seed is not None:
             backend.set_random_seed(self._seed + self.rank)
         sharded = set()
         seen = set()
-        for net in [solver.net] + list(solver.test_nets):
-            for layer in net.data_sources():
+        for one in [net] + list(test_nets):
+            for layer in one.data_sources():
                 if id(layer) not in seen:
                     seen.add(id(layer))
                     if layer.set_shard(self.rank, self.size):
                         sharded.add(id(layer))
-        self.exchange = exchange_class(self.options.exchange)(self.comm, solver.net, self.options, self.measurements,
+        self.exchange = exchange_class(self.options.exchange)(self.comm, net, self.options, self.measurements,
                                                               seed=self._seed or 0)
-        self.exchange.leave_division_to_update()  # the solver takes the divisors (take_divisor)
-        self._param_names = [blob.name for blob in solver.net.learnable_params]
+        self.exchange.leave_division_to_update()  # the updates divide (GradientExchange.take_divisor)
+        hooks = self.exchange.layer_hooks()
+        if hooks:
+            self._layer_hooks = net.register_layer_hooks(**hooks)
         if self.options.timeline:
             self.comm.barrier()
-            self.timeline = Timeline(self.rank, self._clock())
-            instrument_net(solver.net, self.timeline)
+            self.timeline = Timeline(self.rank, time.perf_counter())
+            instrument_net(net, self.timeline)
+        self._clock = IterationClock(net, self.measurements, self.timeline)
+        updates.connect(self.exchange)
+        updates.observe(self._clock)
         if self.size > 1:
-            self._log_setup(solver, any(id(layer) in sharded for layer in solver.net.data_sources()))
+            self._log_setup(net, any(id(layer) in sharded for layer in net.data_sources()))
 
-    def _log_setup(self, solver, train_net_sharded: bool) -> None:
-        batch = _batch_size(solver.net)
-        iter_size = solver.param.iter_size
+    def _log_setup(self, net, train_net_sharded: bool) -> None:
+        batch = _batch_size(net)
+        iter_size = self._param_as_given.iter_size
         if batch is None:
             batch_text = "batch size per rank unknown"
         else:
@@ -153,81 +153,28 @@ class DataParallel(Parallel):
         if self.exchange.trains_own_weights:
             logger.info("Each rank trains its own weights; tests and the snapshots' model files use %s",
                         self.exchange.model_description)
+        if self._param_as_given.clip_gradients >= 0:
+            logger.info("clip_gradients uses the norm of all gradients: every update waits for the whole "
+                        "exchange")
         if self.rank == 0 and not train_net_sharded:
             logger.warning("The train net has no data source that shards (Data, ImageData, HDF5Data): each rank "
                            "trains on what its own layers produce, which is the same data on every rank unless "
                            "they shard it themselves")
 
     # ------------------------------------------------------------------------------ the iteration
-    def begin_step(self) -> None:
+    def begin_step(self, iteration: int, current_step: int) -> None:
         if not self._synchronized:
             if self.size > 1:
                 # Ranks resuming from different state files would stop at different iterations.
-                agree(self.comm, {"resumed solver state": {"iteration": str(self._solver.iter),
-                                                           "current_step": str(self._solver.current_step)}})
+                agree(self.comm, {"resumed solver state": {"iteration": str(iteration),
+                                                           "current_step": str(current_step)}})
             self.exchange.broadcast_initial()
             self._synchronized = True
 
     def begin_iteration(self, iteration: int) -> None:
-        self._mark = self._clock()
-        self._record = self.measurements.begin(iteration, self._mark)
+        self._clock.begin(iteration)
         self.comm.watchdog.at_iteration(iteration)  # for the stall watchdog's messages
         self.exchange.begin_iteration(iteration)
-
-    def forward_done(self) -> None:
-        now = self._clock()
-        self._record.forward_s += now - self._mark
-        if self.timeline is not None:
-            self.timeline.span("forward", self._mark, now, lane="passes")
-        self._mark = now
-
-    def gradients_final(self, param_ids) -> None:
-        self.exchange.gradients_ready(param_ids)
-
-    def backward_done(self, last: bool) -> None:
-        now = self._clock()
-        self._record.backward_s += now - self._mark
-        if self.timeline is not None:
-            self.timeline.span("backward", self._mark, now, lane="passes")
-        if last:
-            self._record.backward_start_at, self._record.backward_end_at = self._mark, now
-            self.exchange.backward_done()
-        self._mark = now
-
-    def arrived(self, param_ids) -> list[int]:
-        start = self._clock()
-        ids = self.exchange.arrived(param_ids)
-        if self.timeline is not None:
-            self.timeline.span("wait for exchanges + average", start, self._clock())
-        return ids
-
-    def wait_gradients(self, param_ids) -> None:
-        start = self._clock()
-        self.exchange.wait_for(param_ids)
-        if self.timeline is not None:
-            names = ", ".join(self._param_names[i] for i in param_ids)
-            self.timeline.span(f"wait for {names}", start, self._clock(), category="wait")
-
-    def take_divisor(self, param_id: int):
-        return self.exchange.take_divisor(param_id)
-
-    def before_update(self, param_id: int) -> None:
-        self._update_start = self._clock()
-
-    def after_update(self, param_id: int) -> None:
-        if self.timeline is not None:
-            self.timeline.span(f"update {self._param_names[param_id]}", self._update_start, self._clock(),
-                               lane="updates", category="update")
-
-    def must_finish_updates(self) -> bool:
-        return self.exchange.mixes_after_update()
-
-    def updated(self) -> None:
-        self.exchange.after_update()
-
-    def end_iteration(self) -> None:
-        if self._record is not None:
-            self._record.end_at = self._clock()
 
     def agree_requests(self, snapshot: bool, stop: bool) -> tuple[bool, bool]:
         if self.size == 1:
@@ -275,53 +222,55 @@ class DataParallel(Parallel):
         scores = None if scores is None else values[:-1].astype(np.float32)
         return scores, np.float32(values[-1])
 
-    def swap_in_model(self) -> None:
+    @contextlib.contextmanager
+    def model(self):
         self._model_depth += 1
-        # Before the first step there is no model yet (no centre, rank 0's weights not broadcast):
-        # a test then sees each rank's own weights, as under allreduce.
-        if self._model_depth == 1 and self._synchronized:
-            self.exchange.swap_in_model()
-
-    def swap_out_model(self) -> None:
-        self._model_depth -= 1
-        if self._model_depth == 0:
-            self.exchange.swap_out_model()
+        try:
+            # Before the first step there is no model yet (no centre, rank 0's weights not broadcast):
+            # a test then sees each rank's own weights, as under allreduce.
+            if self._model_depth == 1 and self._synchronized:
+                self.exchange.swap_in_model()
+            yield
+        finally:
+            self._model_depth -= 1
+            if self._model_depth == 0:
+                self.exchange.swap_out_model()
 
     # ------------------------------------------------------------------------------ snapshots
-    def settle(self) -> None:
+    def snapshot(self, own, history, write) -> None:
         self.exchange.settle()
+        with self.model():
+            self._add_rank_state(own, history)
+            serialized = own.SerializeToString()
+            rank_states = [serialized] if self.size == 1 else self.comm.gather_bytes(serialized, root=0)
+            if self.writes_snapshots:
+                write(rank_states)
+        if self.size > 1:
+            self.comm.barrier()
 
-    def save_rank_state(self, state) -> None:
+    def _add_rank_state(self, state, history) -> None:
+        """This rank's own weights and update history (under the rules that train their own) and
+        the rule's state, in its NetdefRankState."""
         if self.exchange.trains_own_weights:
             for values in self.exchange.own_weights():
                 proto = state.param.add()
                 proto.shape.dim.extend(values.shape)
                 proto.data.extend(np.asarray(values, dtype=np.float32).ravel())
-            for blob in self._solver.history:
+            for blob in history:
                 proto = state.history.add()
                 proto.shape.dim.extend(blob.shape)
                 proto.data.extend(backend.to_host(blob.data).astype(np.float32).ravel())
         self.exchange.save_state(state)
 
-    def restore_rank_state(self, state, where: str) -> None:
+    def restore_rank_state(self, state, where: str, history) -> None:
         try:
             self.exchange.restore_state(state)
         except ValueError as exc:
             raise SnapshotError(f"{where}: rank {self.rank}: {exc}") from None
         if state is None or not self.exchange.trains_own_weights or not len(state.param):
             return
-        set_blobs(self._solver.net.learnable_params, state.param, f"{where}: rank {self.rank}'s own weights",
-                  "net's")
-        set_blobs(self._solver.history, state.history, f"{where}: rank {self.rank}'s update history", "solver's")
-
-    def gather_rank_states(self, own: bytes) -> list[bytes] | None:
-        if self.size == 1:
-            return [own]
-        return self.comm.gather_bytes(own, root=0)
-
-    def snapshot_written(self) -> None:
-        if self.size > 1:
-            self.comm.barrier()
+        set_blobs(self._net.learnable_params, state.param, f"{where}: rank {self.rank}'s own weights", "net's")
+        set_blobs(history, state.history, f"{where}: rank {self.rank}'s update history", "solver's")
 
     def restored(self) -> None:
         self._synchronized = False
@@ -343,4 +292,7 @@ class DataParallel(Parallel):
     def close(self) -> None:
         # Local only: close() also runs when this rank fails, when the others are not listening.
         if self.exchange is not None:
+            if self._layer_hooks is not None:
+                self._net.remove_layer_hooks(self._layer_hooks)
+                self._layer_hooks = None
             self.exchange.close()

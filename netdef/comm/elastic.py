@@ -28,12 +28,13 @@ before its read (as in the paper's asynchronous algorithm).
 
 ``hybrid`` is MXNET-MPI's model (Mamidala et al., "MXNET-MPI: Embedding MPI parallelism in
 Parameter Server Task Model", 2018): the ranks split into groups of ``group_size`` consecutive
-ranks (``Communicator.split``); each group trains synchronously (``AllreduceExchange`` on the
-group's communicator, buckets, overlap and schedule as configured), and the groups average
-elastically through the centre. The group's rank 0 makes the elastic step for the group and
-broadcasts the result inside it, so the group's ranks keep identical weights (were every rank to
-step on its own, each would read a different centre and the group would drift apart, and the
-centre would feel the group ``group_size`` times). alpha defaults to beta / number of groups.
+ranks (``Communicator.split``); each group trains synchronously (the rule is an ``AllreduceExchange``
+whose communicator is the group's, buckets, overlap and schedule as configured), and the groups
+average elastically through the centre (it is also an ``ElasticRule``, over every rank). The
+group's rank 0 makes the elastic step for the group and broadcasts the result inside it, so the
+group's ranks keep identical weights (were every rank to step on its own, each would read a
+different centre and the group would drift apart, and the centre would feel the group
+``group_size`` times). alpha defaults to beta / number of groups.
 The centre is sharded over every rank, leaders and not (each shard is passive memory).
 
 What is tested and saved is the centre (``swap_in_model``, after a barrier so that every rank's
@@ -47,7 +48,7 @@ import time
 
 import numpy as np
 
-from .exchange import AllreduceExchange, ExchangeOptions, ExchangeRule, register_exchange
+from .exchange import AllreduceExchange, ExchangeOptions, register_exchange
 from .own_weights import OwnWeightsRule
 
 logger = logging.getLogger("netdef")
@@ -101,41 +102,36 @@ class ElasticCentre:
 
 
 def _moving_rate(options, participants: int, who: str) -> tuple[float, str]:
-    """(alpha, how it was chosen) from the options, checked."""
-    if options.tau < 1:
-        raise ValueError(f"netdef_distributed.tau must be at least 1, got {options.tau}")
+    """(alpha, how it was chosen) from the options (checked by ``options.check``)."""
     if options.alpha:
-        if not 0 < options.alpha < 1:
-            raise ValueError(f"netdef_distributed.alpha must lie in (0, 1), got {options.alpha}")
         return float(options.alpha), "as set"
-    if not 0 < options.beta <= 1:
-        raise ValueError(f"netdef_distributed.beta must lie in (0, 1], got {options.beta}")
     beta = float(np.float32(options.beta))
     return beta / participants, f"beta {beta:.6g} / {participants} {who}"
 
 
 class ElasticRule(OwnWeightsRule):
-    """What easgd and hybrid share: the centre, the moving rate, a step every ``tau`` updates, the
-    centre as the model. Subclasses give ``participants`` (who moves toward the centre) and
-    ``elastic_step``."""
+    """What easgd and hybrid share: the centre over every rank (``self.world``), the moving rate, a
+    step every ``tau`` updates, the centre as the model. Subclasses give ``participants`` (who moves
+    toward the centre) and ``elastic_step``."""
 
     model_description = "the centre variable"
     participants_name = "ranks"
 
     def __init__(self, comm, net, options=None, measurements=None, clock=time.perf_counter, seed: int = 0):
         super().__init__(comm, net, options, measurements, clock, seed)
+        self.world = comm  # every rank; self.comm is those whose gradients are combined
         self.alpha, self.alpha_from = _moving_rate(self.options, self.participants(), self.participants_name)
         self.centre = ElasticCentre(comm, self.count)
 
     def participants(self) -> int:
-        return self.comm.size
+        return self.world.size
 
     def elastic_step(self) -> None:
         raise NotImplementedError
 
     def elastic_text(self) -> str:
         return (f"tau {self.options.tau}, alpha {self.alpha:.6g} ({self.alpha_from}), the centre variable of "
-                f"{self.count} floats sharded over {self.comm.size} rank(s) in MPI windows, read and moved "
+                f"{self.count} floats sharded over {self.world.size} rank(s) in MPI windows, read and moved "
                 f"one-sidedly")
 
     def mixes_after_update(self) -> bool:
@@ -150,10 +146,10 @@ class ElasticRule(OwnWeightsRule):
 
     def settle(self) -> None:
         # Each access completes at its unlock: once every rank is here, every step has reached the centre.
-        self.comm.barrier()
+        self.world.barrier()
 
     def load_model(self) -> None:
-        self.comm.barrier()
+        self.world.barrier()
         self.set_flat_weights(self.centre.read())
 
 
@@ -176,9 +172,10 @@ class EasgdExchange(ElasticRule):
 
 
 @register_exchange("hybrid")
-class HybridExchange(ElasticRule):
-    """Synchronous allreduce inside groups of ``group_size`` ranks, elastic averaging between the
-    groups through the centre (module docstring)."""
+class HybridExchange(ElasticRule, AllreduceExchange):
+    """Synchronous allreduce inside groups of ``group_size`` ranks (the AllreduceExchange it is, over
+    its group's communicator), elastic averaging between the groups through the centre (the
+    ElasticRule it is, over every rank); see the module docstring."""
 
     participants_name = "groups"
 
@@ -191,42 +188,28 @@ class HybridExchange(ElasticRule):
         self.group_index = comm.rank // group_size
         self.groups = -(-comm.size // group_size)
         super().__init__(comm, net, options, measurements, clock, seed)
-        self.inner = AllreduceExchange(comm.split(self.group_index), net, self.options, measurements, clock, seed)
-        # The step's broadcast gets a communicator of its own: the allreduce rule may still have
-        # collectives outstanding on its group communicator, started in an order only it knows.
+        # The step's broadcast gets a communicator of its own: the allreduce may still have
+        # collectives outstanding on the group's communicator, started in an order only it knows.
         self.group = comm.split(self.group_index)
+
+    def gradient_communicator(self, comm):
+        return comm.split(self.group_index)
 
     def participants(self) -> int:
         return self.groups
 
     def describe(self) -> str:
-        sizes = sorted({min(self.group_size, self.comm.size - g * self.group_size) for g in range(self.groups)})
+        sizes = sorted({min(self.group_size, self.world.size - g * self.group_size) for g in range(self.groups)})
         return (f"hybrid ({self.groups} group(s) of {'/'.join(map(str, sizes))} consecutive ranks; inside a group "
-                f"{self.inner.describe()}; between the groups elastic averaging, each group's rank 0 stepping for "
-                f"its group: {self.elastic_text()})")
+                f"allreduce ({self.schedule_text()}); between the groups elastic averaging, each group's rank 0 "
+                f"stepping for its group: {self.elastic_text()})")
 
     def broadcast_initial(self) -> None:
         if not self.take_resumed():
-            ExchangeRule.broadcast_initial(self)
-        self.inner.broadcast_initial()
+            for blob in self.params:  # rank 0's weights everywhere
+                self.world.broadcast(blob.data, root=0)
+        super().broadcast_initial()  # the group's allreduce: the same broadcast inside it, the schedule's sizes
         self.centre.set(self.initial_model())
-
-    # The gradient exchange inside the group is the allreduce rule's.
-    def begin_iteration(self, iteration: int) -> None:
-        super().begin_iteration(iteration)
-        self.inner.begin_iteration(iteration)
-
-    def gradients_ready(self, param_ids) -> None:
-        self.inner.gradients_ready(param_ids)
-
-    def backward_done(self) -> None:
-        self.inner.backward_done()
-
-    def arrived(self, param_ids) -> list[int]:
-        return self.inner.arrived(param_ids)
-
-    def wait_for(self, param_ids) -> None:
-        self.inner.wait_for(param_ids)
 
     def elastic_step(self) -> None:
         """The group's rank 0 steps with the centre; the group takes its result (collective in the group)."""
@@ -235,6 +218,3 @@ class HybridExchange(ElasticRule):
             self.centre.move(weights, self.alpha)
         self.group.broadcast(weights, root=0)
         self.set_flat_weights(weights)
-
-    def close(self) -> None:
-        self.inner.close()

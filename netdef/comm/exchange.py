@@ -1,28 +1,12 @@
 """Exchange rules: how the ranks' gradients (or parameters) are combined, one small class per rule.
 
-The distributed solver drives a rule through a fixed sequence of calls and never knows which rule
-it has (ChainerMN's communicators are the model: each strategy overrides a few methods)::
-
-    rule.broadcast_initial()            once before training and after a restore: rank 0's parameters
-    per iteration:
-        rule.begin_iteration(it)
-        rule.gradients_ready(ids)       from the net's backward hook, in the last of the iter_size
-                                        passes, each time some parameters' gradients become final
-        rule.backward_done()            after that pass's backward
-        rule.arrived(ids)               which of these parameters' diffs hold what the update rule
-                                        should apply (the average over the ranks, for allreduce)
-        rule.wait_for(ids)              block until those diffs do
-        rule.take_divisor(id)           what a diff must still be divided by (after leave_division_to_update)
-        rule.mixes_after_update()       asked after the update: when true, the solver applies every
-                                        update of the iteration before going on
-        rule.after_update()             after every blob's update (elastic averaging mixes parameters)
-    rule.settle()                       collective, before a snapshot and at the end of training:
-                                        nothing is left in flight between the ranks
-    rule.swap_in_model(), swap_out_model()   around tests and snapshots: the net holds the model
-                                        (the centre variable, rank 0's weights...), then again this
-                                        rank's own weights (the first is collective, the second local)
-    rule.save_state(state), restore_state(state)   this rank's part of a snapshot (NetdefRankState)
-    rule.close()
+A rule is a ``GradientExchange`` (``netdef/solver/arrival.py``): the solver's updates ask it whether
+a parameter's combined gradient has arrived and wait for it (``gradients_ready``, ``backward_done``,
+``arrived``, ``wait_for``, ``take_divisor``, ``mixes_after_update``, ``after_update``), and
+``DataParallel`` drives the rest of its life (``broadcast_initial``, ``begin_iteration``, ``settle``,
+the model for tests and snapshots, its part of the resume state, ``close``). Where each call falls
+within an iteration is written once, in ``netdef/solver/parallel.py``. The solver never knows which
+rule it has (ChainerMN's communicators are the model: each strategy overrides a few methods).
 
 The base rule answers ``arrived`` and ``wait_for`` by calling ``finish()`` once per iteration (wait
 for everything, then every gradient is there), which is all a rule that updates after the whole
@@ -44,7 +28,8 @@ order is deterministic, so every rank starts the same buckets in the same order.
 does not wait long for the layers below (``plan_buckets``). With ``overlap`` each bucket's
 allreduce starts as soon as its last gradient is packed, during backward; without, the same
 buckets start after backward. The progress driver (``progress.py``) makes them move; it is poked
-after every layer's backward (through the net's layer hooks), layers without parameters included.
+after every layer's backward, layers without parameters included: ``layer_hooks()`` says which of
+the net's layer hooks the rule needs, and DataParallel registers them.
 A bucket of one blob is exchanged in the blob's own diff memory (no copies); fused buckets are
 flat host buffers with copy-in and copy-out (GPU arrays are staged through them too).
 
@@ -65,45 +50,21 @@ iteration.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 
 import numpy as np
 
 from .. import backend
+from ..solver.arrival import GradientExchange
+from .options import DEFAULT_BUCKET_BYTES, ExchangeOptions, check  # noqa: F401  (DEFAULT_BUCKET_BYTES: simulate)
 from .progress import choose_mode, make_driver
 from .reduction import Reduction
 from .scheduler import PriorityTransport, ScheduleThread, choose_sizes
 from .timeline import BucketRecord, ChunkRecord, Measurements
-from .watchdog import DEFAULT_ABORT_AFTER_S, DEFAULT_WARN_AFTER_S, GRADIENT_EXCHANGE
+from .watchdog import GRADIENT_EXCHANGE
 
 logger = logging.getLogger("netdef")
-
-DEFAULT_BUCKET_BYTES = 4 << 20
-
-
-@dataclasses.dataclass
-class ExchangeOptions:
-    """NetdefDistributedParameter's fields, resolved (``progress`` as a name)."""
-
-    exchange: str = "allreduce"
-    overlap: bool = True
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES
-    progress: str = "AUTO"
-    timeline: str = ""
-    schedule: str = "priority"  # or "fifo" (scheduler.py)
-    chunk_bytes: int = 0        # priority: 0 = chosen by measuring
-    credit_bytes: int = 0       # priority: 0 = chosen by measuring
-    multicolor_colors: int = 0  # multicolor and fp16: trees; 0 = chosen from the rank count (multicolor.py)
-    tau: int = 10               # easgd, hybrid: iterations between elastic steps
-    alpha: float = 0.0          # easgd, hybrid: moving rate; 0 = beta / participants
-    beta: float = 0.9           # easgd, hybrid
-    group_size: int = 2         # hybrid
-    gossip_probability: float = 0.1
-    stall_warning_s: float = DEFAULT_WARN_AFTER_S  # watchdog.py; each rank's own (not compared at start-up)
-    stall_abort_s: float = DEFAULT_ABORT_AFTER_S
-
 
 # ============================================================================================== registry
 _RULES: dict[str, type] = {}
@@ -134,12 +95,14 @@ def registered_exchanges() -> list[str]:
 
 
 # ============================================================================================== interface
-class ExchangeRule:
-    """The base rule: the sequence of calls in the module docstring, each a no-op here except
-    ``broadcast_initial``. ``self.comm`` (a Communicator), ``self.net`` (the train net),
-    ``self.params`` (its learnable parameter Blobs), ``self.options`` (ExchangeOptions) and
-    ``self.measurements`` (record the rule's timings in ``self.measurements.current``), ``self.seed``
-    (the run's random seed, the same on every rank, for a rule's own random choices).
+class ExchangeRule(GradientExchange):
+    """The base rule: the calls of the module docstring, each a no-op here except
+    ``broadcast_initial``, and ``arrived``/``wait_for``, which wait for ``finish()`` once per
+    iteration. ``self.comm`` (a Communicator: the ranks whose gradients it combines), ``self.net``
+    (the train net), ``self.params`` (its learnable parameter Blobs), ``self.options``
+    (ExchangeOptions, checked) and ``self.measurements`` (record the rule's timings in
+    ``self.measurements.current``), ``self.seed`` (the run's random seed, the same on every rank, for
+    a rule's own random choices).
 
     ``trains_own_weights``: whether each rank trains weights of its own, which then differ from the
     model that is tested and saved (``model_description`` says what that is, for the log)."""
@@ -150,10 +113,11 @@ class ExchangeRule:
 
     def __init__(self, comm, net, options: ExchangeOptions | None = None, measurements: Measurements | None = None,
                  clock=time.perf_counter, seed: int = 0):
-        self.comm = comm
+        self.options = options or ExchangeOptions()
+        check(self.options)
+        self.comm = self.gradient_communicator(comm)
         self.net = net
         self.params = net.learnable_params
-        self.options = options or ExchangeOptions()
         self.measurements = measurements or Measurements()
         self.clock = clock
         self.seed = int(seed)
@@ -169,13 +133,21 @@ class ExchangeRule:
         self._leave_division = True
 
     def take_divisor(self, param_id: int):
-        """What the diff of ``param_id`` must still be divided by (1: it holds what the update
-        applies); the caller divides, and a second call returns 1."""
         return self._undivided.pop(param_id, 1)
 
     def describe(self) -> str:
         """One line for the log."""
         return self.name
+
+    def gradient_communicator(self, comm):
+        """The ranks, of all those of ``comm``, whose gradients this rule combines (``self.comm``):
+        all of them but under ``hybrid``, whose groups do."""
+        return comm
+
+    def layer_hooks(self) -> dict:
+        """The net's layer hooks this rule needs (``Net.register_layer_hooks`` keywords), e.g. to move
+        its exchanges along between layers; the caller registers them and removes them at close."""
+        return {}
 
     def broadcast_initial(self) -> None:
         """Make every rank's parameters rank 0's."""
@@ -184,12 +156,6 @@ class ExchangeRule:
 
     def begin_iteration(self, iteration: int) -> None:
         self._finished = False
-
-    def gradients_ready(self, param_ids) -> None:
-        """The gradients of ``self.params[i]`` for i in ``param_ids`` are final for this iteration."""
-
-    def backward_done(self) -> None:
-        pass
 
     def arrived(self, param_ids) -> list[int]:
         """Of ``param_ids``, those whose diffs the update may use now."""
@@ -207,14 +173,6 @@ class ExchangeRule:
 
     def finish(self) -> None:
         """Wait for the whole exchange; the diffs then hold what the update should apply."""
-
-    def mixes_after_update(self) -> bool:
-        """Whether ``after_update()`` of this iteration changes the parameters (every update of the
-        iteration must be applied before it)."""
-        return False
-
-    def after_update(self) -> None:
-        pass
 
     def settle(self) -> None:
         """Collective: complete whatever is in flight between the ranks (before a snapshot, at the end)."""
@@ -384,10 +342,7 @@ class AllreduceExchange(ExchangeRule):
 
     def __init__(self, comm, net, options=None, measurements=None, clock=time.perf_counter, seed: int = 0):
         super().__init__(comm, net, options, measurements, clock, seed)
-        if self.options.bucket_bytes <= 0:
-            raise ValueError(f"bucket_bytes must be positive, got {self.options.bucket_bytes}")
-        if self.options.schedule not in ("fifo", "priority"):
-            raise ValueError(f"unknown schedule {self.options.schedule!r}; use fifo or priority")
+        comm = self.comm  # the ranks this rule combines the gradients of
         self.progress_mode = choose_mode(comm, self.options.progress) if comm.size > 1 else "NONE"
         prioritized = comm.size > 1 and self.options.schedule == "priority"
         self.reduction = self.make_reduction() if comm.size > 1 else None
@@ -408,21 +363,27 @@ class AllreduceExchange(ExchangeRule):
         self._hook_order: list[int] = []
         self._active = False
         self._in_flight = 0                         # buckets started during this backward
-        # Between any two layers of backward (those without parameters too), let a polling driver
-        # move the started exchanges along.
-        self._layer_hooks = None
-        if self.transport is not None and self.transport.pumps_between_layers:
-            # ... and, with priorities, between the layers of the next forward, which the exchange overlaps.
-            self._layer_hooks = net.register_layer_hooks(after_forward=self._pump, after_backward=self._pump)
-        elif self.driver is not None and self.options.overlap and self.driver.polls_between_layers:
-            self._layer_hooks = net.register_layer_hooks(after_backward=self._after_layer)
 
     def describe(self) -> str:
-        text = (f"{self.name} (overlap {'on' if self.options.overlap else 'off'}, buckets of at most "
+        return f"{self.name} ({self.schedule_text()})"
+
+    def schedule_text(self) -> str:
+        """How the buckets go, for the log: overlap, bucket size, progress, schedule, chunks."""
+        text = (f"overlap {'on' if self.options.overlap else 'off'}, buckets of at most "
                 f"{self.options.bucket_bytes} bytes, progress {self.progress_mode}, schedule {self.options.schedule}")
         if self.transport is not None and self.transport.chunk_bytes:
             text += f": chunks of {self.transport.chunk_bytes} bytes, {self.transport.credit_bytes} bytes in flight"
-        return text + ")"
+        return text
+
+    def layer_hooks(self) -> dict:
+        # Between any two layers of backward (those without parameters too), let a polling driver
+        # move the started exchanges along ...
+        if self.transport is not None and self.transport.pumps_between_layers:
+            # ... and, with priorities, between the layers of the next forward, which the exchange overlaps.
+            return {"after_forward": self._pump, "after_backward": self._pump}
+        if self.driver is not None and self.options.overlap and self.driver.polls_between_layers:
+            return {"after_backward": self._after_layer}
+        return {}
 
     def broadcast_initial(self) -> None:
         super().broadcast_initial()
@@ -632,9 +593,6 @@ class AllreduceExchange(ExchangeRule):
         self._in_flight = 0
 
     def close(self) -> None:
-        if self._layer_hooks is not None:
-            self.net.remove_layer_hooks(self._layer_hooks)
-            self._layer_hooks = None
         if self.driver is not None:
             self.driver.close()
         if self.transport is not None:

@@ -51,8 +51,6 @@ class GossipExchange(OwnWeightsRule):
     def __init__(self, comm, net, options=None, measurements=None, clock=time.perf_counter, seed: int = 0):
         super().__init__(comm, net, options, measurements, clock, seed)
         self.probability = float(np.float32(self.options.gossip_probability))
-        if not 0 <= self.probability <= 1:
-            raise ValueError(f"netdef_distributed.gossip_probability must lie in [0, 1], got {self.probability}")
         self.mixing_weight = 1.0 / comm.size
         self.rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, comm.rank, _SEED_DOMAIN])))
         self._weight_bytes = self.count * 4

@@ -54,7 +54,7 @@ def shared_memory_only(comm, environ=None) -> bool:
     ``OMPI_MCA_btl`` (``mpiexec --mca btl ...``) without ``sm``/``vader`` or excluding them, MPICH's
     ``MPIR_CVAR_NOLOCAL=1``."""
     env = os.environ if environ is None else environ
-    if getattr(comm, "local_size", 1) != comm.size:
+    if comm.local_size != comm.size:
         return False
     btl = env.get("OMPI_MCA_btl", "").strip()
     if btl:
@@ -93,13 +93,13 @@ def choose_mode(comm, requested: str = "AUTO", environ=None) -> str:
     env = os.environ if environ is None else environ
     requested = mode_name(requested)
     if requested == "MPI_ASYNC":
-        if getattr(comm, "library", "") != "MPICH" or env.get(ASYNC_PROGRESS_VARIABLE, "0") in ("", "0"):
+        if comm.library != "MPICH" or env.get(ASYNC_PROGRESS_VARIABLE, "0") in ("", "0"):
             return "POLL"
         return "MPI_ASYNC"
     if requested == "AUTO":
         if shared_memory_only(comm, env):
             return "DEFERRED"
-        return "THREAD" if getattr(comm, "thread_level", _THREAD_SERIALIZED) >= _THREAD_SERIALIZED else "POLL"
+        return "THREAD" if comm.thread_level >= _THREAD_SERIALIZED else "POLL"
     return requested
 
 

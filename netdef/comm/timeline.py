@@ -30,6 +30,7 @@ import statistics
 import time
 
 from .. import files
+from ..solver.arrival import UpdateObserver
 
 
 @dataclasses.dataclass
@@ -181,6 +182,64 @@ def write_chrome_trace(path, per_rank_json: list[bytes]) -> None:
     doc = {"traceEvents": events, "displayTimeUnit": "ms",
            "otherData": {"producer": "netdef", "ranks": len(per_rank_json)}}
     files.write_bytes_atomically(path, json.dumps(doc, separators=(",", ":")).encode("utf-8"))
+
+
+class IterationClock(UpdateObserver):
+    """Measures one rank's training iterations, as an observer: from ``begin(iteration)`` until the
+    iteration's update is applied, each forward and each backward pass (the train net's layer hooks:
+    a forward ends after the last layer's, a backward after the first layer's), and the end of the
+    update (the solver's ``ArrivalUpdates``). With a ``timeline`` it also records the passes, the
+    waits for gradients and each blob's update as spans."""
+
+    def __init__(self, net, measurements: Measurements, timeline: Timeline | None = None, clock=time.perf_counter):
+        self.measurements = measurements
+        self.timeline = timeline
+        self.clock = clock
+        self._last_layer = len(net.layers) - 1
+        self._param_names = [blob.name for blob in net.learnable_params]
+        self._record: IterationRecord | None = None  # while an iteration is measured
+        self._mark = 0.0
+        net.register_layer_hooks(after_forward=self._after_forward, after_backward=self._after_backward)
+
+    def begin(self, iteration: int) -> None:
+        self._mark = self.clock()
+        self._record = self.measurements.begin(iteration, self._mark)
+
+    def _after_forward(self, layer_index: int) -> None:
+        if layer_index == self._last_layer and self._record is not None:
+            now = self.clock()
+            self._record.forward_s += now - self._mark
+            if self.timeline is not None:
+                self.timeline.span("forward", self._mark, now, lane="passes")
+            self._mark = now
+
+    def _after_backward(self, layer_index: int) -> None:
+        if layer_index == 0 and self._record is not None:
+            now = self.clock()
+            self._record.backward_s += now - self._mark
+            if self.timeline is not None:
+                self.timeline.span("backward", self._mark, now, lane="passes")
+            # Overwritten by each pass: what stays is the last pass's, the one that exchanges.
+            self._record.backward_start_at, self._record.backward_end_at = self._mark, now
+            self._mark = now
+
+    def arrivals_checked(self, start: float, end: float) -> None:
+        if self.timeline is not None:
+            self.timeline.span("wait for exchanges + average", start, end)
+
+    def waited(self, param_ids, start: float, end: float) -> None:
+        if self.timeline is not None:
+            names = ", ".join(self._param_names[i] for i in param_ids)
+            self.timeline.span(f"wait for {names}", start, end, category="wait")
+
+    def blob_updated(self, param_id: int, start: float, end: float) -> None:
+        if self.timeline is not None:
+            self.timeline.span(f"update {self._param_names[param_id]}", start, end, lane="updates", category="update")
+
+    def applied(self) -> None:
+        if self._record is not None:
+            self._record.end_at = self.clock()
+            self._record = None
 
 
 def instrument_net(net, timeline: Timeline, prefix: str = "") -> tuple:

@@ -5,27 +5,23 @@ update rules, learning-rate policies, display/test/snapshot behaviour and snapsh
     solver = get_solver("lenet_solver.prototxt")
     solver.solve()                      # or solver.step(n); solver.restore("x.solverstate")
 
-See solver.py for the order of operations inside an iteration and the hook points for distributed
-training, snapshot.py for the snapshot files, updates.py and lr_policy.py for the formulas.
+See solver.py for the loop and the modules it composes, parallel.py for the calls of one iteration
+in order, snapshot.py for the snapshot files, updates.py, step.py and lr_policy.py for the formulas.
 """
+from .building import read_solver_param
 from .lr_policy import LRPolicyError, learning_rate
+from .nonfinite import NonFiniteError, NonFiniteLossError, NonFiniteParamsError
+from .signals import SignalHandlers, SolverAction, install_signal_handlers
 from .snapshot import SnapshotError
 from .solver import (
     AdaDeltaSolver,
     AdaGradSolver,
     AdamSolver,
     NesterovSolver,
-    NonFiniteError,
-    NonFiniteLossError,
-    NonFiniteParamsError,
     RMSPropSolver,
     SGDSolver,
-    SignalHandlers,
     Solver,
-    SolverAction,
     get_solver,
-    install_signal_handlers,
-    read_solver_param,
 )
 from .updates import SolverConfigError, UpdateRule, register_update_rule, registered_update_rules
 

@@ -1,47 +1,61 @@
-"""The solver's seam to parallelism: the calls the Solver makes at fixed points of its loop.
+"""The solver's seam to parallelism, and the one place where the calls of an iteration are in order.
 
-The Solver holds one ``Parallel`` (``Solver(..., parallel=...)``) and calls it; it never knows how
-many processes there are or how they talk. ``Parallel`` itself is the single-process
-implementation (every call does what one process needs, which is mostly nothing); data
-parallelism over MPI is ``netdef.comm.data_parallel.DataParallel``. In the order the loop calls
-them::
+The Solver holds one ``Parallel`` (``Solver(..., parallel=...)``) and calls it at fixed points of its
+loop: lifecycle, tests, agreement between the processes, snapshots. It never knows how many processes
+there are or how they talk. ``Parallel`` itself is one process's implementation (every call does what
+one process needs, which is mostly nothing); data parallelism over MPI is
+``netdef.comm.data_parallel.DataParallel``. The gradients do not pass through this seam: the solver's
+``ArrivalUpdates`` (``arrival.py``) talks to the exchange (a ``GradientExchange``) that ``attach``
+connects, and a parallel implementation measures an iteration by observing the net's layer hooks
+and the updates (``UpdateObserver``), not through calls of its own.
 
-    prepare(param)                 the solver file is read, the nets are not built yet
-    attach(solver)                 nets and update rule built
-    begin_step()                   at the start of every step() (the first makes the ranks agree)
-    per iteration:
-        begin_iteration(it)
-        per pass of iter_size:     forward_done() after the forward, backward_done(last) after the
-                                   backward; gradients_final(ids) from the net's backward hooks, in
-                                   the last pass only, each time some parameters' gradients are final
-        arrived(ids)               of these parameters, the ones whose gradient the update may use now
-        wait_gradients(ids)        block until those gradients are all there
-        take_divisor(id)           what the blob's diff must still be divided by (its update does it)
-        before_update(id), after_update(id)   around each blob's update
-        must_finish_updates()      asked after the iteration's update: when true the solver applies
-                                   every update now (the parallel part mixes parameters after them)
-        updated()                  every blob of the iteration is updated
-        end_iteration()
-        agree_requests(snap, stop) every rank acts on the same signals at the same iteration
-    swap_in_model(), swap_out_model()   around a test and a snapshot: the net holds the model that is
-                                   tested and saved (which differs from a rank's own training weights
-                                   under the asynchronous exchange rules), then the rank's own again
-    reduce_test_outputs(scores, loss)
-    settle()                       before a snapshot: nothing in flight between the processes
-    save_rank_state(state)         this process's part of its NetdefRankState (own weights...)
-    gather_rank_states(own)        for a snapshot: every rank's own state (list on the writer)
-    writes_snapshots               whether this process writes the snapshot files
-    snapshot_written()
-    restore_rank_state(own, where) after a restore loaded the model: this process's NetdefRankState
-                                   (None when the snapshot has none for it)
-    restored()                     after a restore: the ranks agree again at the next begin_step
-    scalars()                      at each display: measurements for the solver's scalar observers
-    end_training()                 after solve()'s last step (collective: every rank calls it)
-    close()                        local only: it also runs when this rank fails
+One training run, as the calls it makes (``parallel.`` this seam, ``exchange.`` the GradientExchange,
+``updates.`` the solver's ArrivalUpdates, ``net.`` the train net)::
 
-``rank`` and ``size`` say which process this is; resume state (``snapshot.py``) uses them.
+    parallel.prepare(param)                the solver file is read; the nets are not built yet
+    net, test nets, update rule built; updates = ArrivalUpdates(net): it hooks the net's backward
+                                           (gradients final) and each layer's forward (wait for its
+                                           parameters' updates)
+    parallel.attach(net, test_nets, updates)   connects the exchange: updates.connect(exchange)
+    step(n):
+      parallel.begin_step(iter, current_step)  the first makes the ranks agree and start alike
+      per iteration:
+        updates.clear_diffs()              Caffe's ClearParamDiffs (blobs still to update keep theirs)
+        test every test net                when test_interval divides iter (see "a test" below)
+        on_start callbacks
+        parallel.begin_iteration(iter)
+        per pass of iter_size:
+          net.forward                      each layer first waits for its parameters' pending updates:
+                                           exchange.wait_for(ids), then their updates
+          net.backward                     the last pass only: exchange.gradients_ready(ids) from the
+                                           net's backward hook each time some gradients are final,
+                                           then exchange.backward_done()
+        display                            the smoothed loss and the outputs; parallel.scalars()
+        on_gradients_ready callbacks
+        apply_update: rate = lr policy(iter); updates.apply(rate, iter):
+          clip_gradients >= 0:             exchange.wait_for(all), exchange.take_divisor(id) each
+          exchange.arrived(all)            the blobs whose gradient is there are updated now:
+                                           exchange.take_divisor(id), then the update (step.py)
+          exchange.mixes_after_update()    if true: every update now (updates.finish())
+          exchange.after_update()          once every blob of the iteration is updated, which may be
+                                           during the next iteration's forward
+        iter += 1
+        after_update callbacks
+        parallel.agree_requests(snapshot, stop)   then snapshot and/or stop, on every rank alike
+      updates.finish()                     every update still pending
+    a test: updates.finish(); with parallel.model(): test_iter forwards; parallel.reduce_test_outputs
+    a snapshot: updates.finish(); parallel.snapshot(own resume state, history, write)
+    a restore: updates.finish(); the files read; parallel.restore_rank_state(own, where, history)
+               when the state file has netdef's state; parallel.restored()
+    parallel.end_training()                after solve()'s last step (collective)
+    parallel.close()                       local only: it also runs when this rank fails
+
+``rank``, ``size`` and ``writes_snapshots`` say which process this is; the resume state
+(``snapshot.py``) uses them.
 """
 from __future__ import annotations
+
+import contextlib
 
 
 class Parallel:
@@ -51,101 +65,58 @@ class Parallel:
     size = 1
     writes_snapshots = True
 
+    # ---------------------------------------------------------------------------------------- lifecycle
     def prepare(self, param) -> None:
         """The solver's upgraded SolverParameter, before any net is built (may set its random_seed)."""
 
-    def attach(self, solver) -> None:
-        """The solver's nets and update rule are built."""
+    def attach(self, net, test_nets, updates) -> None:
+        """The train net, the test nets and the solver's ``ArrivalUpdates`` are built: connect the
+        gradient exchange to the updates (one process keeps theirs, which has every gradient at once)."""
 
-    def begin_step(self) -> None:
-        pass
+    def begin_step(self, iteration: int, current_step: int) -> None:
+        """At the start of every step(), from ``iteration`` (and the rate policy's ``current_step``)."""
 
     def begin_iteration(self, iteration: int) -> None:
-        pass
+        """Before the forward passes of ``iteration``."""
 
-    def forward_done(self) -> None:
-        pass
+    def scalars(self) -> dict:
+        """``{tag: float}`` measured since the last call, for the solver's scalar observers
+        (TensorBoard), at each display: none for one process."""
+        return {}
 
-    def gradients_final(self, param_ids) -> None:
-        pass
+    def end_training(self) -> None:
+        """After solve()'s last step (collective: every process calls it)."""
 
-    def backward_done(self, last: bool) -> None:
-        pass
+    def close(self) -> None:
+        """Release what the parallel part holds (local: it also runs when this process fails)."""
 
-    def arrived(self, param_ids) -> list[int]:
-        """Of ``param_ids``, those whose (combined) gradient is in its diff now, without waiting."""
-        return list(param_ids)
-
-    def wait_gradients(self, param_ids) -> None:
-        """Block until the gradients of ``param_ids`` are all in their diffs."""
-
-    def take_divisor(self, param_id: int):
-        """What the diff of ``param_id``, arrived, must still be divided by to hold the gradient the
-        update applies: the rank count where the exchange left the sum over the ranks for the update
-        to average in its own pass over the blob (one memory pass fewer on the critical path), 1
-        otherwise. The caller divides; a second call for the same iteration returns 1."""
-        return 1
-
-    def before_update(self, param_id: int) -> None:
-        pass
-
-    def after_update(self, param_id: int) -> None:
-        pass
-
-    def must_finish_updates(self) -> bool:
-        """Whether every update of this iteration must be applied before ``end_iteration``."""
-        return False
-
-    def updated(self) -> None:
-        """Every parameter blob of the iteration has been updated."""
-
-    def end_iteration(self) -> None:
-        pass
-
+    # ---------------------------------------------------------------------------------------- agreement
     def agree_requests(self, snapshot: bool, stop: bool) -> tuple[bool, bool]:
+        """The signals' requests, as every process acts on them: requested on any of them."""
         return snapshot, stop
+
+    # ---------------------------------------------------------------------------------------- tests
+    def model(self):
+        """A context in which the net's parameters hold the model that is tested and saved, which
+        differs from a process's own training weights under the asynchronous exchange rules
+        (collective on entry, local on exit)."""
+        return contextlib.nullcontext()
 
     def reduce_test_outputs(self, scores, loss):
         """A test's summed outputs (float32 vector or None) and loss, combined over the processes."""
         return scores, loss
 
-    def swap_in_model(self) -> None:
-        """Collective: the net's parameters hold the model that is tested and saved."""
+    # ---------------------------------------------------------------------------------------- snapshots
+    def snapshot(self, own, history, write) -> None:
+        """Collective: complete what is in flight between the processes, put the model into the net,
+        add this process's parallel state to ``own`` (its NetdefRankState; ``history``: the update
+        rule's blobs), and where this process writes the snapshot call ``write(states)`` with every
+        process's serialized state, by rank."""
+        write([own.SerializeToString()])
 
-    def swap_out_model(self) -> None:
-        """Local: the net's parameters hold this process's own training weights again."""
-
-    def settle(self) -> None:
-        """Collective: complete what is in flight between the processes (before a snapshot)."""
-
-    def save_rank_state(self, state) -> None:
-        """Add this process's parallel state to ``state`` (its NetdefRankState)."""
-
-    def restore_rank_state(self, state, where: str) -> None:
+    def restore_rank_state(self, state, where: str, history) -> None:
         """After a restore (``where``: the state file) has put the model into the net: this process's
-        NetdefRankState, or None."""
-
-    def gather_rank_states(self, own: bytes) -> list[bytes] | None:
-        """Every process's serialized ``NetdefRankState``, by rank, on the process that writes the
-        snapshot (None elsewhere)."""
-        return [own]
-
-    def snapshot_written(self) -> None:
-        pass
+        NetdefRankState, or None when the snapshot has none for it."""
 
     def restored(self) -> None:
-        pass
-
-    def scalars(self) -> dict:
-        """``{tag: float}`` measured since the last call, for the solver's scalar observers (TensorBoard):
-        none for one process."""
-        return {}
-
-    def end_training(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def describe(self) -> str:
-        return "one process"
+        """After a restore: the processes agree again at the next begin_step."""

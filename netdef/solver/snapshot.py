@@ -18,8 +18,8 @@ netdef adds what exact resumption needs, which Caffe ignores when reading: ``Sol
 with the random generator's state and each data source's ``data_state()``; a run of several ranks
 adds every rank's own (``rank_state``), so its snapshot is still one model file and one state file.
 Under the asynchronous exchange rules (easgd, gossip, hybrid) the ranks' weights differ: the model file
-then holds the model (``Parallel.swap_in_model``: the centre variable, or rank 0's weights), and each
-rank's own weights, update history and rule state go into its ``rank_state`` (``Parallel.save_rank_state``,
+then holds the model (``Parallel.model``: the centre variable, or rank 0's weights), and each rank's
+own weights, update history and rule state go into its ``rank_state`` (``Parallel.snapshot``,
 ``restore_rank_state``).
 
 Both files are first written completely to temporary files beside their targets, then renamed over
@@ -116,8 +116,13 @@ def _data_sources(solver):
                 yield prefix + layer.name, layer
 
 
+#: The fields of a NetdefRankState that the solver itself fills; the parallel part may add others.
+_SOLVER_RANK_FIELDS = frozenset({"rng_state", "data_cursor"})
+
+
 def rank_state(solver) -> pb.NetdefRankState:
-    """This process's own resume state: its random generator and its data sources' positions."""
+    """This process's own resume state as far as the solver knows it: its random generator and its
+    data sources' positions (the parallel part adds its own in ``Parallel.snapshot``)."""
     state = pb.NetdefRankState()
     state.rng_state = _rng_state_bytes()
     for key, layer in _data_sources(solver):
@@ -126,7 +131,6 @@ def rank_state(solver) -> pb.NetdefRankState:
             cursor = state.data_cursor.add()
             cursor.layer = key
             cursor.state = bytes(saved)
-    solver.parallel.save_rank_state(state)
     return state
 
 
@@ -138,11 +142,13 @@ def netdef_state(solver, rank_states: list[bytes]) -> pb.NetdefSolverState:
     first = pb.NetdefRankState.FromString(rank_states[0])
     state.rng_state = first.rng_state
     state.data_cursor.extend(first.data_cursor)
-    state.smoothed_loss = float(solver.smoothed_loss)
-    state.loss_window.extend(float(v) for v in solver._losses)
-    state.loss_window_start = int(solver._loss_window_start)
+    window = solver.loss_window
+    state.smoothed_loss = float(window.smoothed)
+    state.loss_window.extend(float(v) for v in window.losses)
+    state.loss_window_start = int(window.start)
     # One process's state is the fields above, unless its parallel part added its own (own weights...).
-    if len(rank_states) > 1 or len(first.param) or first.HasField("gossip"):
+    added_by_parallel = any(field.name not in _SOLVER_RANK_FIELDS for field, _ in first.ListFields())
+    if len(rank_states) > 1 or added_by_parallel:
         state.rank_state.extend(pb.NetdefRankState.FromString(s) for s in rank_states)
     return state
 
@@ -185,9 +191,9 @@ def apply_netdef_state(solver, state: pb.NetdefSolverState, where: str) -> None:
             logger.info("%s holds a loss window of %d iterations, more than average_loss %d: the displayed loss "
                         "starts a new average", where, len(state.loss_window), solver.param.average_loss)
         else:
-            solver.resume_loss_window(state.smoothed_loss, list(state.loss_window), state.loss_window_start)
+            solver.loss_window.resume(state.smoothed_loss, list(state.loss_window), state.loss_window_start)
     own = _own_rank_state(solver, state, where)
-    solver.parallel.restore_rank_state(own, where)
+    solver.parallel.restore_rank_state(own, where, solver.history)
     if own is None:
         if state.HasField("rng_state"):
             _restore_rng(state.rng_state, where)

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from netdef.cli import build_parser
-from netdef.comm import Communicator, DataParallel, create_solver, options_from
+from netdef.comm import Communicator, DataParallel, ExchangeOptions, create_solver, options_from
+from netdef.comm.agreement import distributed_facts
+from netdef.comm.options import OPTIONS, flag_values
 from netdef.proto import io as proto_io
 from netdef.proto import netdef_pb2 as pb
 from netdef.solver import get_solver
@@ -83,6 +85,22 @@ def test_train_flags():
     assert (args.overlap, args.progress, args.bucket_bytes, args.timeline, args.exchange) == (None,) * 5
     with pytest.raises(SystemExit):
         parser.parse_args(["train", "s.prototxt", "--overlap=maybe"])
+
+
+def test_every_distributed_option_is_declared_once():
+    """Each NetdefDistributedParameter field is one ExchangeOptions field, with the schema's default, and
+    netdef train's flag, the check and the ranks' agreement come from that declaration."""
+    schema = pb.NetdefDistributedParameter.DESCRIPTOR
+    assert sorted(option.name for option in OPTIONS) == sorted(schema.fields_by_name)
+    assert options_from(pb.SolverParameter()) == ExchangeOptions()
+    args = build_parser().parse_args(["train", "s.prototxt", "--tau", "4", "--colors", "3"])
+    given = flag_values(args)
+    assert set(given) == {option.name for option in OPTIONS}
+    assert {name for name, value in given.items() if value is not None} == {"tau", "multicolor_colors"}
+    assert len(distributed_facts(ExchangeOptions())) == len(OPTIONS)
+    for name, bad in (("tau", 0), ("bucket_bytes", -1), ("schedule", "lifo"), ("beta", 2.0)):
+        with pytest.raises(ValueError, match=f"netdef_distributed.{name} must"):
+            options_from(pb.SolverParameter(), **{name: bad})
 
 
 def test_train_command_in_one_process_with_a_timeline(tmp_path):

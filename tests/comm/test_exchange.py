@@ -105,6 +105,14 @@ def reference_gradients(net):
     return [b.diff.copy() for b in net.learnable_params]
 
 
+def hooked(net, rule):
+    """``rule`` with the layer hooks it asks for registered on ``net``, as DataParallel does."""
+    hooks = rule.layer_hooks()
+    if hooks:
+        net.register_layer_hooks(**hooks)
+    return rule
+
+
 def run_iteration(net, rule, iteration, events):
     net.clear_param_diffs()
     rule.measurements.begin(iteration, time.perf_counter())
@@ -155,7 +163,8 @@ def test_fused_buckets_close_at_a_layer_end_once_big_enough(monkeypatch):
 def test_the_rule_plans_by_the_layers_it_saw(monkeypatch):
     monkeypatch.setattr(ex, "FUSE_ACROSS_LAYERS_BYTES", 50)
     net = make_net()
-    rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(schedule="fifo", bucket_bytes=1 << 20, progress="POLL"))
+    options = ex.ExchangeOptions(schedule="fifo", bucket_bytes=1 << 20, progress="POLL")
+    rule = hooked(net, ex.AllreduceExchange(ScriptedComm(2), net, options))
     net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
     run_iteration(net, rule, 0, [])
     assert [b.param_ids for b in rule.buckets] == [[2, 3], [0, 1]]
@@ -210,8 +219,8 @@ def test_the_rule_hands_the_division_of_in_place_sums_to_the_update():
     net = make_net()
     expected = reference_gradients(net)
     # ip1.w (120 bytes) in a bucket of its own, exchanged in its diff; the small blobs fused.
-    rule = ex.AllreduceExchange(ScriptedComm(4), net, ex.ExchangeOptions(schedule="fifo", bucket_bytes=100,
-                                                                         progress="POLL"))
+    options = ex.ExchangeOptions(schedule="fifo", bucket_bytes=100, progress="POLL")
+    rule = hooked(net, ex.AllreduceExchange(ScriptedComm(4), net, options))
     rule.leave_division_to_update()
     net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
     for iteration in range(2):  # the first learns the layout
@@ -234,8 +243,8 @@ def test_priority_schedule_averages_chunks_into_the_diffs_first_layer_first():
     expected = reference_gradients(net)
     events = []
     comm = ScriptedComm(size=4, events=events)
-    rule = ex.AllreduceExchange(comm, net, ex.ExchangeOptions(bucket_bytes=64, progress="POLL", chunk_bytes=32,
-                                                              credit_bytes=64))
+    options = ex.ExchangeOptions(bucket_bytes=64, progress="POLL", chunk_bytes=32, credit_bytes=64)
+    rule = hooked(net, ex.AllreduceExchange(comm, net, options))
     rule.broadcast_initial()
     net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
     ip1 = net.layer_learnable_ids(net.layer_index("ip1"))
@@ -269,7 +278,8 @@ def test_allreduce_averages_into_the_diffs(overlap):
     expected = reference_gradients(net)
     events = []
     comm = ScriptedComm(size=4, events=events)
-    rule = ex.AllreduceExchange(comm, net, ex.ExchangeOptions(schedule="fifo", overlap=overlap, bucket_bytes=64, progress="POLL"))
+    options = ex.ExchangeOptions(schedule="fifo", overlap=overlap, bucket_bytes=64, progress="POLL")
+    rule = hooked(net, ex.AllreduceExchange(comm, net, options))
     net.register_backward_hook(lambda li, ids: (events.append(("hook", li)), rule.gradients_ready(ids)))
     for iteration in range(3):
         events.clear()
@@ -313,8 +323,8 @@ class RuleWithItsOwnReduction(ex.AllreduceExchange):
 def test_both_transports_sum_through_the_rules_reduction(schedule, mode):
     net = make_net()
     expected = reference_gradients(net)
-    rule = RuleWithItsOwnReduction(ScriptedComm(size=4), net, ex.ExchangeOptions(
-        schedule=schedule, bucket_bytes=64, progress=mode, chunk_bytes=32, credit_bytes=64))
+    options = ex.ExchangeOptions(schedule=schedule, bucket_bytes=64, progress=mode, chunk_bytes=32, credit_bytes=64)
+    rule = hooked(net, RuleWithItsOwnReduction(ScriptedComm(size=4), net, options))
     rule.broadcast_initial()
     net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
     run_iteration(net, rule, 0, [])
@@ -330,6 +340,8 @@ def test_poll_driver_is_poked_after_layers_without_parameters():
     net = make_net()  # in, ip1, relu, ip2, loss: relu (layer 2) has no parameters
     net.fuse_layers = False  # ip1 and relu would run as one step (layers/relu_chain.py)
     rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(schedule="fifo", bucket_bytes=64, progress="POLL"))
+    assert set(rule.layer_hooks()) == {"after_backward"}
+    hooks = net.register_layer_hooks(**rule.layer_hooks())
     net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
     current = []
     net.register_layer_hooks(before_backward=current.append)
@@ -341,14 +353,14 @@ def test_poll_driver_is_poked_after_layers_without_parameters():
         run_iteration(net, rule, iteration, [])
     assert 2 in pokes  # between ip2's and ip1's backward, with ip2's buckets in flight
     assert 4 not in pokes  # nothing in flight yet after the loss layer
+    net.remove_layer_hooks(hooks)
     rule.close()
-    assert rule._layer_hooks is None and not net._layer_hooks[:-1]  # only the test's own hook is left
 
 
 def test_overlap_off_registers_no_layer_hook():
     net = make_net()
     rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(schedule="fifo", overlap=False, progress="POLL"))
-    assert rule._layer_hooks is None and not net._layer_hooks
+    assert rule.layer_hooks() == {}
 
 
 @pytest.mark.parametrize("mode, local_size, resolved", [("THREAD", 1, "THREAD"), ("AUTO", 2, "DEFERRED")])
@@ -359,7 +371,7 @@ def test_drivers_that_do_not_poll_register_no_layer_hook(mode, local_size, resol
     rule = ex.AllreduceExchange(comm, net, ex.ExchangeOptions(schedule="fifo", progress=mode))
     try:
         assert rule.progress_mode == resolved
-        assert rule._layer_hooks is None and not net._layer_hooks
+        assert rule.layer_hooks() == {}
     finally:
         rule.close()
 
@@ -378,7 +390,8 @@ def test_deferred_driver_leaves_the_work_to_the_wait():
 def test_allreduce_on_one_rank_touches_nothing():
     net = make_net()
     expected = reference_gradients(net)
-    rule = ex.AllreduceExchange(Communicator(), net, ex.ExchangeOptions(schedule="fifo", bucket_bytes=64))
+    options = ex.ExchangeOptions(schedule="fifo", bucket_bytes=64)
+    rule = hooked(net, ex.AllreduceExchange(Communicator(), net, options))
     net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
     run_iteration(net, rule, 0, [])
     assert rule.buckets is None and rule.driver is None
@@ -388,7 +401,8 @@ def test_allreduce_on_one_rank_touches_nothing():
 
 def test_out_of_order_gradients_are_an_error():
     net = make_net()
-    rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(schedule="fifo", bucket_bytes=64, progress="POLL"))
+    options = ex.ExchangeOptions(schedule="fifo", bucket_bytes=64, progress="POLL")
+    rule = hooked(net, ex.AllreduceExchange(ScriptedComm(2), net, options))
     hook = lambda li, ids: rule.gradients_ready(ids)
     net.register_backward_hook(hook)
     run_iteration(net, rule, 0, [])
@@ -400,7 +414,8 @@ def test_out_of_order_gradients_are_an_error():
 
 def test_missing_gradients_are_reported_at_backward_end():
     net = make_net()
-    rule = ex.AllreduceExchange(ScriptedComm(2), net, ex.ExchangeOptions(schedule="fifo", bucket_bytes=64, progress="POLL"))
+    options = ex.ExchangeOptions(schedule="fifo", bucket_bytes=64, progress="POLL")
+    rule = hooked(net, ex.AllreduceExchange(ScriptedComm(2), net, options))
     net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
     run_iteration(net, rule, 0, [])
     rule.measurements.begin(1, time.perf_counter())

@@ -1,17 +1,43 @@
-"""The solver's parallel seam (``netdef.solver.parallel``): the calls it makes at fixed points, and
-updates applied as gradients arrive giving the same weights, bit for bit, as updating at once."""
+"""The solver's parallel seam (``netdef.solver.parallel``) and the exchange its updates talk to
+(``netdef.solver.arrival``): the calls they get at fixed points, and updates applied as gradients
+arrive giving the same weights, bit for bit, as updating at once."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from netdef.solver import get_solver
+from netdef.solver.arrival import GradientExchange
 from netdef.solver.parallel import Parallel
 from tests.comm.fixtures import write_case
 
 
+class RecordingExchange(GradientExchange):
+    """One process's exchange, recording the updates' calls in ``calls``."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def gradients_ready(self, param_ids):
+        self.calls.append("gradients_ready")
+
+    def backward_done(self):
+        self.calls.append("backward_done")
+
+    def arrived(self, param_ids):
+        self.calls.append("arrived")
+        return list(param_ids)
+
+    def mixes_after_update(self):
+        self.calls.append("mixes_after_update")
+        return False
+
+    def after_update(self):
+        self.calls.append("after_update")
+
+
 class Recording(Parallel):
-    """The single-process seam, recording the calls of the loop."""
+    """The single-process seam, recording the calls of the loop (and of the exchange it connects)."""
 
     def __init__(self):
         self.calls = []
@@ -19,34 +45,16 @@ class Recording(Parallel):
     def prepare(self, param):
         self.calls.append("prepare")
 
-    def attach(self, solver):
-        assert solver.net is not None and solver.update_rule is not None
+    def attach(self, net, test_nets, updates):
+        assert net.learnable_params and test_nets == []
+        updates.connect(RecordingExchange(self.calls))
         self.calls.append("attach")
 
-    def begin_step(self):
-        self.calls.append("begin_step")
+    def begin_step(self, iteration, current_step):
+        self.calls.append(f"begin_step {iteration} {current_step}")
 
     def begin_iteration(self, iteration):
         self.calls.append(f"begin_iteration {iteration}")
-
-    def forward_done(self):
-        self.calls.append("forward_done")
-
-    def gradients_final(self, param_ids):
-        self.calls.append("gradients_final")
-
-    def backward_done(self, last):
-        self.calls.append(f"backward_done {last}")
-
-    def arrived(self, param_ids):
-        self.calls.append("arrived")
-        return list(param_ids)
-
-    def updated(self):
-        self.calls.append("updated")
-
-    def end_iteration(self):
-        self.calls.append("end_iteration")
 
     def agree_requests(self, snapshot, stop):
         self.calls.append("agree_requests")
@@ -59,17 +67,16 @@ def test_the_loop_calls_the_seam_at_its_fixed_points(tmp_path):
     solver = get_solver(str(path), parallel=parallel)
     solver.step(1)
     solver.close()
-    calls = [c for i, c in enumerate(parallel.calls) if c != "gradients_final" or parallel.calls[i - 1] != c]
-    assert calls == ["prepare", "attach", "begin_step", "begin_iteration 0", "forward_done", "backward_done False",
-                     "forward_done", "gradients_final", "backward_done True", "arrived", "updated",
-                     "end_iteration", "agree_requests"]
+    calls = [c for i, c in enumerate(parallel.calls) if c != "gradients_ready" or parallel.calls[i - 1] != c]
+    assert calls == ["prepare", "attach", "begin_step 0 0", "begin_iteration 0", "gradients_ready", "backward_done",
+                     "arrived", "after_update", "mixes_after_update", "agree_requests"]
     # Gradients are handed over in the last pass only, once per parameter.
-    assert parallel.calls.count("gradients_final") == 4  # ip1, ip2 (shared by ip2a/ip2b), scale, ip3
+    assert parallel.calls.count("gradients_ready") == 4  # ip1, ip2 (shared by ip2a/ip2b), scale, ip3
 
 
-class Late(Parallel):
+class LateExchange(GradientExchange):
     """Gradients that arrive only when waited for: every update is deferred to the next forward of
-    the layer that uses the blob, or to finish_updates."""
+    the layer that uses the blob, or to ArrivalUpdates.finish."""
 
     def __init__(self):
         self.waited = []
@@ -77,8 +84,16 @@ class Late(Parallel):
     def arrived(self, param_ids):
         return []
 
-    def wait_gradients(self, param_ids):
+    def wait_for(self, param_ids):
         self.waited.append(list(param_ids))
+
+
+class Late(Parallel):
+    def __init__(self):
+        self.exchange = LateExchange()
+
+    def attach(self, net, test_nets, updates):
+        updates.connect(self.exchange)
 
 
 @pytest.mark.parametrize("solver_type, iter_size", [("SGD", 1), ("Adam", 2), ("Nesterov", 1), ("AdaDelta", 2)])
@@ -99,8 +114,8 @@ def test_updates_deferred_to_the_next_forward_give_the_same_weights(tmp_path, so
     assert deferred.test_scores == plain.test_scores
     # The forward of each layer with parameters waited for its own blobs, first ip1's.
     ip1 = deferred.net.layer_learnable_ids(deferred.net.layer_index("ip1"))
-    assert late.waited[0] == ip1
-    assert len(late.waited) > 5
+    assert late.exchange.waited[0] == ip1
+    assert len(late.exchange.waited) > 5
 
 
 def test_clip_gradients_waits_for_every_gradient(tmp_path):
@@ -109,5 +124,11 @@ def test_clip_gradients_waits_for_every_gradient(tmp_path):
     solver = get_solver(str(path), parallel=late)
     solver.step(1)
     all_ids = list(range(len(solver.net.learnable_params)))
-    assert late.waited[0] == all_ids
+    assert late.exchange.waited[0] == all_ids
     solver.close()
+
+
+def test_the_seam_is_narrow():
+    """Lifecycle, tests, agreement and snapshots only: the gradients go through GradientExchange."""
+    methods = [name for name, value in vars(Parallel).items() if callable(value) and not name.startswith("_")]
+    assert len(methods) <= 15, methods

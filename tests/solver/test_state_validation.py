@@ -194,7 +194,7 @@ def test_a_lowered_average_loss_restarts_the_displayed_average(case, tmp_path):
     path = _crafted(case, tmp_path, lambda s: s.netdef_state.loss_window.extend([1.0] * 50))
     with get_solver(str(case[1])) as solver:
         solver.restore(path)
-        assert solver.iter == 2 and solver._resumed_loss_window is None
+        assert solver.iter == 2 and solver.loss_window.resumed is None
 
 
 def test_an_hdf5_history_declaring_terabytes_is_refused_before_reading(case, tmp_path):
