@@ -97,8 +97,11 @@ def test_every_distributed_option_is_declared_once():
     given = flag_values(args)
     assert set(given) == {option.name for option in OPTIONS}
     assert {name for name, value in given.items() if value is not None} == {"tau", "multicolor_colors"}
-    assert len(distributed_facts(ExchangeOptions())) == len(OPTIONS)
-    for name, bad in (("tau", 0), ("bucket_bytes", -1), ("schedule", "lifo"), ("beta", 2.0)):
+    per_rank = {option.name for option in OPTIONS if option.metadata["per_rank"]}
+    assert per_rank == {"stall_warning_seconds", "stall_abort_seconds"}  # each rank's own watchdog times
+    assert len(distributed_facts(ExchangeOptions())) == len(OPTIONS) - len(per_rank)
+    for name, bad in (("tau", 0), ("bucket_bytes", -1), ("schedule", "lifo"), ("beta", 2.0),
+                      ("stall_abort_seconds", float("nan")), ("stall_warning_seconds", -1.0)):
         with pytest.raises(ValueError, match=f"netdef_distributed.{name} must"):
             options_from(pb.SolverParameter(), **{name: bad})
 
