@@ -41,17 +41,14 @@ def test_install_advice_names_the_distribution_not_the_unrelated_netdef():
 def test_advice_to_install_an_extras_package_names_the_extra():
     """A message that says `pip install cupy...` (or plyvel, scikit-learn, onnx, matplotlib,
     tensorboardX) names the extra that brings it, `pip install "netdef-trainer[gpu]"`, so that the
-    versions pyproject.toml pins come with it. (The MPI advice is in netdef/comm, which names the
-    embedded MPI's two packages.)"""
+    versions pyproject.toml pins come with it; mpi4py's names the [mpi] extra."""
     import re
 
     extras = {extra: [re.split(r"[<>=\[; ]", requirement)[0] for requirement in requirements]
               for extra, requirements in pyproject()["project"]["optional-dependencies"].items()
-              if extra not in ("test", "bench", "mpi")}
+              if extra not in ("test", "bench")}
     missing = []
     for path in (REPO / "netdef").rglob("*.py"):
-        if "comm" in path.relative_to(REPO).parts:
-            continue
         text = path.read_text(encoding="utf-8")
         for extra, packages in extras.items():
             for package in packages:
