@@ -4,8 +4,8 @@ The zoo's nets with BatchNorm (ResNet-50, the MobileNets) follow almost every co
 BatchNorm, Scale and ReLU, the last two working in place on BatchNorm's top. Run one by one, the
 three read and write every value of the convolution's output six times between them forward and
 seven backward, keep BatchNorm's normalized values for Scale and BatchNorm's backward, and hand
-gradients from one to the next through memory: about 300 ms of ResNet-50's iteration at batch 8,
-with the three layers' kernels already at memory speed. As one step (jit/batchnorm_chain.py), the
+gradients from one to the next through memory: a large part of ResNet-50's iteration, with the three
+layers' kernels already at memory speed. As one step (jit/batchnorm_chain.py), the
 forward reads the input for the statistics and writes the chain's output once; the backward reads
 the input, the output and its gradient, and writes the input's gradient, recomputing what the
 layers kept or handed on in between (benchmarks/README.md, "BatchNorm chains").

@@ -12,7 +12,7 @@ product, in panels of its outputs (jit/blas.py's ``gemv_panels``).
 Threads: the products use the kernels' pool, as many threads as its other loops (``numba.get_num_threads``,
 which ``threads.share_cores`` sets per rank). A product of fewer than PARALLEL_MIN_MULTIPLY_ADDS is
 NumPy's: OpenBLAS runs those in the calling thread too, and in less time than the checks here take
-(20 x 7 x 20: 1 against 12 us; 64 x 10 x 500: 6 against 21 us).
+(benchmarks/README.md, "The figures behind the other layers' choices").
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from .fusion import mapper_arguments
 PARALLEL_MIN_MULTIPLY_ADDS = 1 << 19
 # Panels split C's rows when it has at least this many (or more rows than columns): of the rows or
 # the columns of LeNet's, MobileNet's and others' products, splitting the columns was the faster only
-# where C has few rows (64 x 800 x 500: 409 against 288 us), and 2x slower for a 500 x 64 x 800 one.
+# where C has few rows, and the slower by far for a tall C (benchmarks/README.md, "The figures behind
+# the other layers' choices").
 SPLIT_ROWS_FROM = 128
 # Products of at most this many rows by a transposed matrix are cut into panels of SKINNY_COLUMNS
 # columns when each panel stays under this many multiply-adds (``_skinny_panels``).
@@ -184,8 +185,8 @@ def _takes(a, b, out) -> bool:
 def _matrix_vector(blas, a, b, out):
     """``matmul`` of a row by a matrix (m = 1: an InnerProduct at batch 1) or a matrix by a column
     (n = 1), 2-D: one ``cblas_?gemv`` per panel of the outputs on the kernels' pool, as the products
-    (NumPy's gemv ran on OpenBLAS's own threads, which met the pool's spinning ones: CaffeNet's fc7 at
-    batch 1 took 1.8 ms in the net against 1.2 alone)."""
+    (NumPy's gemv ran on OpenBLAS's own threads, which met the pool's spinning ones and ran slower in a
+    net than alone)."""
     m, n = a.shape[0], b.shape[1]
     if out is None:
         out = np.empty((m, n), a.dtype)
@@ -245,9 +246,9 @@ def _skinny_panels(m: int, n: int, k: int, threads: int) -> tuple[int, bool, int
     """A few rows times a large transposed matrix (a fully connected layer's forward at batch 1-8: x @
     w.T): panels of SKINNY_COLUMNS columns of C, each one pass over as many rows of w, small enough
     (SKINNY_MAX_MULTIPLY_ADDS) for OpenBLAS's small-matrix kernel, which reads them as they are where
-    one product packs all of w through a transposing copy first. VGG-16's fc6 at batch 2 (2 x 25088 by
-    25088 x 4096): 12.6-14 against 34-39 ms; fc7 (4096 x 4096) 1.3 against 6.2, at batch 4 1.5 against 6.2
-    (PyTorch 1.2 and 2.5). Larger panels than that kernel takes ran as slowly as the whole product."""
+    one product packs all of w through a transposing copy first: VGG-16's fc6 and fc7 several times
+    faster (benchmarks/README.md, "The figures behind the other layers' choices"). Larger panels than
+    that kernel takes ran as slowly as the whole product."""
     if m > SKINNY_MAX_ROWS or m * SKINNY_COLUMNS * k > SKINNY_MAX_MULTIPLY_ADDS:
         return _panels(1, m, n, threads)
     return -(-n // SKINNY_COLUMNS), False, SKINNY_COLUMNS

@@ -2,17 +2,11 @@
 
 glibc's malloc serves an array below its mmap threshold (at most 32 MiB on 64-bit Linux) from memory
 that earlier arrays freed: no page faults, and likely still in cache. A larger array is mapped afresh
-on every allocation and unmapped when freed, so each call pays a page fault per 4 KiB page (about
-0.5 ms per MiB here). ResNet-50's BatchNorm, Scale, ReLU, Eltwise and Split layers (CPU time of one
-thread, median of 3-4 iterations, peak RSS of the process; issue 7):
-
-    batch  8, arrays up to 25 MiB:  every output kept 497-519 ms, 3804 MiB;
-                                    all fresh (so this rule) 499-534 ms, 3072-3096 MiB
-    batch 16, arrays up to 51 MiB:  every output kept 964 ms, 6893 MiB; all fresh 1368 ms, 5409 MiB;
-                                    this rule 1040 ms, 5811 MiB
-
-(NumPy's multi-pass layers before the kernels: 1220 ms, 3117 MiB and 3088 ms, 5571 MiB), so only
-NumPy arrays of ``KEEP_FROM_BYTES`` or more are kept (CuPy has its own caching pool).
+on every allocation and unmapped when freed, so each call pays a page fault per 4 KiB page. Keeping
+every output costs memory that keeping only the large ones does not, and gains no time below glibc's
+threshold; above it, fresh arrays made ResNet-50's elementwise layers markedly slower (benchmarks/README.md,
+"The figures behind the other layers' choices"), so only NumPy arrays of ``KEEP_FROM_BYTES`` or more
+are kept (CuPy has its own caching pool).
 
 The rule that makes a kept array safe to write again: a layer writes only into arrays it owns (its own
 ``ReusedArrays``), assigns them to its tops (``top.data = out``) or bottoms' diffs, and keeps

@@ -3,10 +3,10 @@
 ResNet's blocks end with a shortcut sum, a ReLU in place on it, and (inserted by the net, splits.py)
 a Split feeding the next block's two branches. Run one by one in training, the ReLU reads and writes
 the sum once more forward; backward, the Split adds its tops' gradients into a new array and the ReLU
-reads that and writes its own (ResNet-50 at batch 8: ReLU 40 ms, Split's backward 27 of an iteration's
-1250, two threads). As one step the sum is rectified while each block is in cache (as the TEST
-phase's fused Eltwise+ReLU), and backward sums the Split's gradients and masks them in the same pass
-(jit/fusion.py), the layers' expressions in their order: the same bits.
+reads that and writes its own, passes over memory that the chain does not make (benchmarks/README.md,
+"The figures behind the other layers' choices"). As one step the sum is rectified while each block is
+in cache (as the TEST phase's fused Eltwise+ReLU), and backward sums the Split's gradients and masks
+them in the same pass (jit/fusion.py), the layers' expressions in their order: the same bits.
 
 Where it applies (``plan``): Eltwise SUM with one top T and no loss weight, then a ReLU (slope >= 0:
 its gradient's sign is read from its output) in place on T, then, if T's consumers are several, the

@@ -3,10 +3,10 @@
 Why: OpenBLAS (NumPy's BLAS) runs its products on a thread pool of its own, numba on another (OpenMP),
 and a layer alternates between them (a product, then its bias and ReLU; a product, then a depthwise
 convolution). Each pool's idle threads spin a while after their work (threads.py: sleeping at once
-costs a 50-75 us wake-up per loop instead), so on a 2-core machine the pool that starts next finds its
-second core held by the other pool's spinner: MobileNet v2's 960 x 160 x 49 product and the 47,000-value
-map after it took 74 and 16 us alone and 160-230 us in turn, whatever the two spin settings
-(benchmarks/README, "One thread pool"). Here the product runs on numba's pool too: C is cut into
+costs a thread wake-up per loop instead), so on a 2-core machine the pool that starts next finds its
+second core held by the other pool's spinner: a small product and the map after it took several times
+as long in turn as alone, whatever the two spin settings (benchmarks/README, "One thread pool" and "The
+figures behind the other layers' choices"). Here the product runs on numba's pool too: C is cut into
 ``parts`` panels of its rows or its columns (layers/matmul.py chooses), and each thread of the pool
 computes its panels by OpenBLAS's ``cblas_?gemm`` with OpenBLAS held at one thread for the call (its
 count is restored after it, so NumPy's own products elsewhere keep their threads).
@@ -216,8 +216,8 @@ def gemm_panels_mapped(double, trans_a, trans_b, m, n, k, a, lda, step_a, b, ldb
 
 @njit(nogil=True, cache=True)
 def data_address(x):
-    """The address of ``x``'s first element, what ``x.ctypes.data`` gives: that costs NumPy about 3 us
-    (it builds a ctypes helper object), this call half a microsecond, and a product takes three."""
+    """The address of ``x``'s first element, what ``x.ctypes.data`` gives: NumPy builds a ctypes helper
+    object for that, which costs more than a small product does; this call a fraction of it."""
     return x.ctypes.data
 
 

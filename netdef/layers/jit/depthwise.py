@@ -13,9 +13,8 @@ out Wq wide too ("wide" rows whose last Wq - W_out cells are computed and droppe
 offset, so a tap is one loop over the whole plane. The earlier kernels ran one loop per output row
 and tap, with computed indices that numba checks for negative wrap-around: that check kept LLVM from
 vectorizing, and rows of 7-14 cells (MobileNet's later layers) spent more time in loop overhead than
-in arithmetic: 1.0 multiply-add per ns against PyTorch's 7-9, one thread each. Now (one thread,
-batch 8, 3x3): 512 channels of 14x14 in 1.4 ms forward against PyTorch's 1.0, 32 channels of 112x112
-in 5.0 against 5.0, stride 2 over 64 x 112x112 in 5.0 against 4.8. ``contract`` lets LLVM
+in arithmetic, at a fraction of PyTorch's rate; these run at about PyTorch's (benchmarks/README.md,
+"The figures behind the other layers' choices"). ``contract`` lets LLVM
 fuse the multiply and the add (FMA), and the weight gradient's sums may be reassociated
 (``reassoc``) so that they vectorize: the results differ from the twins by rounding only, and are
 the same from run to run on a given machine.

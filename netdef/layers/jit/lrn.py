@@ -23,9 +23,8 @@ column-shifted adds, each one vector loop over the whole plane (rows Wp = W + n 
 last n - 1 cells of each computed and dropped). Every value is computed by one thread in a fixed
 order: the same bits whatever the thread count.
 
-One thread, float32: AlexNet's norm1 (across, 8 x 96 x 55x55) takes 10.1 ms forward and 9.7 backward
-in the NumPy twins, 3.5 and 3.4 here; CIFAR-10 full's norm1 (within, 100 x 32 x 16x16) 4.8 and 4.7
-against 1.3 and 1.2.
+One thread runs these in a third of the NumPy twins' time or less (benchmarks/README.md, "The figures
+behind the other layers' choices").
 """
 from __future__ import annotations
 

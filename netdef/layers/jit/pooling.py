@@ -30,9 +30,8 @@ planes; a block allocates its scratch once and writes the padding once (its plan
 interior cells). Where things start in the scratch is computed once per call: an integer division
 costs as much as copying a row.
 
-One thread, float32: CIFAR-10 quick's pool1 (MAX 3x3/2 over 100 x 32 x 32x32) takes 7.3 ms forward
-and 9.2 backward in the NumPy twins, 3.0 and 1.1 here (PyTorch 2.13: 28.5 and 4.0); its pool2 (AVE
-over 16x16 planes) 1.4 and 1.6 against 0.6 and 0.8.
+One thread runs these in a fraction of the NumPy twins' time, backward most of all (benchmarks/README.md,
+"The figures behind the other layers' choices").
 """
 from __future__ import annotations
 
