@@ -475,7 +475,7 @@ def create_communicator(*, async_progress: bool = False, launch: LaunchInfo | No
     except ImportError as exc:
         raise CommunicatorError(
             f"this process was started by {launch.launcher} as rank {launch.rank} of {launch.size}, but mpi4py "
-            f"cannot be imported ({exc}). Install it: `pip install "netdef-trainer[mpi]"` (mpi4py and the "
+            f"cannot be imported ({exc}). Install it: `pip install 'netdef-trainer[mpi]'` (mpi4py and the "
             f"embedded MPI, mpich), or on a "
             f"cluster build mpi4py against the cluster's MPI (`pip install --no-binary=mpi4py mpi4py`)") from None
     world = MPI.COMM_WORLD
