@@ -16,6 +16,7 @@ import tempfile
 import time
 import types
 
+import netdef
 import netdef.proto
 import netdef.proto.netdef_pb2
 
@@ -25,11 +26,13 @@ BASELINE = "netdef_baseline"
 def load_baseline(checkout: pathlib.Path, *modules: str) -> tuple:
     """The modules (``"net"``, ``"layers.matmul"``, ...) of the netdef package in ``checkout``, loaded
     from a copy under the package name ``netdef_baseline``. Its ``__init__`` does not run, and its
-    ``proto`` modules are this checkout's: registering the protobuf descriptors a second time fails."""
+    ``proto`` modules are this checkout's: registering the protobuf descriptors a second time fails;
+    its ``__version__`` is this checkout's too (``netdef.comm`` reads it)."""
     copy = pathlib.Path(tempfile.mkdtemp()) / BASELINE
     shutil.copytree(checkout / "netdef", copy, ignore=shutil.ignore_patterns("__pycache__"))
     package = types.ModuleType(BASELINE)
     package.__path__ = [str(copy)]
+    package.__version__ = netdef.__version__
     sys.modules[BASELINE] = package
     sys.modules[f"{BASELINE}.proto"] = netdef.proto
     sys.modules[f"{BASELINE}.proto.netdef_pb2"] = netdef.proto.netdef_pb2
