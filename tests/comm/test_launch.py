@@ -73,7 +73,7 @@ def test_missing_mpi4py_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_mpi4py)
     from netdef.comm.communicator import CommunicatorError
 
-    with pytest.raises(CommunicatorError, match=r"rank 1 of 2.*pip install mpi4py"):
+    with pytest.raises(CommunicatorError, match=r"rank 1 of 2.*netdef-trainer\[mpi\]"):
         create_communicator(launch=LaunchInfo(1, 2, "Hydra/PMI"))
 
 
