@@ -81,6 +81,14 @@ class Pool2D:
         full = shape[:2] + tuple(s + 2 * p + e for s, p, e in zip(shape[2:], self.pad, self.extra))
         return self.ws.get("acc", full, like.dtype, xp, clear=True)
 
+    def _gradient_accumulator(self, dy, x_shape, out):
+        """Where a backward sums its window gradients, zeroed: a padded buffer where the windows reach
+        past the input (``_needs_buffer``), else ``out`` itself."""
+        if self._needs_buffer():
+            return self._zero_acc(dy, x_shape)
+        out[...] = 0
+        return out
+
     def _crop(self, acc, shape):
         return acc[(slice(None), slice(None)) + tuple(slice(p, p + s) for p, s in zip(self.pad, shape[2:]))]
 
@@ -462,9 +470,7 @@ def max_pool_backward(dy, mask, x_shape, p: Pool2D, out):
                     np.add(run, tmp, out=run)
             ph.merge(dq, out3[start:stop])
         return out
-    acc = p._zero_acc(dy, x_shape) if p._needs_buffer() else out
-    if acc is out:
-        acc[...] = 0
+    acc = p._gradient_accumulator(dy, x_shape, out)
     if p._disjoint():
         # Every input cell is in at most one window: write the windows at once.
         ncells = p.kernel[0] * p.kernel[1]
@@ -576,9 +582,7 @@ def ave_pool_backward(dy, x_shape, p: Pool2D, out):
                     np.add(run, share_full, out=run)
             ph.merge(dq, out3[start:stop])
         return out
-    acc = p._zero_acc(dy, x_shape) if p._needs_buffer() else out
-    if acc is out:
-        acc[...] = 0
+    acc = p._gradient_accumulator(dy, x_shape, out)
     if p._disjoint():
         st = acc.strides
         view = np.lib.stride_tricks.as_strided(
