@@ -134,11 +134,11 @@ class ElasticRule(OwnWeightsRule):
                 f"{self.count} floats sharded over {self.world.size} rank(s) in MPI windows, read and moved "
                 f"one-sidedly")
 
-    def mixes_after_update(self) -> bool:
-        return (self.iteration + 1) % self.options.tau == 0
+    def mixes_after_update(self, iteration: int) -> bool:
+        return (iteration + 1) % self.options.tau == 0
 
-    def after_update(self) -> None:
-        if self.mixes_after_update():
+    def after_update(self, iteration: int) -> None:
+        if self.mixes_after_update(iteration):
             start = self.clock()
             self.elastic_step()
             if self.measurements.current is not None:

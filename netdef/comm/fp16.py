@@ -134,10 +134,10 @@ class Fp16Exchange(MulticolorExchange):
             self._probe.after[bucket.index] = bucket.buffer.copy()
         super().unpack_bucket(bucket)
 
-    def after_update(self) -> None:
+    def after_update(self, iteration: int) -> None:
         # Here every rank has unpacked every bucket and starts no exchange until the next iteration's
         # first gradient: the blocking allreduce below comes after the same collectives everywhere.
-        super().after_update()
+        super().after_update(iteration)
         probe = self._probe
         if probe is None or self.buckets is None or not probe.complete(len(self.buckets)):
             return

@@ -74,7 +74,7 @@ class GossipExchange(OwnWeightsRule):
             self._post_receive()
 
     # ------------------------------------------------------------------------------ the iteration
-    def after_update(self) -> None:
+    def after_update(self, iteration: int) -> None:
         if self.comm.size == 1:
             return
         start = self.clock()

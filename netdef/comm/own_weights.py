@@ -36,7 +36,6 @@ class OwnWeightsRule(ExchangeRule):
         self.sizes = [int(blob.count) for blob in self.params]
         self.offsets = [int(o) for o in np.cumsum([0] + self.sizes[:-1])]
         self.count = int(sum(self.sizes))
-        self.iteration = 0
         self.resumed = False
         self.restored_model: np.ndarray | None = None
         self._stash: list | None = None  # this rank's own weights while the model is in the net
@@ -53,11 +52,6 @@ class OwnWeightsRule(ExchangeRule):
         for blob, start, size in zip(self.params, self.offsets, self.sizes):
             values = flat[start:start + size].reshape(blob.shape).astype(blob.data.dtype, copy=False)
             blob.data[...] = backend.to_device(values, like=blob.data)
-
-    # ------------------------------------------------------------------------------ the iteration
-    def begin_iteration(self, iteration: int) -> None:
-        super().begin_iteration(iteration)
-        self.iteration = iteration
 
     # ------------------------------------------------------------------------------ the model
     def load_model(self) -> None:

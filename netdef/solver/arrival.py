@@ -46,13 +46,15 @@ class GradientExchange:
         (one memory pass fewer), 1 otherwise. The caller divides; a second call returns 1."""
         return 1
 
-    def mixes_after_update(self) -> bool:
-        """Whether ``after_update`` of this iteration changes the parameters, so that every update of
+    def mixes_after_update(self, iteration: int) -> bool:
+        """Whether ``after_update`` of ``iteration`` changes the parameters, so that every update of
         the iteration must be applied before the iteration ends."""
         return False
 
-    def after_update(self) -> None:
-        """Every parameter blob of the iteration has been updated."""
+    def after_update(self, iteration: int) -> None:
+        """Every parameter blob has been updated for ``iteration``. This may happen during the next
+        iteration's forward, after its ``begin_iteration``: what the call does must depend on the
+        argument, not on the iteration the exchange was last told of."""
 
 
 class UpdateObserver:
@@ -138,7 +140,7 @@ class ArrivalUpdates:
         self.update.clip_gradients()
         self._pending = _Pending(rate, iteration, all_ids)
         self._apply(self._arrived(all_ids))
-        if self.exchange.mixes_after_update():
+        if self.exchange.mixes_after_update(iteration):
             self.finish()
         for observer in self._observers:
             observer.applied()
@@ -201,4 +203,4 @@ class ArrivalUpdates:
                     observer.blob_updated(param_id, start, end)
         if not pending.remaining:
             self._pending = None
-            self.exchange.after_update()
+            self.exchange.after_update(pending.iteration)

@@ -36,8 +36,8 @@ One training run, as the calls it makes (``parallel.`` this seam, ``exchange.`` 
           clip_gradients >= 0:             exchange.wait_for(all), exchange.take_divisor(id) each
           exchange.arrived(all)            the blobs whose gradient is there are updated now:
                                            exchange.take_divisor(id), then the update (step.py)
-          exchange.mixes_after_update()    if true: every update now (updates.finish())
-          exchange.after_update()          once every blob of the iteration is updated, which may be
+          exchange.mixes_after_update(iter) if true: every update now (updates.finish())
+          exchange.after_update(iter)      once every blob of the iteration is updated, which may be
                                            during the next iteration's forward
         iter += 1
         after_update callbacks

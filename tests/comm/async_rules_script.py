@@ -86,8 +86,8 @@ def check_easgd_conserves_the_sum() -> None:
     before = gathered(rule).sum(axis=0)
     for iteration in range(12):
         rule.begin_iteration(iteration)
-        assert rule.mixes_after_update() == ((iteration + 1) % 3 == 0), iteration
-        rule.after_update()  # steps at iterations 2, 5, 8, 11, the ranks at once
+        assert rule.mixes_after_update(iteration) == ((iteration + 1) % 3 == 0), iteration
+        rule.after_update(iteration)  # steps at iterations 2, 5, 8, 11, the ranks at once
     rule.settle()
     rule.swap_in_model()
     centre = rule.flat_weights()
@@ -107,7 +107,7 @@ def check_gossip_conservation() -> None:
     for iteration in range(40):
         rule.begin_iteration(iteration)
         sent = int(rule.sent_to.sum())
-        rule.after_update()
+        rule.after_update(iteration)
         pushes += int(rule.sent_to.sum()) - sent
     sent_here = rule.sent_to.copy()
     rule.settle()

@@ -28,11 +28,11 @@ class RecordingExchange(GradientExchange):
         self.calls.append("arrived")
         return list(param_ids)
 
-    def mixes_after_update(self):
+    def mixes_after_update(self, iteration):
         self.calls.append("mixes_after_update")
         return False
 
-    def after_update(self):
+    def after_update(self, iteration):
         self.calls.append("after_update")
 
 
@@ -80,6 +80,10 @@ class LateExchange(GradientExchange):
 
     def __init__(self):
         self.waited = []
+        self.current = None
+
+    def begin_iteration(self, iteration):
+        self.current = iteration
 
     def arrived(self, param_ids):
         return []
@@ -89,11 +93,14 @@ class LateExchange(GradientExchange):
 
 
 class Late(Parallel):
-    def __init__(self):
-        self.exchange = LateExchange()
+    def __init__(self, exchange=None):
+        self.exchange = exchange or LateExchange()
 
     def attach(self, net, test_nets, updates):
         updates.connect(self.exchange)
+
+    def begin_iteration(self, iteration):
+        self.exchange.begin_iteration(iteration)
 
 
 @pytest.mark.parametrize("solver_type, iter_size", [("SGD", 1), ("Adam", 2), ("Nesterov", 1), ("AdaDelta", 2)])
@@ -116,6 +123,38 @@ def test_updates_deferred_to_the_next_forward_give_the_same_weights(tmp_path, so
     ip1 = deferred.net.layer_learnable_ids(deferred.net.layer_index("ip1"))
     assert late.exchange.waited[0] == ip1
     assert len(late.exchange.waited) > 5
+
+
+class LateMixingExchange(LateExchange):
+    """Late gradients, and an exchange that mixes the weights after the update of every third
+    iteration (as easgd and hybrid do with tau 3)."""
+
+    def __init__(self):
+        super().__init__()
+        self.asked = []
+        self.updated = []
+
+    def mixes_after_update(self, iteration):
+        self.asked.append(iteration)
+        return (iteration + 1) % 3 == 0
+
+    def after_update(self, iteration):
+        self.updated.append((iteration, self.current))
+
+
+def test_after_update_names_the_iteration_it_ends_even_during_the_next_forward(tmp_path):
+    # A deferred update completes in the next iteration's forward, after its begin_iteration: the
+    # exchange must learn which iteration's update ended, or a tau-periodic rule mixes at the wrong
+    # time (hybrid's group members then step differently and drift apart).
+    path = write_case(tmp_path, "mix", 4, 6, records=24)
+    late = Late(LateMixingExchange())
+    solver = get_solver(str(path), parallel=late)
+    solver.step(6)
+    solver.close()
+    assert late.exchange.asked == list(range(6))
+    assert [ended for ended, _ in late.exchange.updated] == list(range(6))
+    # Iterations 2 and 5 mix: their updates end within the iteration; the others' in the next one.
+    assert [(ended, now) for ended, now in late.exchange.updated if ended == now] == [(2, 2), (5, 5)]
 
 
 def test_clip_gradients_waits_for_every_gradient(tmp_path):
