@@ -34,7 +34,7 @@ EOF
 } 2>&1 | tee "$OUT/versions.txt"
 
 echo "== tests (GPU) =="
-timeout 170 python3 -m pytest -q -p no:cacheprovider -n 8 --dist load tests/test_gpu.py tests/test_gpu_cudnn.py \
+timeout 170 python3 -m pytest -q -p no:cacheprovider -n 8 --dist load tests/test_gpu.py tests/test_gpu_cudnn.py tests/test_gpu_ranks.py \
   2>&1 | tee "$OUT/tests.log" | tail -25
 
 echo "== netdef time --gpu 0, ResNet-50 at batch 32 =="

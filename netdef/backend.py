@@ -43,18 +43,35 @@ def set_device(device="cpu", device_id: int = 0) -> None:
         _apply_precision_to_cublas()
 
 
-def gpu_problem(device_id: int) -> str | None:
-    """Why GPU ``device_id`` cannot be used here (CuPy missing, no driver, no such device), or None."""
+def gpu_count() -> tuple[int, str | None]:
+    """How many GPUs this process sees, and why none can be used where that is so (CuPy missing, no
+    driver): (0, the reason), else (the count, None)."""
     try:
         import cupy
     except ImportError:
-        return 'CuPy is not installed: pip install "netdef-trainer[gpu]" (CuPy for CUDA 12)'
+        return 0, 'CuPy is not installed: pip install "netdef-trainer[gpu]" (CuPy for CUDA 12)'
     try:
-        count = cupy.cuda.runtime.getDeviceCount()
+        return int(cupy.cuda.runtime.getDeviceCount()), None
     except Exception as exc:  # noqa: BLE001 - CUDA's errors (no driver, a driver too old) all mean no GPU
-        return f"CUDA is not usable: {' '.join(str(exc).split())}"
+        return 0, f"CUDA is not usable: {' '.join(str(exc).split())}"
+
+
+def gpu_problem(device_id: int) -> str | None:
+    """Why GPU ``device_id`` cannot be used here (CuPy missing, no driver, no such device, a device
+    that refuses this process a context, as one in exclusive-process mode held by another does), or
+    None."""
+    count, problem = gpu_count()
+    if problem is not None:
+        return problem
     if device_id >= count:
         return f"there is no GPU {device_id} ({count} found)"
+    import cupy
+
+    try:
+        with cupy.cuda.Device(device_id):
+            cupy.empty(1, dtype=cupy.float32)  # the first allocation creates the context
+    except Exception as exc:  # noqa: BLE001 - any CUDA error here means this process cannot use it
+        return f"GPU {device_id} refuses this process ({' '.join(str(exc).split())}; is it in exclusive mode and taken?)"
     return None
 
 

@@ -61,7 +61,8 @@ class Communicator:
     """The interface, implemented for one process: every collective leaves the arrays as they are.
 
     ``rank``/``size``: this process and how many there are; ``local_size``: how many run on this
-    machine (for choosing a progress driver); ``description``: the MPI library in words, ``library``
+    machine (for choosing a progress driver, sharing the cores), ``local_rank`` this one's place among
+    them (for choosing its GPU, ``netdef.devices``); ``description``: the MPI library in words, ``library``
     its family ("MPICH", "Open MPI"; none for one process) and ``thread_level`` the MPI thread level
     it gives (one process has no MPI to share: any thread may call);
     ``watchdog``: what marks this process's waits on the others (``watchdog.py``; nothing is watched
@@ -71,6 +72,7 @@ class Communicator:
     rank = 0
     size = 1
     local_size = 1
+    local_rank = 0
     description = "single process"
     library = ""
     thread_level = 3  # MPI_THREAD_MULTIPLE
@@ -221,6 +223,7 @@ class MPICommunicator(Communicator):
         self.thread_level = MPI.Query_thread()
         shared = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.local_size = shared.Get_size()
+        self.local_rank = shared.Get_rank()
         self._local_cores = set().union(*shared.allgather(own_cores()))
         shared.Free()
 

@@ -32,18 +32,21 @@ def caffe_flag(parser, name: str, **kwargs):
     parser.add_argument(f"--{name}", f"-{name}", **kwargs)
 
 
-def set_device(gpu: str | None) -> int | None:
-    """Put new blobs on the GPU that --gpu names; returns its id (None without --gpu)."""
+def set_device(gpu: str | None, comm=None) -> int | None:
+    """Put new blobs on the GPU that --gpu names (each rank's own under MPI: ``netdef.devices``);
+    returns its id (None without --gpu, or where one process falls back to the CPU)."""
     import netdef
+    from netdef.devices import GpuRequestError, parse_gpu_request
 
     if gpu in (None, ""):
         return None
-    if gpu == "all":
-        gpu = "0"
     try:
-        ids = [int(g) for g in gpu.split(",")]
-    except ValueError:
-        raise CommandLineError(f"--gpu takes GPU ids (0, or 0,1) or all, not {gpu!r}") from None
+        ids = parse_gpu_request(gpu)
+    except GpuRequestError as exc:
+        raise CommandLineError(str(exc)) from None
+    if comm is not None and comm.size > 1:
+        return _set_rank_device(gpu, ids, comm)
+    ids = ids or [0]  # all: one process drives the first
     if len(ids) > 1:
         log.warning("several GPUs in one process are not supported; use MPI ranks (mpiexec -n N). Using GPU %d", ids[0])
     problem = netdef.backend.gpu_problem(ids[0])
@@ -54,6 +57,32 @@ def set_device(gpu: str | None) -> int | None:
         return None
     netdef.set_device("gpu", ids[0])
     return ids[0]
+
+
+def _set_rank_device(gpu: str, ids: list[int] | None, comm) -> int:
+    """One rank's GPU under MPI; a rank that has none ends the job (``run_guarded`` says which)."""
+    import json
+    import socket
+
+    import netdef
+    from netdef.devices import GpuRequestError, choose_gpu, describe_assignment
+
+    host = socket.gethostname()
+    where = f"rank {comm.rank} (local rank {comm.local_rank} of {comm.local_size} on {host})"
+    count, problem = netdef.backend.gpu_count()
+    if problem is not None:
+        raise CommandLineError(f"--gpu {gpu}: {where} has no usable GPU: {problem}")
+    try:
+        choice = choose_gpu(ids, count, comm.local_rank, comm.local_size)
+    except GpuRequestError as exc:
+        raise CommandLineError(f"{exc} for {where}") from None
+    problem = netdef.backend.gpu_problem(choice.device_id)
+    if problem is not None:
+        raise CommandLineError(f"--gpu {gpu}: {where} cannot use GPU {choice.device_id}: {problem}")
+    netdef.set_device("gpu", choice.device_id)
+    everyone = [json.loads(b) for b in comm.allgather_bytes(json.dumps([comm.rank, host, choice.device_id]).encode())]
+    log.info("%s", describe_assignment([tuple(a) for a in everyone]))
+    return choice.device_id
 
 
 def precision_flag(parser) -> None:

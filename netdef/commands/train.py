@@ -23,7 +23,8 @@ def add_parser(verbs, common) -> None:
     caffe_flag(train, "snapshot", help="resume from this .solverstate (or .solverstate.h5)")
     caffe_flag(train, "weights", help="fine-tune from these .caffemodel files (comma separated)")
     caffe_flag(train, "iterations", type=int, help="override the solver's max_iter (at least 1)")
-    caffe_flag(train, "gpu", help="GPU id to run on (default: the solver's solver_mode/device_id)")
+    caffe_flag(train, "gpu", help="GPU id to run on, or a list (0,1) or all; under MPI each rank of a machine takes the "
+                                  "next of them in turn (default: the solver's solver_mode/device_id)")
     precision_flag(train)
     caffe_flag(train, "sigint_effect", default="stop", choices=["stop", "snapshot", "none"],
                help="what Ctrl-C (SIGINT) does: stop (snapshot if enabled, then exit), snapshot, none")
@@ -77,7 +78,7 @@ def _train(args, param, path, comm, options) -> int:
     from netdef.comm.distributed import create_solver
     from netdef.solver.signals import install_signal_handlers
 
-    gpu = set_device(args.gpu)
+    gpu = set_device(args.gpu, comm)
     if args.gpu and gpu is None:
         param.solver_mode = param.CPU  # --gpu fell back to the CPU (said once): the solver file is overridden
     if gpu is not None:
