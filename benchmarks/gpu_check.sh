@@ -37,11 +37,21 @@ echo "== tests (GPU) =="
 timeout 170 python3 -m pytest -q -p no:cacheprovider -n 8 --dist load tests/test_gpu.py tests/test_gpu_cudnn.py tests/test_gpu_ranks.py \
   2>&1 | tee "$OUT/tests.log" | tail -25
 
-echo "== netdef time --gpu 0, ResNet-50 at batch 32 =="
-sed 's/dim: 10 dim: 3 dim: 224/dim: 32 dim: 3 dim: 224/' models/resnet50/deploy.prototxt > /tmp/resnet50_b32.prototxt
-timeout 60 python3 -m netdef.cli time --model=/tmp/resnet50_b32.prototxt --phase TRAIN --gpu 0 --iterations 3 \
-  > "$OUT/time_resnet50.log" 2>&1
-tail -5 "$OUT/time_resnet50.log"
+echo "== netdef time --gpu 0 --json of the zoo's train_val nets: ResNet-50 (batch 32), AlexNet (256) (issue 30) =="
+for net in resnet50 alexnet; do
+  size=224; [ $net = alexnet ] && size=227
+  timeout 60 python3 -m netdef.cli time --model=models/$net/train_val.prototxt --data_shape 3,$size,$size --gpu 0 \
+    --iterations 3 --json "$OUT/profile_${net}_gpu.json" > "$OUT/time_$net.log" 2>&1
+  tail -3 "$OUT/time_$net.log"
+  # 8 GPUs per node over NVLink-class links, nodes over 100 Gbit/s InfiniBand-class links; NCCL polls
+  # nothing (--poll_ms 0); the update on the device at 500 GB of parameters per second (HBM-bound SGD).
+  for bandwidth in 100gbit 200gbit; do
+    timeout 30 python3 -m netdef.cli simulate "$OUT/profile_${net}_gpu.json" --workers 1,8,16,32,64,128,256 \
+      --topology nodes --ranks_per_node 8 --intra_bandwidth 300GB/s --intra_latency 2us --bandwidth $bandwidth \
+      --latency 2us --poll_ms 0 --update_rate 500 > "$OUT/simulate_${net}_$bandwidth.txt" 2>&1
+    tail -9 "$OUT/simulate_${net}_$bandwidth.txt"
+  done
+done
 
 echo "== gpu_train.py =="
 timeout $((BENCH_SECONDS + 60)) python3 benchmarks/gpu_train.py --time-budget "$BENCH_SECONDS" \
