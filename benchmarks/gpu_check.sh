@@ -34,7 +34,7 @@ EOF
 } 2>&1 | tee "$OUT/versions.txt"
 
 echo "== tests (GPU) =="
-timeout 170 python3 -m pytest -q -p no:cacheprovider -n 8 --dist load tests/test_gpu.py tests/test_gpu_cudnn.py tests/test_gpu_ranks.py \
+timeout 170 python3 -m pytest -q -p no:cacheprovider -n 8 --dist load tests/test_gpu.py tests/test_gpu_cudnn.py tests/test_gpu_ranks.py tests/test_gpu_data.py \
   2>&1 | tee "$OUT/tests.log" | tail -25
 
 echo "== netdef time --gpu 0 --json of the zoo's train_val nets: ResNet-50 (batch 32), AlexNet (256) (issue 30) =="

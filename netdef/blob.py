@@ -46,6 +46,11 @@ class Blob:
         self._diff_shared = False        # another Blob holds this diff array (share_diff)
         self._xp = backend.xp()
 
+    @property
+    def array_module(self):
+        """NumPy or CuPy: where this blob's arrays live (the device current when it was made)."""
+        return self._xp
+
     # ------------------------------------------------------------------ shape
     @property
     def shape(self) -> tuple:

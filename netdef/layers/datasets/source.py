@@ -6,7 +6,9 @@
   of them; the batches are those of one thread, whatever the count. It is a daemon thread that holds no strong
   reference to the layer while it waits, so a dropped net stops it; ``close()`` stops it at once.
   An exception in it (a corrupt record, an unreadable image, a missing file) is raised by the
-  forward() that would have consumed the batch, naming the layer and the DB key or file.
+  forward() that would have consumed the batch, naming the layer and the DB key or file. When the
+  tops live on a GPU, that thread writes each batch into pinned host memory and starts its copy to
+  the device too, on a stream of its own (``staging.py``).
 - ``set_shard(rank, num_ranks)``: read only records i with i % num_ranks == rank (i: the record's
   index in the source's own order - key order, list order, or file list order and row), so that in
   one epoch no record is read by two ranks. Shuffling permutes the whole source with the layer's
@@ -35,6 +37,7 @@ from ...data.errors import DataError
 from ...data.workers import DataWorkers
 from ...threads import data_threads, yield_cores_to_compute
 from ..base import DataSource, LayerError
+from .staging import staging_for
 
 _STATE_MAGIC = b"netdef-data-state 1\n"
 
@@ -111,7 +114,7 @@ def _produce(ref, stop: threading.Event, out: queue.Queue) -> None:
         try:
             arrays, pos = layer.read_batch(layer._pos)
             layer._pos = pos
-            item = (arrays, layer._snapshot())
+            item = (layer.staging.stage(arrays), layer._snapshot())
         except BaseException as exc:
             item = _Failure(exc)
         del layer
@@ -162,10 +165,10 @@ class DataSourceLayer(DataSource):
         self.prefetch = int(self.layer_param.data_param.prefetch)
         self.worker_threads = self._guarded(data_threads)
         self._workers = None
-        # Where each batch is written: a fresh host array, since the top blob keeps the array it is
-        # given. The seam for a GPU run's pinned (page-locked) buffers, whose copy to the device can
-        # overlap compute; such an allocator must not reuse a buffer that a blob may still hold.
-        self.allocate_batch = np.empty
+        # Where each batch is written and how it reaches the tops' device (staging.py): fresh host
+        # arrays on the CPU; on a GPU pinned buffers, copied to the device by the prefetch thread.
+        self.staging = staging_for(top[0].array_module if top else np)
+        self.allocate_batch = self.staging.allocate
         self.num_tops = len(top)
         self.open_source()
         if self.batch_size <= 0:
@@ -217,13 +220,15 @@ class DataSourceLayer(DataSource):
                 self._raise(self._failure)
             self._pos = pos
             self._consumed = self._snapshot()
+            arrays = self.staging.stage(arrays).take()
         else:
             item = self._next_prefetched()
             if isinstance(item, _Failure):
                 self._failure = item
                 self.close()
                 self._raise(item)
-            arrays, self._consumed = item
+            staged, self._consumed = item
+            arrays = staged.take()
         for blob, arr in zip(top, arrays):
             if tuple(blob.shape) != arr.shape:
                 blob.reshape(arr.shape)
