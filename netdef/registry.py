@@ -1,7 +1,7 @@
 """One registry type for every plug-in family: the names a prototxt, a flag or a user's code uses, each
 mapped to the class (or function) that implements it.
 
-The families and where each keeps its registry (each declares a name once, beside its code):
+The families and where each keeps its registry (each name declared once):
 
 - layer types: ``layers/base.py`` (``@register_layer("ReLU")``; the built-ins loaded by ``layers/_builtin.py``)
 - update rules (a solver's ``type``): ``solver/updates.py`` (``@register_update_rule("Adam")``)
@@ -19,7 +19,7 @@ on the first question asked of the registry (so importing a family's module has 
     class ReLULayer(Layer): ...
 
     LAYER_TYPES.get("ReLU")       # ReLULayer
-    LAYER_TYPES.get("Relu")       # UnknownNameError: unknown layer type 'Relu' (did you mean 'ReLU'?)
+    LAYER_TYPES.get("Relu")       # UnknownNameError: unknown layer type 'Relu' (did you mean 'ReLU' or ...?)
 """
 from __future__ import annotations
 
