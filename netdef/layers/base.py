@@ -26,6 +26,7 @@ from ..registry import Registry
 TRAIN = pb.TRAIN
 TEST = pb.TEST
 
+
 class LayerError(Exception):
     """A problem with one layer's definition or inputs; the message names the layer.
 
