@@ -8,7 +8,8 @@ exchanging gradients during backprop. The pieces, each replaceable on its own:
 - ``exchange``: the exchange rule interface, its registry, and the synchronous bucketed allreduce.
 - ``reduction``: the algorithm that sums a bucket or chunk (the MPI library's allreduce by default).
 - the other exchange rules, one module each: ``multicolor`` (multi-colour trees over point-to-point),
-  ``fp16`` (float16 messages over those trees); importing this package registers them.
+  ``fp16`` (float16 messages over those trees), ``elastic`` (easgd, hybrid), ``gossip``; ``_builtin``
+  is the one place that imports them so that they are registered (the registry does, on its first lookup).
 - ``options``: the distributed options, each declared once (flag, check, agreement).
 - ``progress``: who drives non-blocking exchanges forward (polling, a communication thread, MPI's
   own progress thread).
@@ -36,7 +37,7 @@ from .exchange import (
     register_exchange,
     registered_exchanges,
 )
-from .fp16 import Fp16Exchange  # importing a rule's module registers it (``exchange: "fp16"``)
+from .fp16 import Fp16Exchange  # ``exchange: "fp16"``
 from .launch import LaunchInfo, detect_launch
 from .multicolor import MulticolorExchange  # ``exchange: "multicolor"``
 from .timeline import Measurements, Timeline

@@ -54,7 +54,6 @@ from .. import __version__, backend
 from ..proto import netdef_pb2 as pb
 from ..solver.parallel import Parallel
 from ..solver.snapshot import SnapshotError, set_blobs
-from . import elastic, gossip  # noqa: F401  (they register the rules easgd, hybrid and gossip)
 from .agreement import agree, startup_facts
 from .communicator import Communicator, create_communicator
 from .exchange import ExchangeOptions, exchange_class

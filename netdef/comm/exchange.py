@@ -19,6 +19,8 @@ Rules register by name (``exchange: "allreduce"`` in NetdefDistributedParameter,
     @register_exchange("myrule")
     class MyRule(ExchangeRule): ...
 
+The built-in rules' modules are imported, so registered, in one place: ``_builtin.py``.
+
 ``AllreduceExchange`` ("allreduce") is synchronous data-parallel SGD: every rank applies the same
 update from the gradient averaged over all ranks, so the weights stay identical everywhere and equal
 those of one process with an N times larger batch. It packs gradients into flat buckets of at most
@@ -56,6 +58,7 @@ import time
 import numpy as np
 
 from .. import backend
+from ..registry import Registry, UnknownNameError
 from ..solver.arrival import GradientExchange
 from .options import DEFAULT_BUCKET_BYTES, ExchangeOptions, check  # noqa: F401  (DEFAULT_BUCKET_BYTES: simulate)
 from .progress import choose_mode, make_driver
@@ -66,18 +69,23 @@ from .watchdog import GRADIENT_EXCHANGE
 
 logger = logging.getLogger("netdef")
 
+
 # ============================================================================================== registry
-_RULES: dict[str, type] = {}
+def _load_builtin_rules() -> None:
+    # The other built-in rules' modules import this one; the registry imports them on its first lookup.
+    from . import _builtin  # noqa: F401
+
+
+#: Exchange rule names (``exchange: "fp16"``, ``--exchange``) -> ExchangeRule classes.
+EXCHANGE_RULES: Registry[type] = Registry("exchange rule", load=_load_builtin_rules)
 
 
 def register_exchange(name: str):
     """Class decorator: make an ExchangeRule subclass available as ``exchange: "<name>"``."""
 
     def add(cls):
-        if name in _RULES and _RULES[name] is not cls:
-            raise ValueError(f"exchange rule {name!r} is already registered ({_RULES[name].__qualname__})")
+        EXCHANGE_RULES.add(name, cls)
         cls.name = name
-        _RULES[name] = cls
         return cls
 
     return add
@@ -85,13 +93,13 @@ def register_exchange(name: str):
 
 def exchange_class(name: str) -> type:
     try:
-        return _RULES[name]
-    except KeyError:
-        raise ValueError(f"unknown exchange rule {name!r}; registered: {', '.join(sorted(_RULES))}") from None
+        return EXCHANGE_RULES.get(name)
+    except UnknownNameError as error:
+        raise ValueError(f"unknown exchange rule {name!r}; registered: {', '.join(error.known)}") from None
 
 
 def registered_exchanges() -> list[str]:
-    return sorted(_RULES)
+    return EXCHANGE_RULES.names()
 
 
 # ============================================================================================== interface

@@ -32,10 +32,12 @@ import threading
 import time
 
 from ..proto import netdef_pb2 as pb
+from ..registry import Registry
 from .communicator import ASYNC_PROGRESS_VARIABLE, CommunicatorError
 from .reduction import Reduction
 
-MODES = ("AUTO", "POLL", "THREAD", "MPI_ASYNC")
+#: The modes a user chooses from, as the schema names them: "AUTO", "POLL", "THREAD", "MPI_ASYNC".
+MODES = tuple(pb.NetdefDistributedParameter.ProgressMode.keys())
 
 
 def mode_name(mode) -> str:
@@ -307,11 +309,13 @@ class ThreadDriver(ProgressDriver):
                 self._cond.notify_all()
 
 
-DRIVERS = {"POLL": PollDriver, "THREAD": ThreadDriver, "MPI_ASYNC": MPIAsyncDriver, "DEFERRED": DeferredDriver}
+#: A resolved mode (every one of MODES but AUTO, and DEFERRED) -> its driver class.
+DRIVERS: Registry[type] = Registry("progress driver", {
+    "POLL": PollDriver, "THREAD": ThreadDriver, "MPI_ASYNC": MPIAsyncDriver, "DEFERRED": DeferredDriver})
 
 
 def make_driver(comm, mode: str, clock=time.perf_counter, reduction: Reduction | None = None) -> ProgressDriver:
     """The driver for a resolved mode (see ``choose_mode``; DEFERRED is one too), starting buckets
     through ``reduction`` (default: MPI's Iallreduce)."""
     name = str(mode).strip().upper()
-    return DRIVERS[name if name == "DEFERRED" else mode_name(mode)](comm, clock, reduction=reduction)
+    return DRIVERS.get(name if name == "DEFERRED" else mode_name(mode))(comm, clock, reduction=reduction)

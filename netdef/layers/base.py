@@ -14,7 +14,6 @@ Parameter defaults live in the schema (``netdef.proto``), never in layer code. p
 """
 from __future__ import annotations
 
-import difflib
 import math
 
 import numpy as np
@@ -22,11 +21,10 @@ import numpy as np
 from .. import memory
 from ..blob import Blob
 from ..proto import netdef_pb2 as pb
+from ..registry import Registry
 
 TRAIN = pb.TRAIN
 TEST = pb.TEST
-
-_REGISTRY: dict[str, type] = {}
 
 
 class LayerError(Exception):
@@ -44,10 +42,7 @@ def register_layer(type_name: str):
     """Class decorator: ``@register_layer("MyType")`` makes ``type: "MyType"`` build that class."""
 
     def decorate(cls):
-        existing = _REGISTRY.get(type_name)
-        if existing is not None and existing is not cls and existing.__qualname__ != cls.__qualname__:
-            raise ValueError(f"layer type {type_name!r} is already registered to {existing.__module__}.{existing.__qualname__}")
-        _REGISTRY[type_name] = cls
+        LAYER_TYPES.add(type_name, cls)
         cls.type_name = type_name
         return cls
 
@@ -55,30 +50,23 @@ def register_layer(type_name: str):
 
 
 def layer_class(type_name: str) -> type:
-    """The class registered for ``type_name``; a KeyError that suggests the nearest known types (or lists
-    them all when none is near) otherwise."""
-    _load_builtin_layers()
-    try:
-        return _REGISTRY[type_name]
-    except KeyError:
-        pass
-    by_lower = {name.lower(): name for name in _REGISTRY}
-    near = difflib.get_close_matches(type_name.lower(), list(by_lower), n=3, cutoff=0.6)
-    if near:
-        suggestion = " or ".join(repr(by_lower[n]) for n in near)
-        raise KeyError(f"unknown layer type {type_name!r} (did you mean {suggestion}?)")
-    raise KeyError(f"unknown layer type {type_name!r} (known types: {', '.join(sorted(_REGISTRY))})")
+    """The class registered for ``type_name``; a KeyError (``registry.UnknownNameError``) that
+    suggests the nearest known types (or lists them all when none is near) otherwise."""
+    return LAYER_TYPES.get(type_name)
 
 
 def registered_types() -> list[str]:
-    _load_builtin_layers()
-    return sorted(_REGISTRY)
+    return LAYER_TYPES.names()
 
 
 def _load_builtin_layers() -> None:
-    # Importing the family modules runs their @register_layer decorators; done lazily so that
-    # importing netdef.layers.base has no side effects.
+    # The one place the built-in layers are imported, which runs their @register_layer decorators;
+    # the registry calls it on its first lookup, so importing netdef.layers.base has no side effects.
     from . import _builtin  # noqa: F401
+
+
+#: Layer type names (``type: "ReLU"``) -> layer classes.
+LAYER_TYPES: Registry[type] = Registry("layer type", load=_load_builtin_layers)
 
 
 class Layer:

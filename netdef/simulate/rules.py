@@ -36,12 +36,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ..comm.exchange import registered_exchanges
 from ..comm.scheduler import LinkMeasurement, chunk_size, credit_size
 from .iteration import IterationTimes, Progress, ScheduleOptions, simulate_synchronous
 from .network import Network
 from .profile import Profile
-
-RULES = ("allreduce", "multicolor", "fp16", "easgd", "gossip", "hybrid")
 
 # A CPU's fused SGD-with-momentum update of a float32 blob: fc6 of benchmarks/schedule.py's net,
 # 33 MB, in 12 ms (benchmarks/README.md, issue 8): about 0.36 ns per byte of parameters.
@@ -200,8 +199,13 @@ def _hybrid(case: _Case) -> IterationTimes:
     return IterationTimes(inside.iteration_s + (elastic + broadcast) / options.tau, case.compute)
 
 
+# Each exchange rule's model, under the rule's registered name (``comm.exchange.EXCHANGE_RULES``).
 _MODELS = {"allreduce": _allreduce, "multicolor": _multicolor, "fp16": _fp16, "easgd": _easgd, "gossip": _gossip,
            "hybrid": _hybrid}
+
+#: The exchange rules that can be simulated: the registered ones with a model here, sorted (every
+#: built-in rule: tests/simulate/test_model.py checks).
+RULES = tuple(name for name in registered_exchanges() if name in _MODELS)
 
 
 def iteration_times(profile: Profile, network: Network, workers: int, options: RuleOptions) -> IterationTimes:

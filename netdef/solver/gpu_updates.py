@@ -42,36 +42,38 @@ diff = step;
 data = data - step;
 """
 
-# Per rule: its float32 constants (after the shared divisor, scale, decay, local_rate), its history
-# arrays (the first set, then the second for AdaDelta and Adam) and the body that updates the
-# histories and sets ``step``. The expressions are those of the rule's compute_update_value.
-_RULES = {
-    "sgd": ("momentum", "history", """
+# Per update rule, under its registered solver type (``updates.UPDATE_RULES``): its float32 constants
+# (after the shared divisor, scale, decay, local_rate), its history arrays (the first set, then the
+# second for AdaDelta and Adam) and the body that updates the histories and sets ``step``. The
+# expressions are those of the rule's compute_update_value. Not a plug-in family: each rule's
+# ``fused_step`` calls its own ``*_step`` function below.
+_KERNELS = {
+    "SGD": ("momentum", "history", """
         const float v = local_rate * g + momentum * history;
         history = v;
         const float step = v;
     """),
-    "nesterov": ("momentum, one_plus_momentum", "history", """
+    "Nesterov": ("momentum, one_plus_momentum", "history", """
         const float previous = history;
         const float v = local_rate * g + momentum * previous;
         history = v;
         const float step = one_plus_momentum * v + (-momentum) * previous;
     """),
-    "adagrad": ("delta", "history", """
+    "AdaGrad": ("delta", "history", """
         history = g * g + history;
         const float step = local_rate * (g / (sqrtf(history) + delta));
     """),
-    "rmsprop": ("rms_decay, rest, delta", "history", """
+    "RMSProp": ("rms_decay, rest, delta", "history", """
         history = rest * (g * g) + rms_decay * history;
         const float step = local_rate * (g / (sqrtf(history) + delta));
     """),
-    "adadelta": ("momentum, rest, delta", "history, update_history", """
+    "AdaDelta": ("momentum, rest, delta", "history, update_history", """
         history = rest * (g * g) + momentum * history;
         const float u = g * sqrtf((delta + update_history) / (delta + history));
         update_history = rest * (u * u) + momentum * update_history;
         const float step = local_rate * u;
     """),
-    "adam": ("beta1, rest1, beta2, rest2, rate_correction, delta", "m, v", """
+    "Adam": ("beta1, rest1, beta2, rest2, rate_correction, delta", "m, v", """
         m = rest1 * g + beta1 * m;
         v = rest2 * (g * g) + beta2 * v;
         const float step = rate_correction * (m / (sqrtf(v) + delta));
@@ -90,10 +92,15 @@ def _float32_params(names: str) -> str:
     return ", ".join(f"float32 {name.strip()}" for name in names.split(","))
 
 
+def kernel_rules() -> list[str]:
+    """The update rules (solver types) that have a kernel here, sorted."""
+    return sorted(_KERNELS)
+
+
 def kernel_code(rule: str, l2: bool) -> tuple[str, str, str]:
     """The input parameters, output parameters and loop body of ``rule``'s kernel (with L2
     regularization where ``l2``), as ``cupy.ElementwiseKernel`` takes them."""
-    constants, histories, body = _RULES[rule]
+    constants, histories, body = _KERNELS[rule]
     return (_float32_params("divisor, scale, decay, local_rate, " + constants),
             _float32_params("data, diff, " + histories),
             _GRADIENT + (_L2 if l2 else "") + body + _APPLY)
@@ -114,31 +121,31 @@ def _launch(rule, data, diff, histories, divisor, scale, decay, local_rate, *con
 
 def sgd_step(data, diff, history, divisor, scale, decay, local_rate, momentum) -> None:
     """SGD with momentum, as ``jit_updates.sgd_step`` (``decay`` None: no regularization)."""
-    _launch("sgd", data, diff, (history,), divisor, scale, decay, local_rate, momentum)
+    _launch("SGD", data, diff, (history,), divisor, scale, decay, local_rate, momentum)
 
 
 def nesterov_step(data, diff, history, divisor, scale, decay, local_rate, momentum) -> None:
     """Nesterov, as ``jit_updates.nesterov_step``."""
     momentum = f32(momentum)
-    _launch("nesterov", data, diff, (history,), divisor, scale, decay, local_rate, momentum, f32(1) + momentum)
+    _launch("Nesterov", data, diff, (history,), divisor, scale, decay, local_rate, momentum, f32(1) + momentum)
 
 
 def adagrad_step(data, diff, history, divisor, scale, decay, local_rate, delta) -> None:
     """AdaGrad: history += g^2; step local_rate * g / (sqrt(history) + delta)."""
-    _launch("adagrad", data, diff, (history,), divisor, scale, decay, local_rate, delta)
+    _launch("AdaGrad", data, diff, (history,), divisor, scale, decay, local_rate, delta)
 
 
 def rmsprop_step(data, diff, history, divisor, scale, decay, local_rate, rms_decay, delta) -> None:
     """RMSProp: history = rms_decay * history + (1 - rms_decay) * g^2; step as AdaGrad's."""
     rms_decay = f32(rms_decay)
-    _launch("rmsprop", data, diff, (history,), divisor, scale, decay, local_rate, rms_decay, f32(1) - rms_decay,
+    _launch("RMSProp", data, diff, (history,), divisor, scale, decay, local_rate, rms_decay, f32(1) - rms_decay,
             delta)
 
 
 def adadelta_step(data, diff, history, update_history, divisor, scale, decay, local_rate, momentum, delta) -> None:
     """AdaDelta: the squared-gradient average ``history``, the squared-update average ``update_history``."""
     momentum = f32(momentum)
-    _launch("adadelta", data, diff, (history, update_history), divisor, scale, decay, local_rate, momentum,
+    _launch("AdaDelta", data, diff, (history, update_history), divisor, scale, decay, local_rate, momentum,
             f32(1) - momentum, delta)
 
 
@@ -147,5 +154,5 @@ def adam_step(data, diff, m, v, divisor, scale, decay, local_rate, beta1, beta2,
     iteration (``AdamUpdate`` computes it as Caffe does), multiplied into the rate here on the host as
     the step-by-step path does."""
     beta1, beta2 = f32(beta1), f32(beta2)
-    _launch("adam", data, diff, (m, v), divisor, scale, decay, local_rate, beta1, f32(1) - beta1, beta2,
+    _launch("Adam", data, diff, (m, v), divisor, scale, decay, local_rate, beta1, f32(1) - beta1, beta2,
             f32(1) - beta2, f32(local_rate) * f32(correction), delta)

@@ -39,7 +39,8 @@ import numpy as np
 
 from .. import backend
 from ..net import Net
-from . import display, lr_policy
+from ..registry import Registry
+from . import display, lr_policy, updates
 from . import snapshot as _snapshot
 from .arrival import ArrivalUpdates
 from .building import (
@@ -409,32 +410,35 @@ class Solver:
 
 
 # ============================================================================================ per-type classes
+# pycaffe's solver classes, one per built-in update rule, named by the rule's registered type.
 class SGDSolver(Solver):
-    solver_type = "SGD"
+    solver_type = updates.SGDUpdate.type_name
 
 
 class NesterovSolver(Solver):
-    solver_type = "Nesterov"
+    solver_type = updates.NesterovUpdate.type_name
 
 
 class AdaGradSolver(Solver):
-    solver_type = "AdaGrad"
+    solver_type = updates.AdaGradUpdate.type_name
 
 
 class RMSPropSolver(Solver):
-    solver_type = "RMSProp"
+    solver_type = updates.RMSPropUpdate.type_name
 
 
 class AdaDeltaSolver(Solver):
-    solver_type = "AdaDelta"
+    solver_type = updates.AdaDeltaUpdate.type_name
 
 
 class AdamSolver(Solver):
-    solver_type = "Adam"
+    solver_type = updates.AdamUpdate.type_name
 
 
-SOLVER_CLASSES = {cls.solver_type: cls for cls in
-                  (SGDSolver, NesterovSolver, AdaGradSolver, RMSPropSolver, AdaDeltaSolver, AdamSolver)}
+#: Solver type names -> pycaffe's per-type solver classes (``get_solver`` builds the generic Solver
+#: for a registered update rule without one).
+SOLVER_CLASSES: Registry[type] = Registry("pycaffe solver type", {cls.solver_type: cls for cls in (
+    SGDSolver, NesterovSolver, AdaGradSolver, RMSPropSolver, AdaDeltaSolver, AdamSolver)})
 
 
 def get_solver(solver, *, solver_file: str | None = None, parallel: Parallel | None = None) -> Solver:
@@ -442,6 +446,6 @@ def get_solver(solver, *, solver_file: str | None = None, parallel: Parallel | N
     ``solver_type``); types registered with ``register_update_rule`` get the generic Solver.
     ``parallel``: see ``parallel.py`` (one process by default)."""
     param, path = read_solver_param(solver)
-    cls = SOLVER_CLASSES.get(param.type, Solver)
+    cls = SOLVER_CLASSES.get(param.type) if param.type in SOLVER_CLASSES else Solver
     update_rule_class(param.type)  # unknown type: a clear error before anything is built
     return cls(param, solver_file=path or solver_file, parallel=parallel)

@@ -31,11 +31,13 @@ import numpy as np
 from ..backend import get_array_module
 from ..blob import Blob
 from ..proto import netdef_pb2 as pb
+from ..registry import Registry, UnknownNameError
 from . import gpu_updates
 
 f32 = np.float32
 
-_RULES: dict[str, type] = {}
+#: Solver type names (``type: "Adam"``) -> UpdateRule classes; every built-in rule is in this module.
+UPDATE_RULES: Registry[type] = Registry("solver type")
 
 
 class SolverConfigError(ValueError):
@@ -46,7 +48,7 @@ def register_update_rule(type_name: str):
     """Class decorator: ``type: "<type_name>"`` in a SolverParameter uses the decorated rule."""
 
     def decorate(cls):
-        _RULES[type_name] = cls
+        UPDATE_RULES.add(type_name, cls)
         cls.type_name = type_name
         return cls
 
@@ -55,13 +57,13 @@ def register_update_rule(type_name: str):
 
 def update_rule_class(type_name: str) -> type:
     try:
-        return _RULES[type_name]
-    except KeyError:
-        raise SolverConfigError(f"Unknown solver type: {type_name!r} (known types: {', '.join(sorted(_RULES))})") from None
+        return UPDATE_RULES.get(type_name)
+    except UnknownNameError as error:
+        raise SolverConfigError(f"Unknown solver type: {type_name!r} (known types: {', '.join(error.known)})") from None
 
 
 def registered_update_rules() -> list[str]:
-    return sorted(_RULES)
+    return UPDATE_RULES.names()
 
 
 def _flat_float32(*arrays):

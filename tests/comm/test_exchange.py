@@ -441,7 +441,7 @@ def test_registry():
         with pytest.raises(ValueError, match="already registered"):
             ex.register_exchange("test-noop")(type("Other", (ex.ExchangeRule,), {}))
     finally:
-        ex._RULES.pop("test-noop")
+        ex.EXCHANGE_RULES.unregister("test-noop")
 
 
 def test_base_rule_broadcasts_every_parameter():

@@ -7,6 +7,7 @@ import pytest
 from netdef.simulate import Network, RuleOptions, ScheduleOptions, predict
 from netdef.simulate.iteration import Progress, simulate_synchronous
 from netdef.simulate.profile import LayerTimes, ParamInfo, Profile
+from netdef.comm.exchange import registered_exchanges
 from netdef.simulate.rules import RULES, iteration_times, progress_of
 
 MB = 1 << 20
@@ -78,6 +79,11 @@ def test_overlap_hides_the_exchange_when_backward_is_longer():
     # After backward both leave at once, the large one first; their latencies overlap.
     assert exposed.iteration_s == pytest.approx(0.112 + net.allreduce(4 * MB, 2).transfer_s + small + agreement,
                                                 rel=1e-6)
+
+
+def test_every_registered_exchange_rule_is_simulated():
+    """The simulator's rules are the exchange registry's names (a new built-in rule needs a model)."""
+    assert list(RULES) == registered_exchanges()
 
 
 def test_one_worker_has_efficiency_one_and_no_exposed_exchange():

@@ -21,7 +21,7 @@ from netdef import backend
 from netdef.blob import Blob
 from netdef.proto import netdef_pb2 as pb
 from netdef.solver import gpu_updates
-from netdef.solver.updates import UpdateRule, update_rule_class
+from netdef.solver.updates import UpdateRule, registered_update_rules, update_rule_class
 
 f32 = np.float32
 
@@ -105,6 +105,10 @@ def test_every_built_in_rule_has_a_fused_step():
     ``fused_step`` would run one CuPy kernel per operation there."""
     for rule_name in UPDATE_RULES:
         assert update_rule_class(rule_name).fused_step is not UpdateRule.fused_step, rule_name
+
+
+def test_every_registered_update_rule_has_a_gpu_kernel_under_its_name():
+    assert gpu_updates.kernel_rules() == registered_update_rules() == sorted(UPDATE_RULES)
 
 
 def test_importing_the_update_rules_does_not_import_cupy():

@@ -29,7 +29,7 @@ __all__ = ["OPSET", "OnnxExportError", "export_onnx", "supported_types", "to_onn
 
 def supported_types() -> list[str]:
     """The Caffe layer types the export writes (data layers become graph inputs)."""
-    return sorted(set(CONVERTERS) | INPUT_TYPES)
+    return sorted(set(CONVERTERS.names()) | INPUT_TYPES)
 
 
 def to_onnx(net, outputs=None) -> tuple[onnx.ModelProto, Plan]:
@@ -42,7 +42,7 @@ def to_onnx(net, outputs=None) -> tuple[onnx.ModelProto, Plan]:
     for name, shape in plan.inputs:
         graph.add_input(name, shape)
     for step in plan.steps:
-        CONVERTERS[step.layer.type](graph, step)
+        CONVERTERS.get(step.layer.type)(graph, step)
     for name, shape in plan.outputs:
         graph.add_output(name, shape)
     return graph.model(net.name), plan

@@ -5,9 +5,11 @@ needs it; a type in INPUT_TYPES brings data in, and its tops become the graph's 
 """
 from __future__ import annotations
 
+from ...registry import Registry
 from . import dense, neuron, normalization, scores, shape, vision
 
-CONVERTERS = {
+#: Caffe layer type -> the function that writes its ONNX nodes.
+CONVERTERS: Registry = Registry("ONNX converter", {
     "Convolution": vision.convolution,
     "Deconvolution": vision.deconvolution,
     "Pooling": vision.pooling,
@@ -38,7 +40,7 @@ CONVERTERS = {
     "Reshape": shape.reshape,
     "Softmax": scores.softmax,
     "ArgMax": scores.argmax,
-}
+})
 
 #: Layers whose tops are the data the net is fed: the exported graph takes them as inputs (a data
 #: layer's transform_param, crop and mean, stays outside the graph, as the data layer's work).
