@@ -103,7 +103,8 @@ class Net:
     read. False: a blob's gradient is dropped as soon as the backward pass has no further use for it
     (after the layer it feeds has run backward), as PyTorch frees them; learnable parameters' and
     the inputs' gradients are always kept. ``netdef train`` trains with False, since no one can read
-    them there (ResNet-50 at batch 8: peak RSS -720 MiB).
+    them there and a deep net's peak memory falls by its activations' gradients (benchmarks/README.md,
+    "The figures behind the other layers' choices").
     """
 
     keep_blob_diffs = True
