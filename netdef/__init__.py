@@ -34,6 +34,7 @@ from .solver import (
     RMSPropSolver,
     SGDSolver,
     Solver,
+    SolverCallback,
     get_solver,
 )
 from .proto import netdef_pb2 as proto_pb2
@@ -55,7 +56,8 @@ from .weights import WeightsError
 # pycaffe's caffe.proto.caffe_pb2 is netdef.proto.caffe_pb2; netdef.proto_pb2 is the same messages.
 __all__ = [
     "AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "NesterovSolver", "RMSPropSolver", "SGDSolver", "Solver",
-    "get_solver", "Blob", "Classifier", "DataSource", "Layer", "LayerError", "Net", "NetError", "NetSpec",
+    "SolverCallback", "get_solver", "Blob", "Classifier", "DataSource", "Layer", "LayerError", "Net", "NetError",
+    "NetSpec",
     "NetSpecError", "TEST", "TRAIN", "WeightsError", "get_array_module", "io", "layers", "params", "to_proto",
     "layer_class", "proto_pb2", "register_layer", "registered_types", "set_device", "set_device_id",
     "set_mode_cpu", "set_mode_gpu", "set_precision", "set_random_seed",

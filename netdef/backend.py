@@ -119,7 +119,7 @@ def to_host(array) -> np.ndarray:
     """A NumPy array with the same values (no copy when it already is one)."""
     if isinstance(array, np.ndarray):
         return array
-    if hasattr(array, "get"):
+    if hasattr(array, "get"):  # a CuPy array, recognised without importing CuPy on a CPU-only run
         return array.get()
     return np.asarray(array)
 

@@ -20,14 +20,14 @@ import warnings
 import time
 
 from netdef.commands import data, simulate, train
-from netdef.commands.common import (  # the helpers under the names this module's verbs use
+from netdef.commands.common import (
     CommandLineError,
-    caffe_flag as _flag,
-    positive_iterations as _positive_iterations,
-    precision_flag as _precision_flag,
-    set_device as _set_device,
-    set_precision as _set_precision,
-    stages as _stages,
+    caffe_flag,
+    positive_iterations,
+    precision_flag,
+    set_device,
+    set_precision,
+    stages,
 )
 from netdef.progress import bar as progress_bar
 
@@ -71,10 +71,10 @@ def cmd_test(args) -> int:
     if not args.weights:
         # Caffe's own refusal: scoring the fillers' random weights would print a meaningless accuracy.
         raise CommandLineError("test: Need model weights to score (--weights=MODEL.caffemodel)")
-    iterations = _positive_iterations(args, "test")
-    _set_device(args.gpu)
-    _set_precision(args)
-    net = netdef.Net(args.model, netdef.TEST, weights=args.weights or None, stages=_stages(args), level=args.level)
+    iterations = positive_iterations(args, "test")
+    set_device(args.gpu)
+    set_precision(args)
+    net = netdef.Net(args.model, netdef.TEST, weights=args.weights or None, stages=stages(args), level=args.level)
     net.forward_only = True  # scoring runs no backward: every chain of per-channel layers may run fused
     log.info("Running for %d iterations.", iterations)
     weights = net.blob_loss_weights
@@ -110,9 +110,9 @@ def cmd_time(args) -> int:
 
     if not args.model:
         raise CommandLineError("time: --model is required")
-    _positive_iterations(args, "time")
-    gpu_id = _set_device(args.gpu)
-    _set_precision(args)
+    positive_iterations(args, "time")
+    gpu_id = set_device(args.gpu)
+    set_precision(args)
     if gpu_id is not None:
         log.info("Use GPU with device ID %d", gpu_id)
     net = _net_maybe_without_data(args)
@@ -171,11 +171,11 @@ def _net_maybe_without_data(args):
 
     data_shape = without_data.parse_data_shape(args.data_shape) if args.data_shape else None
     phase = netdef.TRAIN if args.phase.upper() == "TRAIN" else netdef.TEST
-    return without_data.build_net(args.model, phase, stages=_stages(args), level=args.level, data_shape=data_shape)
+    return without_data.build_net(args.model, phase, stages=stages(args), level=args.level, data_shape=data_shape)
 
 
 def _data_shape_flag(parser) -> None:
-    _flag(parser, "data_shape", metavar="C,H,W",
+    caffe_flag(parser, "data_shape", metavar="C,H,W",
           help="build the net without its data: each Data/ImageData/HDF5Data/WindowData layer becomes an Input "
                "of this shape (batch: the layer's batch_size; or give N,C,H,W), a label top of shape N; all zeros")
 
@@ -235,7 +235,7 @@ def cmd_export_onnx(args) -> int:
 
     if not args.model:
         raise CommandLineError("export-onnx: --model is required")
-    net = netdef.Net(args.model, netdef.TEST, weights=args.weights or None, stages=_stages(args), level=args.level)
+    net = netdef.Net(args.model, netdef.TEST, weights=args.weights or None, stages=stages(args), level=args.level)
     outputs = [name for name in (args.outputs or "").split(",") if name]
     plan = export_onnx(net, args.output, outputs=outputs or None, overwrite=args.overwrite)
     for layer in plan.left_out:
@@ -252,12 +252,12 @@ def _add_export_onnx(verbs, common) -> None:
                               description="Write the TEST-phase net as an ONNX graph (opset 17) with its weights. "
                                           "Needs the onnx package (pip install 'netdef-trainer[onnx]').")
     export.add_argument("output", metavar="OUT.onnx", help="the ONNX file to write")
-    _flag(export, "model", help="the model prototxt")
-    _flag(export, "weights", help="the .caffemodel to export (default: the fillers' weights)")
-    _flag(export, "outputs", metavar="BLOB,...",
+    caffe_flag(export, "model", help="the model prototxt")
+    caffe_flag(export, "weights", help="the .caffemodel to export (default: the fillers' weights)")
+    caffe_flag(export, "outputs", metavar="BLOB,...",
           help="the blobs to export as outputs (default: the net's outputs, less losses and metrics)")
-    _flag(export, "stage", help="comma-separated stages of the net state")
-    _flag(export, "level", type=int, default=0, help="level of the net state")
+    caffe_flag(export, "stage", help="comma-separated stages of the net state")
+    caffe_flag(export, "level", type=int, default=0, help="level of the net state")
     export.add_argument("--overwrite", action="store_true", help="replace OUT.onnx if it exists")
     export.set_defaults(func=cmd_export_onnx)
 
@@ -303,13 +303,13 @@ def _common_flags() -> argparse.ArgumentParser:
     suppressed so that a verb's parser does not overwrite what was given before the verb."""
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("code and diagnostics (every verb)")
-    _flag(group, "python_layers", choices=["allow", "deny"], default=argparse.SUPPRESS,
+    caffe_flag(group, "python_layers", choices=["allow", "deny"], default=argparse.SUPPRESS,
           help="whether a net's Python layers may import their modules (default: $NETDEF_PYTHON_LAYERS, "
                "else allow); deny refuses every Python layer, for models from elsewhere")
-    _flag(group, "python_path", action="append", metavar="DIR", default=argparse.SUPPRESS,
+    caffe_flag(group, "python_path", action="append", metavar="DIR", default=argparse.SUPPRESS,
           help="a folder to search for Python layers' modules (repeatable; added to $NETDEF_PYTHON_PATH). "
                "The working directory is never searched unless named here")
-    _flag(group, "debug", action="store_true", default=argparse.SUPPRESS,
+    caffe_flag(group, "debug", action="store_true", default=argparse.SUPPRESS,
           help="on an error, show the Python traceback instead of one line")
     return common
 
@@ -347,25 +347,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     test = verbs.add_parser("test", parents=[common],
                             help="score a model: print each output's mean over --iterations batches")
-    _flag(test, "model", help="the model prototxt (TEST phase)")
-    _flag(test, "weights", help="the trained .caffemodel")
-    _flag(test, "iterations", type=int, default=50, help="number of batches (default 50)")
-    _flag(test, "gpu", help="GPU id")
-    _precision_flag(test)
-    _flag(test, "stage", help="comma-separated stages of the net state")
-    _flag(test, "level", type=int, default=0, help="level of the net state")
+    caffe_flag(test, "model", help="the model prototxt (TEST phase)")
+    caffe_flag(test, "weights", help="the trained .caffemodel")
+    caffe_flag(test, "iterations", type=int, default=50, help="number of batches (default 50)")
+    caffe_flag(test, "gpu", help="GPU id")
+    precision_flag(test)
+    caffe_flag(test, "stage", help="comma-separated stages of the net state")
+    caffe_flag(test, "level", type=int, default=0, help="level of the net state")
     test.set_defaults(func=cmd_test)
 
     timing = verbs.add_parser("time", parents=[common],
                               help="benchmark forward and backward, per layer")
-    _flag(timing, "model", help="the model prototxt")
-    _flag(timing, "iterations", type=int, default=50, help="number of timed iterations (default 50)")
-    _flag(timing, "phase", default="TRAIN", choices=["TRAIN", "TEST", "train", "test"], help="net phase")
-    _flag(timing, "gpu", help="GPU id")
-    _precision_flag(timing)
-    _flag(timing, "stage", help="comma-separated stages")
-    _flag(timing, "level", type=int, default=0, help="level of the net state")
-    _flag(timing, "json", metavar="FILE", help="also write the per-layer times and parameter sizes here "
+    caffe_flag(timing, "model", help="the model prototxt")
+    caffe_flag(timing, "iterations", type=int, default=50, help="number of timed iterations (default 50)")
+    caffe_flag(timing, "phase", default="TRAIN", choices=["TRAIN", "TEST", "train", "test"], help="net phase")
+    caffe_flag(timing, "gpu", help="GPU id")
+    precision_flag(timing)
+    caffe_flag(timing, "stage", help="comma-separated stages")
+    caffe_flag(timing, "level", type=int, default=0, help="level of the net state")
+    caffe_flag(timing, "json", metavar="FILE", help="also write the per-layer times and parameter sizes here "
                                                "(the profile netdef simulate reads)")
     _data_shape_flag(timing)
     timing.set_defaults(func=cmd_time)
@@ -374,15 +374,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     query = verbs.add_parser("device-query", parents=[common],
                              help="show the GPU that --gpu would use")
-    _flag(query, "gpu_id", type=int, default=0, help="GPU id")
+    caffe_flag(query, "gpu_id", type=int, default=0, help="GPU id")
     query.set_defaults(func=cmd_device_query)
 
     described = verbs.add_parser("summary", parents=[common],
                                  help="per layer: top shapes, parameters, multiply-adds, activation memory; totals")
     described.add_argument("model", help="the model prototxt")
-    _flag(described, "phase", default="TEST", choices=["TRAIN", "TEST", "train", "test"], help="net phase (default TEST)")
-    _flag(described, "stage", help="comma-separated stages of the net state")
-    _flag(described, "level", type=int, default=0, help="level of the net state")
+    caffe_flag(described, "phase", default="TEST", choices=["TRAIN", "TEST", "train", "test"],
+               help="net phase (default TEST)")
+    caffe_flag(described, "stage", help="comma-separated stages of the net state")
+    caffe_flag(described, "level", type=int, default=0, help="level of the net state")
     _data_shape_flag(described)
     described.set_defaults(func=cmd_summary)
 
@@ -414,9 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
                                            "for the Graphviz text. Needs Graphviz's dot program.")
     drawing.add_argument("model", metavar="MODEL", help="the net prototxt")
     drawing.add_argument("output", metavar="OUT", help="the picture to write (.png, .svg, .pdf or .dot)")
-    _flag(drawing, "rankdir", default="LR", type=str.upper, choices=["LR", "TB", "BT", "RL"],
+    caffe_flag(drawing, "rankdir", default="LR", type=str.upper, choices=["LR", "TB", "BT", "RL"],
           help="direction of the data flow (default LR, as Caffe's draw_net.py)")
-    _flag(drawing, "phase", default="ALL", type=str.upper, choices=["TRAIN", "TEST", "ALL"],
+    caffe_flag(drawing, "phase", default="ALL", type=str.upper, choices=["TRAIN", "TEST", "ALL"],
           help="draw the layers of this phase only (default ALL)")
     drawing.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     drawing.set_defaults(func=cmd_draw)

@@ -10,7 +10,9 @@ and the process is then killed while the array is written. Two bounds, the lower
   the limit less what the process has mapped already: beyond it every allocation fails, whatever the
   machine has free.
 
-The second needs /proc/self/status (about 20 us), read only when such a limit is set.
+The second needs /proc/self/status (a file read per check, slow beside the allocation it guards), read
+only when such a limit is set (benchmarks/README.md, "The figures behind the solver's, the exchange's
+and the data's choices").
 """
 from __future__ import annotations
 

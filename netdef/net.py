@@ -2,8 +2,9 @@
 
 Building follows Caffe's Net::Init: filter layers by the net state (phase, level, stages), upgrade legacy
 definitions, insert Split layers where a blob feeds several layers, resolve bottoms and tops in definition
-order (a top named like one of the layer's bottoms works in place), share parameters by ``param { name }``,
-assign loss weights and decide which layers and bottoms need backward.
+order (a top named like one of the layer's bottoms works in place), share parameters by
+``param { name }`` (``net_params.py``), assign loss weights and decide which layers and bottoms need
+backward (``net_backward.py``).
 
 During ``backward`` the net calls its backward hooks each time some parameters' gradients become final,
 and around every layer its layer hooks (``net_hooks.py``).
@@ -18,7 +19,7 @@ import collections
 import os
 import numpy as np
 
-from . import backend, net_backward, net_batches, net_memory, weights as _weights
+from . import backend, net_backward, net_batches, net_memory, net_params, weights as _weights
 from .blob import Blob
 from .memory import BlobTooLargeError
 from .layers import batchnorm_chain, fusion, relu_chain, sum_chain
@@ -102,7 +103,8 @@ class Net:
     read. False: a blob's gradient is dropped as soon as the backward pass has no further use for it
     (after the layer it feeds has run backward), as PyTorch frees them; learnable parameters' and
     the inputs' gradients are always kept. ``netdef train`` trains with False, since no one can read
-    them there (ResNet-50 at batch 8: peak RSS -720 MiB).
+    them there and a deep net's peak memory falls by its activations' gradients (benchmarks/README.md,
+    "The figures behind the other layers' choices").
     """
 
     keep_blob_diffs = True
@@ -378,56 +380,17 @@ class Net:
         return weights
 
     def _setup_params(self, layer_params, file_index_of) -> None:
-        """Parameter sharing by ``param { name }`` and the lr/decay multipliers of every parameter."""
-        self.params: "collections.OrderedDict[str, list[Blob]]" = collections.OrderedDict()
-        self.learnable_params: list[Blob] = []
-        self.params_lr: list[float] = []
-        self.params_weight_decay: list[float] = []
-        self._param_owner_index: dict[str, int] = {}
-        self._learnable_id_of: list[list[int]] = []  # per layer, per blob -> learnable index
-        for li, (layer, layer_param) in enumerate(zip(self.layers, layer_params)):
-            where = self._where(file_index_of[li])
-            ids = []
-            if layer.blobs:
-                self.params[layer.name] = layer.blobs
-            if len(layer_param.param) > len(layer.blobs):
-                raise NetError(f"{where}: layer {layer.name!r} has {len(layer_param.param)} param specs but only "
-                               f"{len(layer.blobs)} parameter blobs")
-            for j, blob in enumerate(layer.blobs):
-                blob.name = blob.name or f"{layer.name}[{j}]"
-                spec = layer_param.param[j] if j < len(layer_param.param) else pb.ParamSpec()
-                fixed = not layer.param_propagate_down[j]  # e.g. BatchNorm's statistics
-                lr = 0.0 if fixed else spec.lr_mult
-                if spec.lr_mult == 0 or fixed:
-                    layer.param_propagate_down[j] = False
-                if spec.name and spec.name in self._param_owner_index:
-                    owner_id = self._param_owner_index[spec.name]
-                    owner = self.learnable_params[owner_id]
-                    if spec.share_mode == pb.ParamSpec.PERMISSIVE:
-                        if owner.count != blob.count:
-                            raise NetError(f"{where}: layer {layer.name!r} shares parameter {spec.name!r} with count "
-                                           f"{blob.count}, but its owner has count {owner.count} ({owner.shape})")
-                    elif owner.shape != blob.shape:
-                        raise NetError(f"{where}: layer {layer.name!r} shares parameter {spec.name!r} with shape "
-                                       f"{blob.shape}, but its owner has shape {owner.shape} "
-                                       f"(use share_mode: PERMISSIVE to share by count)")
-                    if spec.HasField("lr_mult") and self.params_lr[owner_id] != lr:
-                        raise NetError(f"{where}: layer {layer.name!r}: shared parameter {spec.name!r} has lr_mult "
-                                       f"{lr} but its owner has {self.params_lr[owner_id]}")
-                    if owner.shape == blob.shape:
-                        layer.blobs[j] = owner
-                    else:
-                        blob.share_data(owner)
-                        blob.share_diff(owner)
-                    ids.append(owner_id)
-                    continue
-                ids.append(len(self.learnable_params))
-                if spec.name:
-                    self._param_owner_index[spec.name] = len(self.learnable_params)
-                self.learnable_params.append(blob)
-                self.params_lr.append(lr)
-                self.params_weight_decay.append(0.0 if fixed else spec.decay_mult)
-            self._learnable_id_of.append(ids)
+        """Parameter sharing by ``param { name }`` and the lr/decay multipliers of every parameter
+        (net_params.py)."""
+        try:
+            shared = net_params.share_params(self.layers, layer_params, lambda li: self._where(file_index_of[li]))
+        except net_params.ParamSharingError as exc:
+            raise NetError(str(exc)) from None
+        self.params = shared.params
+        self.learnable_params = shared.learnable_params
+        self.params_lr = shared.params_lr
+        self.params_weight_decay = shared.params_weight_decay
+        self._learnable_id_of = shared.learnable_id_of  # per layer, per blob -> learnable index
 
     def _decide_backward(self) -> None:
         """Which layers run backward and which of their bottoms get a gradient (Caffe's rules)."""

@@ -2,9 +2,9 @@
 
 NumPy's BLAS (OpenBLAS in its wheels) starts one thread per core of the machine in every process. Under
 MPI several ranks share a machine, and so 2 ranks on 2 cores ran 4 BLAS threads that spin while they
-wait for each other and take turns on 2 cores: Caffe's LeNet at batch 32 per rank trained at 4.2-4.4
-iterations/s with the library defaults and at 45-48 with one BLAS thread per rank (issue 7; 1 process at
-batch 64: 32-35). ``share_cores`` gives each rank its share instead:
+wait for each other and take turns on 2 cores: training ran about ten times slower than with one BLAS
+thread per rank (benchmarks/README.md, "The figures behind the solver's, the exchange's and the data's
+choices"). ``share_cores`` gives each rank its share instead:
 
     threads per rank = max(1, cores the machine's ranks may run on together // ranks on the machine),
                        at most the cores this rank itself may run on
@@ -109,39 +109,33 @@ def apply_thread_plan(plan: ThreadPlan):
 
 
 # What the compiled kernels' idle threads do between kernels. numba's OpenMP pool (GNU libgomp) spins
-# about 3 ms (300,000 spins) after each parallel loop by default, and OpenBLAS's threads spin after each
-# matrix product: on 2 cores the two pools took turns, and a ReLU right after a product ran in 12.5 ms
-# instead of 0.29 (ResNet-50 batch 8 forward+backward 2534 ms spinning, 1483 sleeping at once). But a
-# thread that sleeps at once (OMP_WAIT_POLICY=PASSIVE, netdef's choice until 2026-11-26) must be woken
-# for the next loop: a parallel loop over 2,048 floats took 72 us on this 2-core VM against 2.3 us with
-# the thread still spinning (benchmarks/parallel_wakeup.py), and LeNet's iteration runs dozens of
-# loops. While the two pools shared the cores, 3,000 spins (20-50 us) was the compromise. Since the
-# layers' products run on this pool too (layers/matmul.py), nothing else wants the cores between two
-# loops but the Python that launches the next one, which at batch 1 takes longer than 3,000 spins:
-# 30,000 (0.2-0.5 ms) against 3,000, processes alternating, 2026-11-26: LeNet training 100-106 against
-# 88-97 iterations/s, MobileNet v2 batch 1 TEST forward 13.1-13.5 against 15.1-16.4 ms, SqueezeNet
-# 8.4-8.9 against 10.0-10.9, forward+backward at the zoo's batches 1-5% faster (benchmarks/README, "One
-# thread pool"). 100,000 and 300,000 spins gave LeNet 98-102 and 95-98.
+# 300,000 times after each parallel loop by default, and OpenBLAS's threads spin after each matrix
+# product: while the two pools shared the cores they took turns, and a map right after a product waited
+# for the other pool's spinner to give up its core. But a thread that sleeps at once
+# (OMP_WAIT_POLICY=PASSIVE) must be woken for the next loop, which costs more than a small loop itself
+# (benchmarks/parallel_wakeup.py), and LeNet's iteration runs dozens of loops. Since the layers' products
+# run on this pool too (layers/matmul.py), nothing else wants the cores between two loops but the Python
+# that launches the next one, which at batch 1 takes longer than the few thousand spins that were the
+# compromise between the two pools: 30,000 spins keep a thread awake across that Python, and more gained
+# nothing (benchmarks/README.md, "One thread pool", and "The figures behind the solver's, the
+# exchange's and the data's choices").
 KERNEL_SPIN = ("GOMP_SPINCOUNT", "30000")
 # Either of these set by the user decides how libgomp's idle threads wait; netdef then sets nothing.
 USER_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
-# OpenBLAS's threads spin for 2^THREAD_TIMEOUT cycles after each matrix product (default 28: ~0.1 s),
-# while numba's kernels that follow want both cores: measured on 2 cores, forward+backward against
-# PyTorch in the same run, quiet machine, with the kernels' threads sleeping at once, sleeping at once
-# too (4, OpenBLAS's minimum) against the default: ResNet-50 batch 8 1646 -> 1401 ms, MobileNet v2
-# 561 -> 402 ms, CIFAR-10 quick 88 -> 83 ms. But then every product wakes a sleeping thread (50-70 us
-# here, as for the kernels' pool above), and SqueezeNet's 1x1 layers run one product per image: with
-# the kernels' short spin, 2^18 cycles (~0.1 ms; OpenBLAS's idle loop yields the core to any thread
-# that wants it) against 2^4, same run order, 2026-11-26: SqueezeNet 176 -> 167 ms, MobileNet v2
-# 301 -> 280, LeNet 10.3 -> 9.5, ResNet-50 1056 -> 1066 (noise). OpenBLAS reads it once, when it loads
-# (with NumPy).
+# OpenBLAS's threads spin for 2^THREAD_TIMEOUT cycles after each matrix product (default 28, a long
+# spin), while numba's kernels that follow want every core: sleeping at once instead (4, OpenBLAS's
+# minimum) made every net faster. But then every product wakes a sleeping thread (as for the kernels'
+# pool above), and SqueezeNet's 1x1 layers run one product per image: a short spin of 2^18 cycles
+# (OpenBLAS's idle loop yields the core to any thread that wants it) keeps that gain without paying
+# those wake-ups (benchmarks/README.md, "The figures behind the solver's, the exchange's and the data's choices").
+# OpenBLAS reads it once, when it loads (with NumPy).
 BLAS_WAIT_POLICY = ("OPENBLAS_THREAD_TIMEOUT", "18")
 
 
 def let_idle_blas_threads_sleep(environ=None) -> bool:
-    """Make OpenBLAS's idle threads sleep after ~0.1 ms of spinning (``BLAS_WAIT_POLICY``) unless the user set
+    """Make OpenBLAS's idle threads sleep after a short spin (``BLAS_WAIT_POLICY``) unless the user set
     OPENBLAS_THREAD_TIMEOUT. Only takes effect before NumPy loads its BLAS, so ``netdef/__init__``
     calls it before importing anything else; returns False when NumPy was loaded first (a script that
     imports numpy before netdef keeps OpenBLAS's spinning threads unless it sets the variable)."""

@@ -152,7 +152,8 @@ def share_with(net, other) -> None:
             net.params[layer.name] = layer.blobs
     # Learnable parameter lists point at the shared blobs too.
     for pid, owner in enumerate(net.learnable_params):
-        for li, ids in enumerate(net._learnable_id_of):
+        for li in range(len(net.layers)):
+            ids = net.layer_learnable_ids(li)
             for j, lid in enumerate(ids):
                 if lid == pid:
                     net.learnable_params[pid] = net.layers[li].blobs[j]
@@ -191,16 +192,13 @@ def _import_h5py(path):
 def _owned_params(net) -> list[list[bool]]:
     """Per layer, per blob: whether the layer owns the parameter (Caffe's param_owners_ == -1), i.e.
     no earlier layer uses the same parameter."""
-    ids = getattr(net, "_learnable_id_of", None)
     seen: set = set()
     owned = []
     for li, layer in enumerate(net.layers):
         row = []
-        for j, blob in enumerate(layer.blobs):
-            # A net built elsewhere (no sharing table): blobs are shared by identity.
-            key = ids[li][j] if ids is not None and li < len(ids) and j < len(ids[li]) else id(blob)
-            row.append(key not in seen)
-            seen.add(key)
+        for lid in net.layer_learnable_ids(li):
+            row.append(lid not in seen)
+            seen.add(lid)
         owned.append(row)
     return owned
 

@@ -249,6 +249,22 @@ def gpu_missing() -> str | None:
     return backend.gpu_problem(0)
 
 
+def skip_without_gpu():
+    """A skip mark for tests that need a GPU, saying why there is none (the fixture ``on_gpu`` in
+    conftest.py then puts new blobs on it)."""
+    missing = gpu_missing()
+    return pytest.mark.skipif(missing is not None, reason=f"no GPU: {missing}")
+
+
+def skip_without_cudnn():
+    """A skip mark for tests that need a GPU with cuDNN, saying what is missing."""
+    from netdef import cudnn
+
+    usable, why = cudnn.status()
+    missing = gpu_missing() or (None if usable else why)
+    return pytest.mark.skipif(missing is not None, reason=f"no GPU with cuDNN: {missing}")
+
+
 @contextlib.contextmanager
 def gpu_settings():
     """New blobs on GPU 0 for the block; afterwards the CPU again, and the GPU settings a test may

@@ -26,20 +26,13 @@ import pytest
 
 import netdef
 from netdef import backend
-from tests.helpers import compare_with_caffe_blobs, gpu_missing, gpu_settings, layer_case_names, run_caffe_case, shared_path
+from tests.helpers import compare_with_caffe_blobs, layer_case_names, run_caffe_case, shared_path, skip_without_gpu
 from tests.solver.test_gpu_updates import UPDATE_RULES, rule_and_params, stepwise_update
 
 f32 = np.float32
 
 
-MISSING = gpu_missing()
-pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"no GPU: {MISSING}")
-
-
-@pytest.fixture
-def on_gpu():
-    with gpu_settings():
-        yield
+pytestmark = skip_without_gpu()
 
 
 @pytest.mark.parametrize("name", layer_case_names())

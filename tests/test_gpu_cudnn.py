@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from netdef import backend, cudnn
-from tests.helpers import build, gpu_missing, gpu_settings, parse_layer
+from tests.helpers import build, parse_layer, skip_without_cudnn
 
 
 def test_status_names_what_is_missing():
@@ -27,19 +27,7 @@ def test_status_names_what_is_missing():
     assert usable or "pip install" in why
 
 
-def _gpu_missing() -> str | None:
-    usable, why = cudnn.status()
-    return gpu_missing() or (None if usable else why)
-
-
-MISSING = _gpu_missing()
-needs_cudnn = pytest.mark.skipif(MISSING is not None, reason=f"no GPU with cuDNN: {MISSING}")
-
-
-@pytest.fixture
-def on_gpu():
-    with gpu_settings():
-        yield
+needs_cudnn = skip_without_cudnn()
 
 
 def _conv(params: str, shape, rng, dtype, weights=None, bottoms=1):

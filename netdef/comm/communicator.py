@@ -440,10 +440,11 @@ ASYNC_PROGRESS_VARIABLE = "MPIR_CVAR_ASYNC_PROGRESS"
 
 # Open MPI's TCP transport sends a message above its eager limit (64 KiB by default) with a
 # rendezvous: request, clear-to-send, then the data, and each step waits until both ranks next test
-# their requests. The exchange tests every 2 ms from a communication thread: over a 1 Gbit/s link a
-# 256 KiB allreduce took 11.1 ms where its bytes need about 4, and two such chunks in flight moved
-# 0.54 of what one blocking allreduce moves; sent eagerly, 6.5 ms and 0.97 (benchmarks/polled_link.py).
-# 1 MiB covers the chunks the priority schedule picks on such links; the price is receive buffers of
+# their requests. The exchange tests now and then from a communication thread, so a chunk's
+# rendezvous costs it several poll intervals, more than its bytes need over a slow link, and two chunks
+# in flight keep the link only half busy; sent eagerly, a chunk needs one round of tests and two keep
+# the link nearly busy (benchmarks/polled_link.py; benchmarks/README.md, "The figures behind the
+# solver's, the exchange's and the data's choices"). 1 MiB covers the chunks the priority schedule picks on such links; the price is receive buffers of
 # up to that size for messages that arrive before their receive.
 OPEN_MPI_TCP_EAGER = {"OMPI_MCA_btl_tcp_eager_limit": str(1 << 20), "OMPI_MCA_btl_tcp_max_send_size": str(1 << 20)}
 

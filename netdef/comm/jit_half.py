@@ -1,8 +1,9 @@
 """Compiled float32 -> float16 encoding for the fp16 exchange rule (``fp16.py``).
 
-NumPy's float32 -> float16 cast ran at about 4.5 ns a value on this machine (no vector
-instructions in its build), the float16 -> float32 one at about 1 ns: encoding was most of the
-rule's CPU time. This kernel multiplies by the message's power-of-two scale and rounds to float16
+NumPy's float32 -> float16 cast is scalar code in its builds without the vector instructions
+for it, several times slower than the float16 -> float32 one: encoding was most of the rule's CPU
+time (benchmarks/README.md, "The figures behind the solver's, the exchange's and the data's
+choices"). This kernel multiplies by the message's power-of-two scale and rounds to float16
 bits (IEEE round to nearest, ties to even; subnormals, infinities and NaNs included) in one pass,
 without the GIL, so the communication thread does it while backprop runs.
 ``tests/comm/test_fp16.py`` compares it with NumPy's cast bit for bit.

@@ -75,19 +75,17 @@ def choose_mode(comm, requested: str = "AUTO", environ=None) -> str:
 
     AUTO is DEFERRED when the ranks exchange through shared memory (``shared_memory_only``), THREAD
     when they exchange over a network (and the library gives a thread level of at least
-    SERIALIZED; else POLL). Measured with ``benchmarks/overlap.py`` (2 ranks on a 2-core machine,
-    conv layers + fc6 4096x1024, 24.9 MB of gradients, 0.65-0.75 s iterations; benchmarks/README.md):
+    SERIALIZED; else POLL). Why, as ``benchmarks/overlap.py`` measured it (the figures:
+    benchmarks/README.md, "The figures behind the solver's, the exchange's and the data's choices"):
 
-    - Shared memory (MPICH): the exchange is ~8 ms of copies by the same two cores that compute.
-      Moving it into backward costs backprop more than it saves (caches, memory bandwidth): POLL
-      1.00-1.06x and THREAD 1.02-1.04x the iteration time of exchanging after backward; DEFERRED
-      1.01x (0.99-1.02), as exchanging after backward. MPI_ASYNC 2.04-2.08x (MPICH's progress thread
-      spins on a core backprop needs).
-    - TCP at 1 Gbit/s (a tc-limited loopback, Open MPI): the exchange (~383 ms) waits on the link.
-      THREAD leaves 1-17 ms of it exposed: 0.73-0.75x the iteration time of exchanging after
-      backward; POLL, which moves the exchange only between layers, leaves ~250 ms: 0.88-0.91x.
-    - TCP at 10 Gbit/s: the exchange (~41 ms) is mostly CPU time on this machine; THREAD hides the
-      wait, backprop grows by about as much: every mode is within noise (0.99-1.03x).
+    - Shared memory: the exchange is a short run of copies by the same cores that compute. Moving it
+      into backward costs backprop more than it saves (caches, memory bandwidth): POLL and THREAD
+      are no faster than exchanging after backward, DEFERRED is as exchanging after backward, and
+      MPI_ASYNC is far slower (MPICH's progress thread spins on a core backprop needs).
+    - A slow network (TCP at 1 Gbit/s): the exchange waits on the link. THREAD hides nearly all of
+      it behind backward; POLL, which moves the exchange only between layers, hides less.
+    - A fast network (TCP at 10 Gbit/s): the exchange is mostly CPU time on a machine without a spare
+      core; THREAD hides the wait, backprop grows by about as much: every mode is within noise.
 
     MPI_ASYNC falls back to POLL when the library is not MPICH or its progress thread is not on
     (``MPIR_CVAR_ASYNC_PROGRESS`` must be set before MPI starts; ``create_communicator`` does it).

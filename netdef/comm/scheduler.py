@@ -235,14 +235,13 @@ class ScheduleThread:
     ``urgent_poll_interval`` while the training thread waits, sleeping without the GIL in between.
     With nothing in flight it sleeps until it is nudged (a bucket is ready, the training thread
     waits, a new iteration): a test could find nothing, and each wake-up takes a core from a rank's
-    compute and the GIL from its training thread. It used to poll every 2 ms whenever the iteration's
-    exchange was unfinished: 1,000-1,120 wake-ups per iteration of which about 20 found anything, on a
-    loaded machine (schedule.py's compute-bound regime, 4-7 s iterations); 250 without those polls.
+    compute and the GIL from its training thread: polling whenever the iteration's exchange was
+    unfinished woke it a thousand times an iteration, almost always for nothing.
 
     It never blocks inside MPI: MPI libraries wait by spinning, and with every core computing (ranks
-    share the machine's cores) a spinning thread takes a core from another rank's backprop. Over Open
-    MPI's TCP at 1 Gbit/s, 2 ranks on 2 cores (benchmarks/schedule.py's compute-bound regime), the
-    thread's CPU time per iteration went from about 95 to about 77 ms (read from /proc/self/task)."""
+    share the machine's cores) a spinning thread takes a core from another rank's backprop; not
+    blocking cut the thread's CPU time per iteration by a fifth (benchmarks/README.md, "The figures
+    behind the solver's, the exchange's and the data's choices")."""
 
     poll_interval = 0.002
     urgent_poll_interval = 0.0002
@@ -404,11 +403,12 @@ def credit_size(chunk: int, link: LinkMeasurement) -> int:
     thread delays; at least two chunks, at most 16 MiB, a whole number of chunks.
 
     Why the polled time and not the blocking latency: every step of the MPI library's protocol (a
-    rendezvous handshake, each round of the allreduce) waits until both ranks next test. Over Open
-    MPI's TCP transport at 1 Gbit/s with its default 64 KiB eager limit, a 64 KiB allreduce took
-    0.6 ms blocking and 10.6 ms tested every 2 ms, and two 256 KiB chunks in flight moved 0.54 of what
-    a blocking allreduce moves (eight: 0.94). With the eager limit netdef sets
-    (``communicator.OPEN_MPI_TCP_EAGER``) two chunks move 0.97 of it (benchmarks/polled_link.py).
+    rendezvous handshake, each round of the allreduce) waits until both ranks next test, so a small
+    allreduce that is tested now and then takes many times its blocking latency, and a few chunks in
+    flight move only part of what a blocking allreduce moves. With the eager limit netdef sets
+    (``communicator.OPEN_MPI_TCP_EAGER``) two chunks move nearly all of it (benchmarks/polled_link.py;
+    the figures: benchmarks/README.md, "The figures behind the solver's, the exchange's and the data's
+    choices").
 
     Why no more: the ranks learn that a bucket is ready everywhere from the marks of chunks started
     after it, which queue behind the bytes in flight, and its own chunk queues behind them again;

@@ -325,8 +325,8 @@ class _MapBounds:
         """The key of the record whose key lmdb placed at ``key_buffer``, copied once it is known to lie
         in the map, and after checking that the value's extent, read from the record's node, lies in
         the map too: py-lmdb copies (or touches) the value as soon as it is asked for it, past any
-        check of ours. The record's address is taken once for both checks (each taking costs ~2 us,
-        and a data layer reads thousands of records per second)."""
+        check of ours. The record's address is taken once for both checks (taking it builds a ctypes
+        object each time, and a data layer reads thousands of records per second)."""
         size = len(key_buffer)
         if self.start is None or not size:
             return bytes(key_buffer)

@@ -75,7 +75,7 @@ SCATTER_ALIASING_BYTES = 4096
 def usable(dtype, num_spatial: int, group: int, channels: int, kernel, out_spatial) -> bool:
     """Whether the direct path computes a convolution of these properties on NumPy arrays of
     ``dtype``: 2-D, not depthwise (those keep their own kernels), not 1x1 (a matrix product as it
-    stands: the column path's products ran ResNet's strided 1x1 layers 1.3-1.5x faster), and with at
+    stands: the column path's products ran ResNet's strided 1x1 layers faster), and with at
     least MIN_TAPS taps per group unless its output planes are written in place. Whether the kernels
     compile on this CPU is ``compiles``' question, asked last (a layer that takes another path never
     compiles them)."""

@@ -34,12 +34,12 @@ Who moves the exchange (``Progress``, after progress.py's drivers):
   advances a non-blocking collective only inside such a test: the first test sends the first
   round's messages and each later one the next round's, so a collective of ``rounds`` rounds
   completes no sooner than ``(rounds + 1)`` tests after it starts (``Progress.polls``): 2 ranks, one
-  round, tested every 2 ms: 4 ms (measured on a loaded machine: 4.2 ms over shared memory, 6.4 over
-  TCP, for an 8-byte allreduce that takes 7-8 us blocking). Decisions of the schedule wait for the same tests.
-  Where that time was measured (``ScheduleOptions.polled_s``: benchmarks/scaling_model.py measures a
-  polled tiny allreduce), the measurement replaces the rounds + 1 polls: over Open MPI's TCP each
-  round's send and receive wait for a test on both ranks, whose polls are out of phase, and a
-  quiet machine measured 6.3-8.5 ms at 2 ranks where rounds + 1 polls give 4.
+  round: two poll intervals, however small the collective (a measurement agrees, benchmarks/README.md,
+  "The figures behind the solver's, the exchange's and the data's choices"). Decisions of the
+  schedule wait for the same tests. Where that time was measured (``ScheduleOptions.polled_s``:
+  benchmarks/scaling_model.py measures a polled tiny allreduce), the measurement replaces the
+  rounds + 1 polls: over Open MPI's TCP each round's send and receive wait for a test on both ranks,
+  whose polls are out of phase, so a collective takes longer than rounds + 1 polls (same section).
 - ``deferred``: no MPI call during compute (the DEFERRED driver the solver picks between ranks that
   share memory): what was started moves only while the training thread blocks in MPI, at the
   iteration's end or in a wait before a layer; while it computes, the collectives in flight and

@@ -9,8 +9,9 @@ A message of n bytes over one link costs ``latency_s + n / bytes_per_s``. Three 
   full-duplex link of ``bytes_per_s`` to the switch, which its ranks share.
 - ``shared``: one medium of ``bytes_per_s`` carries every rank's traffic (all bytes sent by all
   ranks queue on it). This is the emulated link of benchmarks/emulated_network.sh: every rank's TCP
-  traffic crosses the one rate-limited loopback (2 ranks' 16 MB allreduce, 4 x 8 MB through
-  1 Gbit/s: 256 ms modelled, 252 measured; ../shared/design/EMULATED-NETWORK.md).
+  traffic crosses the one rate-limited loopback (the model and a measured allreduce through it agree:
+  benchmarks/README.md, "The figures behind the solver's, the exchange's and the data's choices";
+  ../shared/design/EMULATED-NETWORK.md).
 
 A collective's cost is a ``Cost``: ``latency_s`` (waiting that does not occupy the link; chunks in
 flight together overlap it) and ``transfer_s`` (the bottleneck link busy, which back-to-back chunks

@@ -107,7 +107,8 @@ def load_profile(path: str) -> Profile:
     except json.JSONDecodeError as exc:
         raise ProfileError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"profile {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ProfileError(f"profile {path}: {reason}") from None
     if not isinstance(doc, dict):
         raise ProfileError(f"{path}: expected a JSON object with 'layers' and 'params'")
     if doc.get("format", FORMAT) != FORMAT:

@@ -42,8 +42,9 @@ from .iteration import IterationTimes, Progress, ScheduleOptions, simulate_synch
 from .network import Network
 from .profile import Profile
 
-# A CPU's fused SGD-with-momentum update of a float32 blob: fc6 of benchmarks/schedule.py's net,
-# 33 MB, in 12 ms (benchmarks/README.md, issue 8): about 0.36 ns per byte of parameters.
+# A CPU's fused SGD-with-momentum update of a float32 blob, per byte of parameters: the time measured
+# for fc6 of benchmarks/schedule.py's net over its bytes (benchmarks/README.md, "The figures behind the
+# solver's, the exchange's and the data's choices").
 CPU_UPDATE_S_PER_BYTE = 12e-3 / 33.6e6
 
 

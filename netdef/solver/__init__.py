@@ -9,6 +9,7 @@ See solver.py for the loop and the modules it composes, parallel.py for the call
 in order, snapshot.py for the snapshot files, updates.py, step.py and lr_policy.py for the formulas.
 """
 from .building import read_solver_param
+from .callbacks import SolverCallback
 from .lr_policy import LRPolicyError, learning_rate
 from .nonfinite import NonFiniteError, NonFiniteLossError, NonFiniteParamsError
 from .signals import SignalHandlers, SolverAction, install_signal_handlers
@@ -28,6 +29,6 @@ from .updates import SolverConfigError, UpdateRule, register_update_rule, regist
 __all__ = [
     "AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "LRPolicyError", "NesterovSolver", "NonFiniteError",
     "NonFiniteLossError", "NonFiniteParamsError", "RMSPropSolver", "SGDSolver", "SignalHandlers", "SnapshotError",
-    "Solver", "SolverAction", "SolverConfigError", "UpdateRule", "get_solver", "install_signal_handlers",
+    "Solver", "SolverAction", "SolverCallback", "SolverConfigError", "UpdateRule", "get_solver", "install_signal_handlers",
     "learning_rate", "read_solver_param", "register_update_rule", "registered_update_rules",
 ]

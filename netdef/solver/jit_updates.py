@@ -1,9 +1,10 @@
 """Compiled per-blob update steps: normalization, L2 regularization, the rule's value and
 ``data -= value`` in one pass over memory.
 
-Done one NumPy operation at a time, SGD's step over a 33 MB fully connected weight makes four
-temporary arrays (each freshly mapped and page-faulted) and seven passes: 60-110 ms on this machine,
-on the critical path of distributed training when the next forward waits for that weight. Here every
+Done one NumPy operation at a time, SGD's step over a large fully connected weight makes four
+temporary arrays (each freshly mapped and page-faulted) and seven passes over memory, on the critical
+path of distributed training when the next forward waits for that weight (benchmarks/README.md, "The
+figures behind the solver's, the exchange's and the data's choices"). Here every
 element goes through the same float32 operations in the same order as the separate steps (numba does
 not contract a multiply and an add into a fused multiply-add without fastmath), so the results are
 the same bits; ``tests/solver/test_jit_updates.py`` compares them.
@@ -29,8 +30,9 @@ def _regularized(diff, data, i, divisor, scale, decay, decays):
 
 
 # Below this many elements a blob is updated on the calling thread: starting the parallel loop (waking
-# the pool's sleeping threads) took 12-13 us on this 2-core machine, the whole serial step of a
-# 500-element bias 0.9 us and of 25,000 elements 18 us (29 us in parallel); LeNet has 7 such blobs.
+# the pool's sleeping threads) costs more than the whole serial step of a small blob, and LeNet has 7
+# such blobs (benchmarks/README.md, "The figures behind the solver's, the exchange's and the data's
+# choices").
 PARALLEL_MIN_ELEMENTS = 1 << 15
 
 

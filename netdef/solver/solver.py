@@ -50,6 +50,7 @@ from .building import (
     set_up_device,
     set_up_precision,
 )
+from .callbacks import SolverCallback
 from .nonfinite import NonFiniteParamsError, non_finite_loss, non_finite_params
 from .parallel import Parallel
 from .prefix_lock import SnapshotPrefixLock
@@ -155,13 +156,19 @@ class Solver:
     def add_callback(self, on_start=None, on_gradients_ready=None, after_update=None):
         """Per-iteration callbacks (no arguments, as pycaffe's): ``on_start`` before the forward passes,
         ``on_gradients_ready`` after backward and before the update, ``after_update`` once the update is
-        applied and ``iter`` incremented (before the snapshot check). One object with methods of those
-        names also works: ``solver.add_callback(obj)``."""
-        names = ("on_start", "on_gradients_ready", "after_update")
-        if on_gradients_ready is None and after_update is None and on_start is not None and any(
-                hasattr(on_start, n) for n in names):
-            obj = on_start
-            on_start, on_gradients_ready, after_update = (getattr(obj, n, None) for n in names)
+        applied and ``iter`` incremented (before the snapshot check). One ``SolverCallback`` (whose
+        methods are those three) also works: ``solver.add_callback(callback)``."""
+        if isinstance(on_start, SolverCallback):
+            if on_gradients_ready is not None or after_update is not None:
+                raise TypeError("add_callback: a SolverCallback comes alone; its methods are the three callbacks")
+            callback = on_start
+            on_start, on_gradients_ready, after_update = (callback.on_start, callback.on_gradients_ready,
+                                                          callback.after_update)
+        for name, function in (("on_start", on_start), ("on_gradients_ready", on_gradients_ready),
+                               ("after_update", after_update)):
+            if function is not None and not callable(function):
+                raise TypeError(f"add_callback: {name} must be a function taking no arguments or None (or the "
+                                f"one argument a netdef.SolverCallback), not {type(function).__name__}")
         self._callbacks.append((on_start, on_gradients_ready, after_update))
 
     def add_scalar_observer(self, observer) -> None:

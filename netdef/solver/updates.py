@@ -121,9 +121,49 @@ class UpdateRule:
         return self.history[self.num_params + param_id]
 
 
+class MomentumUpdate(UpdateRule):
+    """What SGD and Nesterov share: one history set (the momentum buffer) and a compiled fused step on
+    both devices, whose kernels take the same arguments but for the momentum's terms. A subclass
+    names its kernels (``_gpu_step``, ``_cpu_steps``) and those terms (``_cpu_momentum_terms``)."""
+
+    @staticmethod
+    def _gpu_step(data, diff, history, divisor, scale, decay, local_rate, momentum) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _cpu_steps(jit_updates) -> tuple:
+        """(the parallel kernel, the serial one) of ``jit_updates``, imported only when a CPU step runs."""
+        raise NotImplementedError
+
+    def _cpu_momentum_terms(self) -> tuple:
+        return (f32(self.param.momentum),)
+
+    def fused_step(self, param_id, blob, scale, decay, local_rate, iteration, divisor=1):
+        history = self.history[param_id].data
+        if gpu_updates.usable(blob.data, blob.diff, history):
+            self._gpu_step(blob.data, blob.diff, history, divisor, scale, decay, local_rate, self.param.momentum)
+            return True
+        arrays = _flat_float32(blob.data, blob.diff, history)
+        if arrays is None:
+            return False
+        from . import jit_updates
+
+        parallel, serial = self._cpu_steps(jit_updates)
+        step = parallel if arrays[0].size >= jit_updates.PARALLEL_MIN_ELEMENTS else serial
+        step(*arrays, f32(divisor), f32(scale), f32(decay or 0), decay is not None, f32(local_rate),
+             *self._cpu_momentum_terms())
+        return True
+
+
 @register_update_rule("SGD")
-class SGDUpdate(UpdateRule):
+class SGDUpdate(MomentumUpdate):
     """Stochastic gradient descent with momentum (the rate sits inside the momentum buffer)."""
+
+    _gpu_step = staticmethod(gpu_updates.sgd_step)
+
+    @staticmethod
+    def _cpu_steps(jit_updates):
+        return jit_updates.sgd_step, jit_updates.sgd_step_serial
 
     def compute_update_value(self, param_id, blob, local_rate, iteration):
         momentum = f32(self.param.momentum)
@@ -131,27 +171,20 @@ class SGDUpdate(UpdateRule):
         v[...] = local_rate * blob.diff + momentum * v
         blob.diff[...] = v
 
-    def fused_step(self, param_id, blob, scale, decay, local_rate, iteration, divisor=1):
-        history = self.history[param_id].data
-        if gpu_updates.usable(blob.data, blob.diff, history):
-            gpu_updates.sgd_step(blob.data, blob.diff, history, divisor, scale, decay, local_rate,
-                                 self.param.momentum)
-            return True
-        arrays = _flat_float32(blob.data, blob.diff, history)
-        if arrays is None:
-            return False
-        from . import jit_updates
-
-        step = jit_updates.sgd_step if arrays[0].size >= jit_updates.PARALLEL_MIN_ELEMENTS \
-            else jit_updates.sgd_step_serial
-        step(*arrays, f32(divisor), f32(scale), f32(decay or 0), decay is not None, f32(local_rate),
-             f32(self.param.momentum))
-        return True
-
 
 @register_update_rule("Nesterov")
-class NesterovUpdate(UpdateRule):
+class NesterovUpdate(MomentumUpdate):
     """Nesterov's accelerated gradient (Sutskever et al. 2013 form)."""
+
+    _gpu_step = staticmethod(gpu_updates.nesterov_step)
+
+    @staticmethod
+    def _cpu_steps(jit_updates):
+        return jit_updates.nesterov_step, jit_updates.nesterov_step_serial
+
+    def _cpu_momentum_terms(self):
+        momentum = f32(self.param.momentum)
+        return momentum, f32(1) + momentum
 
     def compute_update_value(self, param_id, blob, local_rate, iteration):
         momentum = f32(self.param.momentum)
@@ -159,24 +192,6 @@ class NesterovUpdate(UpdateRule):
         previous = v.copy()
         v[...] = local_rate * blob.diff + momentum * v
         blob.diff[...] = (f32(1) + momentum) * v + (-momentum) * previous
-
-    def fused_step(self, param_id, blob, scale, decay, local_rate, iteration, divisor=1):
-        history = self.history[param_id].data
-        if gpu_updates.usable(blob.data, blob.diff, history):
-            gpu_updates.nesterov_step(blob.data, blob.diff, history, divisor, scale, decay, local_rate,
-                                      self.param.momentum)
-            return True
-        arrays = _flat_float32(blob.data, blob.diff, history)
-        if arrays is None:
-            return False
-        from . import jit_updates
-
-        momentum = f32(self.param.momentum)
-        step = jit_updates.nesterov_step if arrays[0].size >= jit_updates.PARALLEL_MIN_ELEMENTS \
-            else jit_updates.nesterov_step_serial
-        step(*arrays, f32(divisor), f32(scale), f32(decay or 0), decay is not None, f32(local_rate), momentum,
-             f32(1) + momentum)
-        return True
 
 
 @register_update_rule("AdaGrad")

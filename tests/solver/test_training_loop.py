@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from netdef.proto import netdef_pb2 as pb
-from netdef.solver import (AdamSolver, NonFiniteLossError, SGDSolver, SolverConfigError, get_solver,
-                           install_signal_handlers)
+from netdef.solver import (AdamSolver, NonFiniteLossError, SGDSolver, SolverCallback, SolverConfigError,
+                           get_solver, install_signal_handlers)
 
 from .common import load_case, oracle_solver, params_of, write_case_files
 
@@ -139,7 +139,7 @@ def test_callback_order(tmp_path):
     solver, _ = oracle_solver(case, tmp_path)
     events = []
 
-    class Recorder:
+    class Recorder(SolverCallback):  # after_update is inherited: it does nothing
         def on_start(self):
             events.append(("start", solver.iter))
 
@@ -153,6 +153,19 @@ def test_callback_order(tmp_path):
     solver.add_callback(after_update=lambda: events.append(("updated", solver.iter)))
     solver.step(1)
     assert events == [("start", 0), ("gradients", 0), ("updated", 1)]
+
+
+def test_callback_refuses_an_object_that_is_neither_a_function_nor_a_solver_callback(tmp_path):
+    solver, _ = oracle_solver(load_case("sgd"), tmp_path)
+
+    class Duck:  # methods of the right names, but no declared SolverCallback
+        def on_start(self):
+            pass
+
+    with pytest.raises(TypeError, match="on_start must be a function.*SolverCallback"):
+        solver.add_callback(Duck())
+    with pytest.raises(TypeError, match="comes alone"):
+        solver.add_callback(SolverCallback(), after_update=lambda: None)
 
 
 # -------------------------------------------------------------------------------------------- signals

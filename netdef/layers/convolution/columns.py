@@ -3,7 +3,8 @@
 What any convolution can take (every geometry, group count and array module), and on a GPU without
 cuDNN what every convolution but the depthwise and pointwise ones takes. Its pieces serve others: the
 direct path's col2im input gradient and the Deconvolution layer use ``ColumnChunks``,
-``grouped_weights``, ``grouped_product`` and ``col2im_input_gradient``.
+``grouped_weights``, ``grouped_product``, the per-chunk steps (``scattered_chunk``,
+``add_weight_gradient``, ``product_into_chunk``) and ``col2im_input_gradient``.
 """
 from __future__ import annotations
 
@@ -68,6 +69,31 @@ class ColumnChunks:
                 chunks.append((start, stop, layouts[stop - start]))
             self._key, self._chunks = key, chunks
         return self._chunks
+
+
+def scattered_chunk(lay, workspace, name: str, rows: int, chunk, xp):
+    """``chunk`` (a chunk of samples, (N, rows, *positions)) as a (rows, positions) matrix of the
+    column layout ``lay``, in the workspace's buffer ``name`` for that chunk size."""
+    mat = lay.buffer(workspace, (name, lay.x_shape[0]), rows, chunk.dtype, xp)
+    lay.scatter(mat, chunk)
+    return mat
+
+
+def add_weight_gradient(weight, group: int, columns_g, dy_g) -> None:
+    """``weight.diff`` += the weight gradient of a chunk from its columns and its top gradient in
+    columns, both (group, rows per group, positions): (cols dy^T)^T, the orientation BLAS runs
+    markedly faster than dy cols^T."""
+    dw_t = grouped_product(group, columns_g, dy_g, None, trans_b=True)
+    weight.diff += dw_t.transpose(0, 2, 1).reshape(weight.shape)
+
+
+def product_into_chunk(scratch, name: str, weights_g, columns_g, lay, out, xp) -> None:
+    """``out`` (a chunk of samples) = ``weights_g`` times ``columns_g`` per group (both grouped),
+    computed into the scratch array ``name`` and gathered from the column layout ``lay``."""
+    group, ncols = weights_g.shape[0], lay.ncols
+    product = scratch.get(name, (group * weights_g.shape[1], ncols), columns_g.dtype, xp)
+    grouped_product(group, weights_g, columns_g, product.reshape(group, -1, ncols))
+    out[...] = lay.gather(product)
 
 
 def col2im_input_gradient(scratch, xp, weights, dy_g, lay, dx) -> None:
@@ -148,8 +174,7 @@ class ColumnsAlgorithm(ConvolutionAlgorithm):
             dy_all = t.diff.reshape(s.y_shape)
             dx_all = b.diff.reshape(x.shape) if propagate_down[i] else None
             for k, (start, stop, lay) in enumerate(reversed(chunks)):
-                dy = lay.buffer(self.workspace, ("dy", lay.x_shape[0]), o, dy_all.dtype, xp)
-                lay.scatter(dy, dy_all[start:stop])
+                dy = scattered_chunk(lay, self.workspace, "dy", o, dy_all[start:stop], xp)
                 if want_b:
                     layer.blobs[1].diff += dy.sum(axis=1)
                 dy_g = dy.reshape(g, o // g, -1)
@@ -159,17 +184,14 @@ class ColumnsAlgorithm(ConvolutionAlgorithm):
                         cols = self.workspace.get(key, (lay.rows, lay.ncols), dy.dtype, xp)
                     else:
                         cols = im2col(x[start:stop], lay, self.workspace, key=key)
-                    # (cols dy^T)^T: BLAS runs this orientation markedly faster than dy cols^T.
-                    dw_t = grouped_product(g, cols.reshape(g, -1, lay.ncols), dy_g, None, trans_b=True)
-                    layer.blobs[0].diff += dw_t.transpose(0, 2, 1).reshape(layer.blobs[0].shape)
+                    add_weight_gradient(layer.blobs[0], g, cols.reshape(g, -1, lay.ncols), dy_g)
                 if dx_all is not None and flipped is not None:
                     # Stride 1: the input gradient is the top gradient, padded by extent - 1 - pad,
                     # convolved with the flipped, transposed filters: im2col + one product, no col2im.
                     lay_t = column_layout((stop - start, o) + s.out_spatial, back_geom, xp)
                     cols_t = im2col(dy_all[start:stop], lay_t, self.workspace, key=("dycols", lay_t.x_shape[0]))
-                    dxt = layer.scratch.get("conv_dxt", (s.channels, lay_t.ncols), dy.dtype, xp)
-                    grouped_product(g, flipped, cols_t.reshape(g, -1, lay_t.ncols), dxt.reshape(g, -1, lay_t.ncols))
-                    dx_all[start:stop] = lay_t.gather(dxt)
+                    product_into_chunk(layer.scratch, "conv_dxt", flipped, cols_t.reshape(g, -1, lay_t.ncols), lay_t,
+                                       dx_all[start:stop], xp)
                 elif dx_all is not None:
                     col2im_input_gradient(layer.scratch, xp, w, dy_g, lay, dx_all[start:stop])
             self.fresh_columns[i] = False

@@ -5,7 +5,8 @@ from ... import backend
 from ..base import register_layer
 from ..im2col import Workspace, col2im, im2col
 from .base import ConvolutionBase
-from .columns import ColumnChunks, grouped_product, grouped_weights
+from .columns import (ColumnChunks, add_weight_gradient, grouped_product, grouped_weights, product_into_chunk,
+                      scattered_chunk)
 
 
 @register_layer("Deconvolution")
@@ -38,8 +39,7 @@ class DeconvolutionLayer(ConvolutionBase):
             x = b.data.reshape((self.num, c) + self.in_spatial)
             y_all = t.data.reshape((self.num, self.num_output) + self.out_spatial)
             for start, stop, lay in chunks:
-                xt = lay.buffer(self.workspace, ("xt", lay.x_shape[0]), c, x.dtype, xp)
-                lay.scatter(xt, x[start:stop])
+                xt = scattered_chunk(lay, self.workspace, "xt", c, x[start:stop], xp)
                 cols = self.scratch.get("deconv_cols", (lay.rows, lay.ncols), x.dtype, xp)
                 grouped_product(g, w, xt.reshape(g, c // g, -1), cols.reshape(g, -1, lay.ncols), trans_a=True)
                 col2im(cols, lay, y_all[start:stop], self.scratch)
@@ -65,11 +65,7 @@ class DeconvolutionLayer(ConvolutionBase):
                 dcols = im2col(dy_all[start:stop], lay, self.workspace, key=("dcols", lay.x_shape[0]))
                 dcols_g = dcols.reshape(g, -1, lay.ncols)
                 if want_w:
-                    xt = lay.buffer(self.workspace, ("xt", lay.x_shape[0]), c, x.dtype, xp)
-                    lay.scatter(xt, x[start:stop])
-                    dw_t = grouped_product(g, dcols_g, xt.reshape(g, c // g, -1), None, trans_b=True)
-                    self.blobs[0].diff += dw_t.transpose(0, 2, 1).reshape(self.blobs[0].shape)
+                    xt = scattered_chunk(lay, self.workspace, "xt", c, x[start:stop], xp)
+                    add_weight_gradient(self.blobs[0], g, dcols_g, xt.reshape(g, c // g, -1))
                 if dx_all is not None:
-                    dxt = self.scratch.get("deconv_dxt", (c, lay.ncols), dcols.dtype, xp)
-                    grouped_product(g, w, dcols_g, dxt.reshape(g, c // g, -1))
-                    dx_all[start:stop] = lay.gather(dxt)
+                    product_into_chunk(self.scratch, "deconv_dxt", w, dcols_g, lay, dx_all[start:stop], xp)

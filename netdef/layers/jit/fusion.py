@@ -10,9 +10,10 @@ Work items as Scale's kernel: chunks of at most BLOCK values of one (o, d) row. 
 
 The large kernels that apply a map to the blocks they write (jit/depthwise.py's blocked_taps,
 jit/blas.py's mapped panels) call it through ``rows_mapper``'s address instead: given the stages as
-None-or-array arguments, numba compiled one whole kernel per combination of stages present, 5-9 s
-each (14 of blocked_taps' in the test suite, 2 to 3 for a zoo net); the mapper is a small function per
-combination, and the kernel is compiled once per dtype.
+None-or-array arguments, numba compiled one whole large kernel per combination of stages present
+(14 of blocked_taps' in the test suite, 2 to 3 for a zoo net), each a long compilation
+(benchmarks/README.md, "The figures behind the other layers' choices"); the mapper is a small
+function per combination, and the kernel is compiled once per dtype.
 """
 from __future__ import annotations
 
@@ -118,7 +119,8 @@ def rows_mapper(dtype: np.dtype, shift: bool, normalize: bool, scale: bool, bias
     ``first`` on, row j all of channel ``channel + j``, through the map's stages in place; the stage
     arguments are the addresses of the stages' per-channel arrays (``slope``: of one value), of which
     only the present stages' are read. One call per block of rows, not per row: a call per 7 x 7
-    plane cost the depthwise kernel 7-10% (in-process A/B). Called with jit/kernel_calls.call11
+    plane made the depthwise kernel measurably slower (same section of benchmarks/README.md as the
+    module docstring's). Called with jit/kernel_calls.call11
     (every argument an i64)."""
     return _compile_rows_mapper(np.dtype(dtype), shift, normalize, scale, bias, rectify).address
 
@@ -140,7 +142,7 @@ def channel_map(x, shift, mean, std, scale, bias, negative_slope, y):
 @njit(nogil=True, parallel=True, error_model="numpy", cache=True)
 def channel_map_in_place(y, shift, mean, std, scale, bias, negative_slope):
     """``channel_map`` from y into y. A kernel of its own: given the same array twice, LLVM's
-    vectorized loop saw its operands overlap and ran the scalar loop (3.5x slower)."""
+    vectorized loop saw its operands overlap and ran the scalar loop, several times slower."""
     o_, d_, i_ = y.shape
     chunks = block_count(i_)
     for item in prange(o_ * d_ * chunks):

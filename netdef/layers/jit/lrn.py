@@ -13,7 +13,8 @@ window's terms in order from the first, the box's rows before its columns), so `
 twins' to the bit; the power is computed apart: for beta = 3/4 (AlexNet's, CaffeNet's, GoogLeNet's,
 CIFAR-10 full's) as 1 / (r * sqrt(r)), r = sqrt(scale): two vector square roots and a division,
 within 4 ulp of the correctly rounded power, where numba has no vector pow (it calls the C library's
-for one value at a time: 8x slower).
+for one value at a time, several times slower: benchmarks/README.md, "The figures behind the other
+layers' choices").
 
 Across channels, the work items are (sample, block of ``SPAN`` cells): each squares (or forms
 dy * y / scale for) its block once into a scratch of C + n - 1 rows (zero rows at both ends), and

@@ -1,8 +1,9 @@
 """Register-blocked convolution microkernels, written as LLVM IR and compiled for this CPU by llvmlite.
 
-OpenBLAS multiplies the narrow matrices of small-image convolutions (32-64 output channels) at 70-100
-GFLOP/s per core where PyTorch's convolutions reach ~160, and numba loops written for the same blocking
-ran at 5-7 GFLOP/s: LLVM kept their accumulator block in memory. Written in IR, with explicit vector
+OpenBLAS multiplies the narrow matrices of small-image convolutions (32-64 output channels) at well
+below the rate PyTorch's convolutions reach, and numba loops written for the same blocking ran far
+slower still: LLVM kept their accumulator block in memory (benchmarks/README.md, "The figures behind
+the other layers' choices"). Written in IR, with explicit vector
 types and one SSA value per accumulator, the block lives in registers: a multiply-add of a broadcast
 input value and a vector of output channels per register, and nothing else in the inner loop.
 
@@ -41,10 +42,10 @@ import functools
 import numpy as np
 
 # Accumulator blocks are at most this wide where the CPU has 32 vector registers (AVX-512): 12 x 2
-# accumulators, 2 vectors and a broadcast fit in them. Measured one thread, float32: the weight
-# gradient's 12 taps per call ran at 130-171 GFLOP/s on ResNet's, VGG's and CIFAR's shapes (10 taps:
-# 115-170); the forward's 12 pixels per call only at 96-117 on 55-56 pixel wide rows, where 10 ran at
-# 146-166 (CIFAR's 16 wide rows: the same for both).
+# accumulators, 2 vectors and a broadcast fit in them. The weight gradient's 12 taps per call ran at
+# least as fast as 10 on every shape tried; the forward's 12 pixels per call ran slower than 10 on
+# 55-56 pixel wide rows and no faster on CIFAR's narrow ones, so the forward takes 10 (the figures:
+# benchmarks/README.md, "The figures behind the other layers' choices").
 WIDEST_PIXELS_32_REGISTERS = 10  # output pixels per call of the taps kernels
 WIDEST_TAPS_32_REGISTERS = 12  # taps per call of the pixels kernels
 # With 16 registers (AVX, NEON as LLVM sees it): 6 x 2 accumulators.

@@ -60,7 +60,7 @@ def int_args(*values) -> tuple:
 
 
 def _real_dtype(args):
-    for a in args:
+    for a in args:  # arrays and NumPy scalars have a dtype (ndim 0 for a scalar); Python numbers do not
         dtype = getattr(a, "dtype", None)
         if dtype is not None and getattr(a, "ndim", 0) > 0 and np.dtype(dtype) in _REAL:
             return np.dtype(dtype)
