@@ -109,7 +109,7 @@ def test_every_built_in_exchange_rule_is_registered_from_one_place():
 
 
 def test_pycaffe_solver_classes_are_the_update_rules():
-    from netdef.solver.solver import SOLVER_CLASSES
+    from netdef.solver.solver_types import SOLVER_CLASSES
     from netdef.solver.updates import registered_update_rules, update_rule_class
 
     assert SOLVER_CLASSES.names() == registered_update_rules()

@@ -18,7 +18,8 @@ import logging
 import sys
 import traceback
 
-from ..solver.solver import Solver, get_solver, read_solver_param
+from ..solver.solver import Solver, read_solver_param
+from ..solver.solver_types import get_solver
 from .agreement import RanksDisagreeError
 from .communicator import Communicator, create_communicator
 from .data_parallel import DataParallel

@@ -14,14 +14,14 @@ from .lr_policy import LRPolicyError, learning_rate
 from .nonfinite import NonFiniteError, NonFiniteLossError, NonFiniteParamsError
 from .signals import SignalHandlers, SolverAction, install_signal_handlers
 from .snapshot import SnapshotError
-from .solver import (
+from .solver import Solver
+from .solver_types import (
     AdaDeltaSolver,
     AdaGradSolver,
     AdamSolver,
     NesterovSolver,
     RMSPropSolver,
     SGDSolver,
-    Solver,
     get_solver,
 )
 from .updates import SolverConfigError, UpdateRule, register_update_rule, registered_update_rules

@@ -39,8 +39,7 @@ import numpy as np
 
 from .. import backend
 from ..net import Net
-from ..registry import Registry
-from . import display, lr_policy, updates
+from . import display, lr_policy
 from . import snapshot as _snapshot
 from .arrival import ArrivalUpdates
 from .building import (
@@ -414,45 +413,3 @@ class Solver:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} type={self.param.type!r} net={self.net.name!r} iter={self.iter}>"
-
-
-# ============================================================================================ per-type classes
-# pycaffe's solver classes, one per built-in update rule, named by the rule's registered type.
-class SGDSolver(Solver):
-    solver_type = updates.SGDUpdate.type_name
-
-
-class NesterovSolver(Solver):
-    solver_type = updates.NesterovUpdate.type_name
-
-
-class AdaGradSolver(Solver):
-    solver_type = updates.AdaGradUpdate.type_name
-
-
-class RMSPropSolver(Solver):
-    solver_type = updates.RMSPropUpdate.type_name
-
-
-class AdaDeltaSolver(Solver):
-    solver_type = updates.AdaDeltaUpdate.type_name
-
-
-class AdamSolver(Solver):
-    solver_type = updates.AdamUpdate.type_name
-
-
-#: Solver type names -> pycaffe's per-type solver classes (``get_solver`` builds the generic Solver
-#: for a registered update rule without one).
-SOLVER_CLASSES: Registry[type] = Registry("pycaffe solver type", {cls.solver_type: cls for cls in (
-    SGDSolver, NesterovSolver, AdaGradSolver, RMSPropSolver, AdaDeltaSolver, AdamSolver)})
-
-
-def get_solver(solver, *, solver_file: str | None = None, parallel: Parallel | None = None) -> Solver:
-    """pycaffe's ``caffe.get_solver``: the solver class for the file's ``type`` (or legacy
-    ``solver_type``); types registered with ``register_update_rule`` get the generic Solver.
-    ``parallel``: see ``parallel.py`` (one process by default)."""
-    param, path = read_solver_param(solver)
-    cls = SOLVER_CLASSES.get(param.type) if param.type in SOLVER_CLASSES else Solver
-    update_rule_class(param.type)  # unknown type: a clear error before anything is built
-    return cls(param, solver_file=path or solver_file, parallel=parallel)
