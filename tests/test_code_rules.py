@@ -125,3 +125,10 @@ def test_no_module_over_800_lines(limit):
     long = [f"netdef/{name}: {n} lines" for path, name in _modules()
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > limit]
     assert not long, f"modules over {limit} lines; move a cohesive part into a module of its own:\n" + "\n".join(long)
+
+
+def test_the_solver_reads_top_to_bottom():
+    """Caffe's loop, and only it, in solver.py (issue 31): what it composes lives beside it."""
+    path = PACKAGE / "solver" / "solver.py"
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= 450, f"netdef/solver/solver.py has {lines} lines; move what the loop composes out of it"
