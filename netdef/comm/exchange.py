@@ -61,6 +61,7 @@ from .. import backend
 from ..registry import Registry, UnknownNameError
 from ..solver.arrival import GradientExchange
 from .options import DEFAULT_BUCKET_BYTES, ExchangeOptions, check  # noqa: F401  (DEFAULT_BUCKET_BYTES: simulate)
+from .gradient_staging import gradients_for
 from .progress import choose_mode, make_driver
 from .reduction import Reduction
 from .scheduler import PriorityTransport, ScheduleThread, choose_sizes
@@ -222,8 +223,8 @@ class Bucket:
         self.shapes = [tuple(s) for s in shapes]
         self.sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
         self.offsets = [int(o) for o in np.cumsum([0] + self.sizes[:-1])]
-        self._own = np.empty(sum(self.sizes), dtype=self.dtype) if len(self.param_ids) > 1 else None
-        self.buffer = self._own
+        self._own = None  # allocated by the first pack that needs it (a GPU's staging brings its own)
+        self.buffer = None
         self.in_place = False
         self.reset()
 
@@ -244,7 +245,7 @@ class Bucket:
     def pack(self, slot: int, diff) -> None:
         """Put one gradient into its place (or, for a bucket of one, use the diff's memory)."""
         self.filled += 1
-        if self._own is None and isinstance(diff, np.ndarray) and diff.flags.c_contiguous and diff.dtype == self.dtype:
+        if len(self.param_ids) == 1 and isinstance(diff, np.ndarray) and diff.flags.c_contiguous and diff.dtype == self.dtype:
             self.buffer = diff.reshape(-1)
             self.in_place = True
             return
@@ -255,6 +256,18 @@ class Bucket:
         start = self.offsets[slot]
         view = self.buffer[start:start + self.sizes[slot]].reshape(self.shapes[slot])
         view[...] = diff if isinstance(diff, np.ndarray) else backend.to_host(diff)
+
+    def take_buffer(self, buffer: np.ndarray) -> None:
+        """Count one more gradient as packed, into ``buffer`` (the whole bucket's, flat), which the
+        caller fills (``gradient_staging.py``: a GPU's diffs are copied in asynchronously)."""
+        self.filled += 1
+        self.buffer = buffer
+        self.in_place = False
+
+    def slot_view(self, slot: int) -> np.ndarray:
+        """The part of the buffer that holds gradient ``slot``, in its shape."""
+        start = self.offsets[slot]
+        return self.buffer[start:start + self.sizes[slot]].reshape(self.shapes[slot])
 
     def unpack(self, slot: int, diff, divisor, leave_division: bool = False) -> bool:
         """Write the summed values divided by ``divisor`` into ``diff``. With ``leave_division``, a
@@ -371,6 +384,10 @@ class AllreduceExchange(ExchangeRule):
         self._hook_order: list[int] = []
         self._active = False
         self._in_flight = 0                         # buckets started during this backward
+        # How gradients reach the buckets: in place on the CPU, through pinned buffers from a GPU,
+        # whose buckets wait in _copying (in order) until their copies are done.
+        self.gradients = gradients_for(self.params)
+        self._copying: list[Bucket] = []
 
     def describe(self) -> str:
         return f"{self.name} ({self.schedule_text()})"
@@ -454,6 +471,7 @@ class AllreduceExchange(ExchangeRule):
         else:
             for pid in param_ids:
                 self._pack_frozen(pid)
+            self._start_copied()
             if self._in_flight and self.driver is not None:
                 self.driver.poke()
         self.measurements.current.exchange_call_s += self.clock() - start
@@ -488,8 +506,21 @@ class AllreduceExchange(ExchangeRule):
 
     def _start(self, bucket: Bucket) -> None:
         bucket.handed_off = True
+        if self.gradients.asynchronous:
+            self._copying.append(bucket)
+            self._start_copied()
+            return
         self._in_flight += 1
         self.start_bucket(bucket)
+
+    def _start_copied(self, wait: bool = False) -> None:
+        """Start the buckets whose gradients have reached the host, in order (every rank starts its
+        collectives in the same order); with ``wait``, all of them, waiting for each copy."""
+        while self._copying and (wait or self.gradients.copied(self._copying[0])):
+            bucket = self._copying.pop(0)
+            self.gradients.wait_copied(bucket)
+            self._in_flight += 1
+            self.start_bucket(bucket)
 
     def backward_done(self) -> None:
         if self.transport is not None:
@@ -509,6 +540,7 @@ class AllreduceExchange(ExchangeRule):
         for bucket in self.buckets:
             if not bucket.handed_off:
                 self._start(bucket)
+        self._start_copied(wait=True)
         self.measurements.current.exchange_call_s += self.clock() - start
 
     def _plan(self, order: list[int], layers: list[list[int]] | None = None) -> None:
@@ -612,8 +644,8 @@ class AllreduceExchange(ExchangeRule):
         return Reduction(self.comm)
 
     def pack_bucket(self, bucket: Bucket, slot: int, diff) -> None:
-        """Copy one gradient into its place in the bucket."""
-        bucket.pack(slot, diff)
+        """Copy one gradient into its place in the bucket (from a GPU: start copying it)."""
+        self.gradients.pack(bucket, slot, diff)
 
     def start_bucket(self, bucket: Bucket) -> None:
         """Hand a full bucket to the progress driver or the priority schedule (sum over the ranks,
@@ -624,5 +656,5 @@ class AllreduceExchange(ExchangeRule):
         """Average the summed bucket and copy it back into the diffs (or, see
         ``leave_division_to_update``, leave an in-place sum to the update)."""
         for slot, pid in enumerate(bucket.param_ids):
-            if bucket.unpack(slot, self.params[pid].diff, self.comm.size, self._leave_division):
+            if self.gradients.unpack(bucket, slot, self.params[pid].diff, self.comm.size, self._leave_division):
                 self._undivided[pid] = self.comm.size

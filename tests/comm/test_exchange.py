@@ -20,6 +20,7 @@ from netdef.comm.progress import (
     make_driver,
     mode_name,
 )
+from netdef.comm.gradient_staging import HostGradients
 from netdef.comm.timeline import (
     BucketRecord,
     IterationRecord,
@@ -629,3 +630,75 @@ def test_chrome_trace_file(tmp_path):
     assert bucket["args"]["bytes"] == 64 and bucket["args"]["iteration"] == 5
     names = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
     assert names == {"rank 0", "rank 1"}
+
+
+class SlowCopies(HostGradients):
+    """Gradients that reach the host some polls after they are packed, as a GPU's copies do on the
+    staged path (gradient_staging.PinnedDeviceGradients): ``copied`` turns true on its ``polls``-th
+    call for a bucket, ``wait_copied`` completes the copy at once. ``events`` notes both."""
+
+    asynchronous = True
+
+    def __init__(self, events, polls=2):
+        self.events = events
+        self.polls = polls
+        self._asked = {}
+        self.done = set()
+
+    def pack(self, bucket, slot, diff):
+        super().pack(bucket, slot, diff)
+        self._asked[bucket.index] = 0
+        self.done.discard(bucket.index)
+
+    def copied(self, bucket):
+        self._asked[bucket.index] += 1
+        if self._asked[bucket.index] >= self.polls:
+            self.done.add(bucket.index)
+        return bucket.index in self.done
+
+    def wait_copied(self, bucket):
+        if bucket.index not in self.done:
+            self.events.append(("waited for copy", bucket.index))
+            self.done.add(bucket.index)
+
+
+class RuleWithSlowCopies(ex.AllreduceExchange):
+    def __init__(self, comm, net, options, events, polls):
+        super().__init__(comm, net, options)
+        self.gradients = SlowCopies(events, polls)
+
+    def start_bucket(self, bucket):
+        assert bucket.index in self.gradients.done, "a bucket started before its gradients reached the host"
+        self.gradients.events.append(("started bucket", bucket.index))
+        super().start_bucket(bucket)
+
+
+@pytest.mark.parametrize("polls", [2, 1000])
+@pytest.mark.parametrize("schedule", ["fifo", "priority"])
+def test_buckets_copied_asynchronously_start_in_order_once_copied(schedule, polls):
+    net = make_net()
+    expected = reference_gradients(net)
+    events = []
+    options = ex.ExchangeOptions(schedule=schedule, bucket_bytes=64, progress="POLL", chunk_bytes=32, credit_bytes=64)
+    rule = hooked(net, RuleWithSlowCopies(ScriptedComm(size=4, events=events), net, options, events, polls))
+    rule.broadcast_initial()
+    net.register_backward_hook(lambda li, ids: (events.append(("hook", li)), rule.gradients_ready(ids)))
+    for iteration in range(3):
+        events.clear()
+        run_iteration(net, rule, iteration, events)
+        for blob, g in zip(net.learnable_params, expected):
+            np.testing.assert_allclose(blob.diff, g + 0.25, rtol=1e-6, atol=1e-6)
+        started = [e[1] for e in events if e[0] == "started bucket"]
+        assert started == [0, 1, 2, 3]  # every rank starts its collectives in one order
+        end = events.index(("backward end", None))
+        waited = [e[1] for e in events if e[0] == "waited for copy"]
+        if iteration == 0:
+            assert all(events.index(("started bucket", b)) > end for b in started)  # the layout is learnt first
+        elif polls == 2:
+            # Copies done by the next poll: each bucket starts during backward, nothing is waited for.
+            assert all(events.index(("started bucket", b)) < end for b in started) and not waited
+        else:
+            # Copies still running when backward ends: waited for there, one by one, each then started.
+            assert waited == [0, 1, 2, 3]
+            assert all(end < events.index(("waited for copy", b)) < events.index(("started bucket", b)) for b in started)
+    rule.close()

@@ -1,0 +1,103 @@
+"""How a bucket's gradients travel between the parameters' diffs and the host buffer that MPI sums.
+
+On the CPU (``HostGradients``) a diff is copied into its bucket (or a bucket of one blob is the diff's
+own memory, ``Bucket.pack``), and the average is written back by ``Bucket.unpack``: nothing waits.
+
+On a GPU without a GPU collective (``PinnedDeviceGradients``: the staged path) each bucket has a
+buffer in page-locked (pinned) host memory. Packing a gradient records an event on the compute
+stream (the diff is final once the kernels queued so far have run), makes a copy stream of the
+exchange's own wait for it, and queues the device-to-host copy there: the training thread goes on
+queueing the backward of the layers below at once. The exchange starts a bucket's MPI sum only once
+its copies are done (``copied``, tested between layers without waiting; ``wait_copied`` when backward
+has ended), in bucket order on every rank. Unpacking queues the host-to-device copy of the sum and
+the division by the rank count on the copy stream, and makes the compute stream wait for them: the
+update that follows, and everything queued after it, runs once the average is in the diff, and the
+host does not wait.
+
+Ordering that keeps the buffers safe without any host wait: one copy stream carries, per bucket,
+this iteration's device-to-host copies, then (after the host's MPI sum) its host-to-device copy,
+then the next iteration's copies, so a pinned buffer is never written while a copy still reads it;
+the compute stream waits for the host-to-device copy before anything it queues later (the next
+backward writing the diff among it), and the next device-to-host copy waits for the compute stream.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class HostGradients:
+    """Diffs in host memory: the bucket copies them in and out itself."""
+
+    asynchronous = False
+
+    def pack(self, bucket, slot: int, diff) -> None:
+        bucket.pack(slot, diff)
+
+    def copied(self, bucket) -> bool:
+        """Whether every gradient packed into ``bucket`` is in its host buffer."""
+        return True
+
+    def wait_copied(self, bucket) -> None:
+        """Block until ``copied(bucket)``."""
+
+    def unpack(self, bucket, slot: int, diff, divisor, leave_division: bool) -> bool:
+        """Write the bucket's sum over the ranks, divided by ``divisor``, into ``diff``; see
+        ``Bucket.unpack`` for ``leave_division`` and the result."""
+        return bucket.unpack(slot, diff, divisor, leave_division)
+
+
+class PinnedDeviceGradients:
+    """Diffs on a GPU, staged through pinned host buffers on a copy stream (module docstring).
+    ``compute_stream``: the stream the layers and the updates run on."""
+
+    asynchronous = True
+
+    def __init__(self, cupy, compute_stream):
+        self.cupy = cupy
+        self.compute_stream = compute_stream
+        self.copy_stream = cupy.cuda.Stream(non_blocking=True)
+        self._buffers: dict[int, np.ndarray] = {}   # bucket index -> its pinned flat buffer
+        self._copied: dict[int, object] = {}        # bucket index -> event after its last copy out
+
+    def _buffer(self, bucket) -> np.ndarray:
+        buffer = self._buffers.get(bucket.index)
+        count = sum(bucket.sizes)
+        if buffer is None or buffer.size != count or buffer.dtype != bucket.dtype:
+            memory = self.cupy.cuda.alloc_pinned_memory(max(1, count * bucket.dtype.itemsize))
+            buffer = np.frombuffer(memory, bucket.dtype, count)
+            self._buffers[bucket.index] = buffer
+        return buffer
+
+    def pack(self, bucket, slot: int, diff) -> None:
+        bucket.take_buffer(self._buffer(bucket))
+        self.copy_stream.wait_event(self.compute_stream.record())
+        self.cupy.asnumpy(diff, stream=self.copy_stream, out=bucket.slot_view(slot), blocking=False)
+        self._copied[bucket.index] = self.copy_stream.record()
+
+    def copied(self, bucket) -> bool:
+        event = self._copied.get(bucket.index)
+        return event is None or event.done
+
+    def wait_copied(self, bucket) -> None:
+        event = self._copied.get(bucket.index)
+        if event is not None:
+            event.synchronize()
+
+    def unpack(self, bucket, slot: int, diff, divisor, leave_division: bool) -> bool:
+        cupy = self.cupy
+        with self.copy_stream:
+            diff.set(bucket.slot_view(slot), stream=self.copy_stream)
+            if divisor != 1:
+                cupy.divide(diff, diff.dtype.type(divisor), out=diff)  # as Bucket.unpack divides
+        self.compute_stream.wait_event(self.copy_stream.record())
+        return False
+
+
+def gradients_for(params) -> HostGradients | PinnedDeviceGradients:
+    """The staging for parameter Blobs ``params`` (all on one device): host, or pinned for a GPU's."""
+    modules = {blob.array_module for blob in params}
+    if modules <= {np}:
+        return HostGradients()
+    (cupy,) = modules
+    return PinnedDeviceGradients(cupy, cupy.cuda.get_current_stream())
+
