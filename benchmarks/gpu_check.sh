@@ -34,13 +34,13 @@ EOF
 } 2>&1 | tee "$OUT/versions.txt"
 
 echo "== tests (GPU) =="
-timeout 170 python3 -m pytest -q -p no:cacheprovider -n 8 --dist load tests/test_gpu.py tests/test_gpu_cudnn.py tests/test_gpu_ranks.py tests/test_gpu_data.py \
+timeout 240 python3 -m pytest -q -p no:cacheprovider -n 8 --dist load tests/test_gpu.py tests/test_gpu_cudnn.py tests/test_gpu_ranks.py tests/test_gpu_data.py \
   2>&1 | tee "$OUT/tests.log" | tail -25
 
 echo "== netdef time --gpu 0 --json of the zoo's train_val nets: ResNet-50 (batch 32), AlexNet (256) (issue 30) =="
 for net in resnet50 alexnet; do
   size=224; [ $net = alexnet ] && size=227
-  timeout 60 python3 -m netdef.cli time --model=models/$net/train_val.prototxt --data_shape 3,$size,$size --gpu 0 \
+  timeout 45 python3 -m netdef.cli time --model=models/$net/train_val.prototxt --data_shape 3,$size,$size --gpu 0 \
     --iterations 3 --json "$OUT/profile_${net}_gpu.json" > "$OUT/time_$net.log" 2>&1
   tail -3 "$OUT/time_$net.log"
   # 8 GPUs per node over NVLink-class links, nodes over 100 Gbit/s InfiniBand-class links; NCCL polls

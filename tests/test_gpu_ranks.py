@@ -5,6 +5,8 @@ of one GPU process at batch 2B over the same records (to float32 rounding: the s
 order), the gradients going through pinned host buffers (netdef/comm/gradient_staging.py). Skips without a GPU or without MPI, saying which."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -39,6 +41,34 @@ def test_two_ranks_share_the_gpu_and_train_as_one_process_at_twice_the_batch(tmp
     two = run_netdef(["train", str(pair), "--gpu", "all"] + flags, 2, tmp_path, timeout=180)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "rank 0 -> GPU 0 on " in two.stderr and "(shared with rank(s) 1)" in two.stderr, two.stderr[-3000:]
+    got = weights(pair.with_name("pair_net.prototxt"), tmp_path / f"pair_iter_{ITERATIONS}.caffemodel")
+    for name, blobs in one_process.items():
+        for a, b in zip(got[name], blobs):
+            assert relative_error(np.asarray(a), np.asarray(b)) < 1e-5, name
+
+
+def test_the_log_says_how_the_gradients_travel(tmp_path):
+    pair = write_case(tmp_path, "route", BATCH, 2, records=RECORDS)
+    two = run_netdef(["train", str(pair), "--gpu", "all", "--exchange_via", "auto"], 2, tmp_path, timeout=180,
+                     env={"NCCL_MULTI_RANK_GPU_ENABLE": None})
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "Gradients on the GPU are summed through pinned host buffers and MPI (ranks share a GPU" in two.stderr
+    refused = run_netdef(["train", str(pair), "--gpu", "all", "--exchange_via", "nccl"], 2, tmp_path, timeout=180,
+                         env={"NCCL_MULTI_RANK_GPU_ENABLE": None})
+    assert refused.returncode != 0 and "exchange_via is nccl, but ranks share a GPU" in refused.stderr
+
+
+def test_nccl_on_one_gpu_where_nccl_allows_two_ranks(tmp_path, one_process):
+    """NCCL 2.30 and later let two ranks share a GPU (experimentally, NCCL_MULTI_RANK_GPU_ENABLE=1,
+    channels limited by NCCL_MAX_CTAS): the NCCL exchange then runs here too. An older NCCL refuses,
+    and the test says so rather than pass."""
+    pair = write_case(tmp_path, "pair", BATCH, ITERATIONS, records=RECORDS)
+    two = run_netdef(["train", str(pair), "--gpu", "all", "--exchange_via", "nccl"], 2, tmp_path, timeout=180,
+                     env={"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_MAX_CTAS": "4"})
+    if two.returncode != 0 and re.search(r"Duplicate GPU|ncclInvalidUsage|invalid usage", two.stderr):
+        pytest.skip("this machine's NCCL refuses two ranks on one GPU: " + two.stderr.strip().splitlines()[-1][:300])
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "summed through NCCL" in two.stderr and "allreduce over NCCL" in two.stderr, two.stderr[-3000:]
     got = weights(pair.with_name("pair_net.prototxt"), tmp_path / f"pair_iter_{ITERATIONS}.caffemodel")
     for name, blobs in one_process.items():
         for a, b in zip(got[name], blobs):

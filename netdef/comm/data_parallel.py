@@ -57,6 +57,7 @@ from ..solver.snapshot import SnapshotError, set_blobs
 from .agreement import agree, startup_facts
 from .communicator import Communicator, create_communicator
 from .exchange import ExchangeOptions, exchange_class
+from .nccl import NcclAllreduceExchange, nccl_choice
 from .timeline import IterationClock, Measurements, Timeline, instrument_net, write_chrome_trace
 
 logger = logging.getLogger("netdef")
@@ -123,8 +124,13 @@ class DataParallel(Parallel):
                     seen.add(id(layer))
                     if layer.set_shard(self.rank, self.size):
                         sharded.add(id(layer))
-        self.exchange = exchange_class(self.options.exchange)(self.comm, net, self.options, self.measurements,
-                                                              seed=self._seed or 0)
+        rule = exchange_class(self.options.exchange)
+        via_nccl, route = nccl_choice(self.comm, net.learnable_params, self.options)
+        if route != "MPI":  # a GPU run: say how its gradients travel
+            logger.info("Gradients on the GPU are summed through %s", route)
+        if via_nccl:
+            rule = NcclAllreduceExchange
+        self.exchange = rule(self.comm, net, self.options, self.measurements, seed=self._seed or 0)
         self.exchange.leave_division_to_update()  # the updates divide (GradientExchange.take_divisor)
         hooks = self.exchange.layer_hooks()
         if hooks:

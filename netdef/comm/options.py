@@ -111,6 +111,11 @@ class ExchangeOptions:
                                          "one line naming the ranks that have not come (default {default}; 0: "
                                          "never)", flag="stall_abort", parse=float, metavar="SECONDS",
                                          check=_seconds, must="be a number of seconds >= 0 (0: off)", per_rank=True)
+    # On a GPU (nccl.py).
+    exchange_via: str = _option("exchange_via", "on a GPU, how allreduce sums: auto (NCCL where every rank drives "
+                                "its own GPU, else pinned host buffers and MPI), nccl, or mpi (default {default})",
+                                choices=["auto", "nccl", "mpi"], convert=lambda v: str(v).lower(),
+                                check=lambda v: v in ("auto", "nccl", "mpi"), must="be auto, nccl or mpi")
 
 
 OPTIONS = dataclasses.fields(ExchangeOptions)

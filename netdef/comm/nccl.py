@@ -1,0 +1,170 @@
+"""The allreduce rule on GPUs over NCCL: the gradients never leave the device, and the host never waits.
+
+NCCL (through CuPy's ``cupy.cuda.nccl``; rank 0's unique id is broadcast over MPI) sums on a
+communication stream of its own. When a layer's gradients are final (the net's backward hook hands
+them over, as on the CPU) the communication stream waits for an event recorded on the compute stream
+and one NCCL group sums that layer's diffs in place: the collective runs while the backward kernels of
+the layers below it run. Each layer's group records an event.
+
+The updates learn of the sums through the ``GradientExchange`` calls, in device order rather than
+host time: ``arrived`` offers a blob once its event has completed; ``wait_for`` makes the compute
+stream wait for the events of the blobs asked for (no host wait), so that the update queued next,
+and the next forward of the layer that uses the blob, run after the sum and after nothing else. The
+division by the rank count is left to the update's own kernel (``take_divisor``), one pass fewer.
+Layers hand their gradients over in the same order on every rank, so the NCCL calls match.
+
+When NCCL is used (``exchange_via``): on a GPU, for the allreduce rule, when CuPy has NCCL on every
+rank and every rank drives a GPU of its own (NCCL refuses two ranks of one communicator on a device
+unless ``NCCL_MULTI_RANK_GPU_ENABLE=1`` lets a recent NCCL allow it); ``auto`` falls back to the staged
+path through pinned host buffers and MPI (``gradient_staging.py``) and says why, ``nccl`` ends the
+job instead. The other rules always use MPI.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+
+import numpy as np
+
+from .exchange import ExchangeRule
+
+logger = logging.getLogger("netdef")
+
+MULTI_RANK_VARIABLE = "NCCL_MULTI_RANK_GPU_ENABLE"
+UNIQUE_ID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES
+
+
+class NcclUnavailable(RuntimeError):
+    """``exchange_via: nccl`` where NCCL cannot run."""
+
+
+def _nccl_problem(cupy) -> str | None:
+    """Why this process cannot use NCCL through CuPy, or None."""
+    try:
+        from cupy.cuda import nccl
+        nccl.get_version()
+    except Exception as exc:  # noqa: BLE001 - ImportError, or CuPy built without NCCL (its own error type)
+        return f"CuPy has no NCCL here ({' '.join(str(exc).split())}; pip install nvidia-nccl-cu12 or -cu13)"
+    return None
+
+
+def nccl_choice(comm, params, options) -> tuple[bool, str]:
+    """Collective: (whether the allreduce rule sums over NCCL, the route for the log: "MPI" on the
+    CPU). Every rank reaches the same answer from the same gathered facts (``route_for``)."""
+    modules = {blob.array_module for blob in params}
+    if modules <= {np} or options.exchange_via == "mpi" or comm.size == 1:
+        return False, "MPI" if modules <= {np} else "pinned host buffers and MPI"
+    (cupy,) = modules
+    mine = json.dumps([socket.gethostname(), cupy.cuda.Device().pci_bus_id, _nccl_problem(cupy)]).encode()
+    facts = [tuple(json.loads(b)) for b in comm.allgather_bytes(mine)]
+    return route_for(facts, options.exchange, options.exchange_via, os.environ.get(MULTI_RANK_VARIABLE, "") == "1")
+
+
+def route_for(facts, exchange: str, exchange_via: str, multi_rank_allowed: bool) -> tuple[bool, str]:
+    """The decision of ``nccl_choice`` from every rank's (host, GPU bus id, NCCL problem or None)."""
+    problems = [f"rank {rank}: {problem}" for rank, (_, _, problem) in enumerate(facts) if problem]
+    places = [(host, bus) for host, bus, _ in facts]
+    if problems:
+        reason = "; ".join(problems)
+    elif exchange != "allreduce":
+        reason = f"the {exchange} rule exchanges through MPI"
+    elif len(set(places)) < len(places) and not multi_rank_allowed:
+        reason = (f"ranks share a GPU, which NCCL refuses (a recent NCCL allows two ranks per GPU with "
+                  f"{MULTI_RANK_VARIABLE}=1)")
+    else:
+        return True, "NCCL"
+    if exchange_via == "nccl":
+        raise NcclUnavailable(f"netdef_distributed.exchange_via is nccl, but {reason}")
+    return False, f"pinned host buffers and MPI ({reason})"
+
+
+def _unique_id(comm) -> tuple:
+    """Rank 0's NCCL unique id on every rank."""
+    from cupy.cuda import nccl
+
+    buffer = np.zeros(UNIQUE_ID_BYTES, dtype=np.int8)
+    if comm.rank == 0:
+        buffer[:] = np.asarray(nccl.get_unique_id(), dtype=np.int64).astype(np.int8)
+    comm.broadcast(buffer, root=0)
+    return tuple(int(v) for v in buffer)
+
+
+class NcclAllreduceExchange(ExchangeRule):
+    """The allreduce rule with its gradients summed by NCCL on the device (module docstring): the
+    rule's name and options, one NCCL group per layer in place of the host's buckets, drivers and
+    priority schedule."""
+
+    name = "allreduce"
+
+    def __init__(self, comm, net, options=None, measurements=None, clock=time.perf_counter, seed: int = 0):
+        super().__init__(comm, net, options, measurements, clock, seed)
+        import cupy
+        from cupy.cuda import nccl
+
+        self.cupy = cupy
+        self._nccl = nccl
+        self.communicator = nccl.NcclCommunicator(self.comm.size, _unique_id(self.comm), self.comm.rank)
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.compute_stream = cupy.cuda.get_current_stream()
+        self._summed: dict[int, object] = {}   # param id -> the event after its layer's NCCL group
+        self._types = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64,
+                       np.dtype(np.float16): nccl.NCCL_FLOAT16}
+
+    def describe(self) -> str:
+        return (f"allreduce over NCCL {self._nccl.get_version()} (one group per layer as its gradients become "
+                f"final, on a communication stream of its own; the updates wait for it on the device)")
+
+    # ------------------------------------------------------------------------------ the iteration
+    def gradients_ready(self, param_ids) -> None:
+        ids = [pid for pid in param_ids if self.params[pid].count]
+        if not ids or self.comm.size == 1:
+            return
+        start = self.clock()
+        nccl = self._nccl
+        self.stream.wait_event(self.compute_stream.record())
+        nccl.groupStart()
+        try:
+            for pid in ids:
+                diff = self.params[pid].diff
+                self.communicator.allReduce(diff.data.ptr, diff.data.ptr, diff.size, self._types[diff.dtype],
+                                            nccl.NCCL_SUM, self.stream.ptr)
+        finally:
+            nccl.groupEnd()
+        if not self._leave_division:  # a caller that reads the diffs gets the average
+            with self.stream:
+                for pid in ids:
+                    diff = self.params[pid].diff
+                    self.cupy.divide(diff, diff.dtype.type(self.comm.size), out=diff)
+        summed = self.stream.record()
+        for pid in ids:
+            self._summed[pid] = summed
+            if self._leave_division:
+                self._undivided[pid] = self.comm.size
+        if self.measurements.current is not None:
+            self.measurements.current.exchange_call_s += self.clock() - start
+
+    def arrived(self, param_ids) -> list[int]:
+        out = []
+        for pid in param_ids:
+            event = self._summed.get(pid)
+            if event is None or event.done:
+                self._summed.pop(pid, None)
+                out.append(pid)
+        return out
+
+    def wait_for(self, param_ids) -> None:
+        events = {id(e): e for e in (self._summed.pop(pid, None) for pid in param_ids) if e is not None}
+        for event in events.values():
+            self.compute_stream.wait_event(event)
+
+    def finish(self) -> None:
+        self.wait_for(list(self._summed))
+
+    def settle(self) -> None:
+        self.finish()
+
+    def close(self) -> None:
+        self.communicator.destroy()

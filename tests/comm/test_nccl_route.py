@@ -1,0 +1,48 @@
+"""Which way a GPU run's gradients go (netdef/comm/nccl.py): NCCL for the allreduce rule when every
+rank drives a GPU of its own and has NCCL, else pinned host buffers and MPI, said with the reason;
+``exchange_via: nccl`` refuses instead. The NCCL exchange itself runs only on GPUs (tests/test_gpu_ranks.py)."""
+import numpy as np
+import pytest
+
+import netdef
+from netdef.comm.communicator import Communicator
+from netdef.comm.exchange import ExchangeOptions
+from netdef.comm.nccl import NcclUnavailable, nccl_choice, route_for
+
+TWO_GPUS = [("a", "0000:01:00.0", None), ("a", "0000:02:00.0", None)]
+ONE_GPU = [("a", "0000:01:00.0", None), ("a", "0000:01:00.0", None)]
+
+
+def test_nccl_when_every_rank_has_its_own_gpu():
+    assert route_for(TWO_GPUS, "allreduce", "auto", False) == (True, "NCCL")
+    assert route_for(TWO_GPUS, "allreduce", "nccl", False) == (True, "NCCL")
+    # The same bus id on two machines is two GPUs.
+    assert route_for([("a", "0000:01:00.0", None), ("b", "0000:01:00.0", None)], "allreduce", "auto", False)[0]
+
+
+def test_ranks_sharing_a_gpu_go_through_the_host_unless_nccl_is_told_to_allow_it():
+    use, route = route_for(ONE_GPU, "allreduce", "auto", False)
+    assert not use and route.startswith("pinned host buffers and MPI (ranks share a GPU")
+    assert route_for(ONE_GPU, "allreduce", "auto", True) == (True, "NCCL")
+
+
+def test_other_rules_and_missing_nccl_go_through_the_host():
+    assert route_for(TWO_GPUS, "easgd", "auto", False) == (False, "pinned host buffers and MPI (the easgd rule "
+                                                                  "exchanges through MPI)")
+    facts = [TWO_GPUS[0], ("a", "0000:02:00.0", "CuPy has no NCCL here")]
+    assert route_for(facts, "allreduce", "auto", False) == (False, "pinned host buffers and MPI (rank 1: CuPy has "
+                                                                   "no NCCL here)")
+
+
+def test_exchange_via_nccl_refuses_what_cannot_use_it():
+    with pytest.raises(NcclUnavailable, match="exchange_via is nccl, but ranks share a GPU"):
+        route_for(ONE_GPU, "allreduce", "nccl", False)
+
+
+def test_the_cpu_always_uses_mpi():
+    netdef.set_random_seed(0)
+    net = netdef.Net('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }\n'
+                     'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" inner_product_param { num_output: 2 } }',
+                     netdef.TRAIN)
+    assert {b.array_module for b in net.learnable_params} == {np}
+    assert nccl_choice(Communicator(), net.learnable_params, ExchangeOptions(exchange_via="nccl")) == (False, "MPI")
