@@ -8,6 +8,7 @@
 # (ignored by git, carried with the checkout) the wheels they lack and a copy of ../shared/fixtures:
 #   .device/whl/     nvidia-cudnn-frontend, protobuf (>= the gencode of netdef_pb2), lmdb, for Python 3.12
 #   .device/shared/  fixtures/caffe-ref and fixtures/caffe-models, as ../shared holds them
+#   .device/mpi/     the mpich wheel (pip download --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 mpich)
 # (benchmarks/README.md, "GPU training against PyTorch", says how they were fetched).
 #
 # Usage: bash benchmarks/gpu_check.sh [BENCH_SECONDS] [EXTRA gpu_train.py FLAGS...]
@@ -21,6 +22,15 @@ shift || true
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device/whl/*.whl \
   || { echo "could not install the carried wheels" >&2; exit 1; }
 export PYTHONPATH="/tmp/site:$PWD" NETDEF_SHARED="$PWD/.device/shared" PYTHONUNBUFFERED=1
+# MPI for the two-rank tests (issue 30): the image's mpi4py has no MPI library of its own. The mpich
+# wheel is installed where pip puts scripts and libraries beside Python (mpi4py finds it there);
+# where that is refused, into the user's site.
+if ls .device/mpi/mpich-*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-cache-dir .device/mpi/mpich-*.whl 2>/dev/null \
+    || python3 -m pip install -q --no-index --no-deps --no-cache-dir --user .device/mpi/mpich-*.whl \
+    || echo "could not install the mpich wheel: the two-rank GPU tests will skip" >&2
+  export PATH="$HOME/.local/bin:$PATH"
+fi
 
 {
   date -u
@@ -30,6 +40,16 @@ import cupy, torch, cudnn, numpy, netdef.cudnn
 print("python", __import__("sys").version.split()[0], "numpy", numpy.__version__, "cupy", cupy.__version__,
       "torch", torch.__version__, "torch cudnn", torch.backends.cudnn.version(), "cudnn frontend", cudnn.__version__)
 print("netdef:", netdef.cudnn.status())
+try:
+    from cupy.cuda import nccl
+    print("nccl", nccl.get_version())
+except Exception as exc:  # noqa: BLE001
+    print("nccl: not usable:", exc)
+try:
+    from mpi4py import MPI
+    print("mpi:", MPI.Get_library_version().splitlines()[0], "mpiexec:", __import__("shutil").which("mpiexec"))
+except Exception as exc:  # noqa: BLE001
+    print("mpi: not usable:", exc)
 EOF
 } 2>&1 | tee "$OUT/versions.txt"
 
