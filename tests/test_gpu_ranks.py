@@ -6,6 +6,7 @@ order), the gradients going through pinned host buffers (netdef/comm/gradient_st
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
 import pytest
@@ -73,3 +74,57 @@ def test_nccl_on_one_gpu_where_nccl_allows_two_ranks(tmp_path, one_process):
     for name, blobs in one_process.items():
         for a, b in zip(got[name], blobs):
             assert relative_error(np.asarray(a), np.asarray(b)) < 1e-5, name
+
+
+def test_a_two_rank_gpu_snapshot_resumes_exactly(tmp_path):
+    full = write_case(tmp_path, "full", BATCH, 5, records=25, snapshot=2)
+    full_run = run_netdef(["train", str(full), "--gpu", "all"], 2, tmp_path, timeout=180)
+    assert full_run.returncode == 0, full_run.stderr[-3000:]
+    state = tmp_path / "full_iter_2.solverstate"
+    resumed = write_case(tmp_path, "resumed", BATCH, 5, records=25)
+    resumed_run = run_netdef(["train", str(resumed), "--gpu", "all", "--snapshot", str(state)], 2, tmp_path,
+                             timeout=180)
+    assert resumed_run.returncode == 0, resumed_run.stderr[-3000:]
+    assert "written by" not in resumed_run.stderr  # every rank found its own state
+    a = weights(tmp_path / "full_net.prototxt", tmp_path / "full_iter_5.caffemodel")
+    b = weights(tmp_path / "resumed_net.prototxt", tmp_path / "resumed_iter_5.caffemodel")
+    for name in a:
+        for x, y in zip(a[name], b[name]):
+            np.testing.assert_array_equal(y, x, err_msg=name)  # the same device, the same order: the same bits
+
+
+def test_a_raising_rank_ends_a_gpu_job_promptly(tmp_path):
+    solver = write_case(tmp_path, "fail", BATCH, 50, records=RECORDS, param_str="fail_rank=1 fail_iter=3 mode=raise")
+    start = time.monotonic()
+    run = run_netdef(["train", str(solver), "--gpu", "all"], 2, tmp_path, timeout=120)
+    assert run.returncode != 0
+    assert time.monotonic() - start < 90  # two CUDA start-ups included
+    assert "rank 1 of 2 failed: RuntimeError" in run.stderr, run.stderr[-3000:]
+    assert not (tmp_path / "fail_iter_50.caffemodel").exists()
+
+
+# Each rule on the GPU against the same rule on the CPU: the synchronous ones to float32 rounding,
+# fp16 within its wire's rounding; the asynchronous ones (whose mixing depends on timing) train.
+RULES = [pytest.param(["--exchange", "multicolor"], 1e-5, id="multicolor"),
+         pytest.param(["--exchange", "fp16"], 1e-2, id="fp16"),
+         pytest.param(["--exchange", "hybrid", "--group_size", "2", "--tau", "2"], 1e-5, id="hybrid"),
+         pytest.param(["--exchange", "easgd", "--tau", "2"], None, id="easgd"),
+         pytest.param(["--exchange", "gossip", "--gossip_probability", "0.5"], None, id="gossip")]
+
+
+@pytest.mark.parametrize("flags, tolerance", RULES)
+def test_every_rule_trains_two_ranks_on_the_gpu(tmp_path, flags, tolerance):
+    chunked = ["--chunk_bytes", "4096", "--credit_bytes", "8192"]  # no link measurement
+    cpu = write_case(tmp_path, "cpu", BATCH, ITERATIONS, records=RECORDS)
+    on_cpu = run_netdef(["train", str(cpu)] + flags + chunked, 2, tmp_path, timeout=180)
+    assert on_cpu.returncode == 0, on_cpu.stderr[-3000:]
+    gpu = write_case(tmp_path, "gpu", BATCH, ITERATIONS, records=RECORDS)
+    on_gpu = run_netdef(["train", str(gpu), "--gpu", "all"] + flags + chunked, 2, tmp_path, timeout=180)
+    assert on_gpu.returncode == 0, on_gpu.stderr[-3000:]
+    a = weights(cpu.with_name("cpu_net.prototxt"), tmp_path / f"cpu_iter_{ITERATIONS}.caffemodel")
+    b = weights(gpu.with_name("gpu_net.prototxt"), tmp_path / f"gpu_iter_{ITERATIONS}.caffemodel")
+    for name in a:
+        for x, y in zip(a[name], b[name]):
+            assert np.isfinite(y).all(), name
+            if tolerance is not None:
+                assert relative_error(np.asarray(y), np.asarray(x)) < tolerance, name
