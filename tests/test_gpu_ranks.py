@@ -5,6 +5,7 @@ of one GPU process at batch 2B over the same records (to float32 rounding: the s
 order), the gradients going through pinned host buffers (netdef/comm/gradient_staging.py). Skips without a GPU or without MPI, saying which."""
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -128,3 +129,21 @@ def test_every_rule_trains_two_ranks_on_the_gpu(tmp_path, flags, tolerance):
             assert np.isfinite(y).all(), name
             if tolerance is not None:
                 assert relative_error(np.asarray(y), np.asarray(x)) < tolerance, name
+
+
+def test_the_timeline_shows_the_devices_streams(tmp_path):
+    """--timeline on a GPU: each layer's kernels on the compute stream, and the staged copies on the
+    exchange's stream, as spans of their own lanes on the host's time axis."""
+    pair = write_case(tmp_path, "trace", BATCH, 3, records=RECORDS)
+    run = run_netdef(["train", str(pair), "--gpu", "all", "--timeline", "trace.json"], 2, tmp_path, timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    lanes = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    spans = [e for e in events if e["ph"] == "X"]
+    on_device = [e for e in spans if lanes[(e["pid"], e["tid"])] == "device compute"]
+    copies = [e for e in spans if lanes[(e["pid"], e["tid"])] == "device exchange"]
+    assert {"ip1 forward", "ip3 backward"} <= {e["name"] for e in on_device}
+    assert any(e["name"].endswith("to the host") for e in copies) and any(e["name"].endswith(" back") for e in copies)
+    # A kernel runs after the host has queued it.
+    host = {(e["pid"], e["name"]): e["ts"] for e in spans if lanes[(e["pid"], e["tid"])] == "compute"}
+    assert all(e["ts"] >= host[(e["pid"], e["name"])] - 50 for e in on_device if (e["pid"], e["name"]) in host)

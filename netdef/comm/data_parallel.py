@@ -138,7 +138,9 @@ class DataParallel(Parallel):
         if self.options.timeline:
             self.comm.barrier()
             self.timeline = Timeline(self.rank, time.perf_counter())
+            self.timeline.on_device(net.learnable_params[0].array_module if net.learnable_params else np)
             instrument_net(net, self.timeline)
+            self.exchange.trace_to(self.timeline)
         self._clock = IterationClock(net, self.measurements, self.timeline)
         updates.connect(self.exchange)
         updates.observe(self._clock)

@@ -153,6 +153,10 @@ class ExchangeRule(GradientExchange):
         all of them but under ``hybrid``, whose groups do."""
         return comm
 
+    def trace_to(self, timeline) -> None:
+        """Record what the rule does on a GPU's streams in ``timeline`` (its ``device`` spans, when it
+        has them); the host's side is recorded from the measurements."""
+
     def layer_hooks(self) -> dict:
         """The net's layer hooks this rule needs (``Net.register_layer_hooks`` keywords), e.g. to move
         its exchanges along between layers; the caller registers them and removes them at close."""
@@ -391,6 +395,9 @@ class AllreduceExchange(ExchangeRule):
 
     def describe(self) -> str:
         return f"{self.name} ({self.schedule_text()})"
+
+    def trace_to(self, timeline) -> None:
+        self.gradients.trace_to(timeline.device)
 
     def schedule_text(self) -> str:
         """How the buckets go, for the log: overlap, bucket size, progress, schedule, chunks."""

@@ -30,6 +30,9 @@ class HostGradients:
 
     asynchronous = False
 
+    def trace_to(self, spans) -> None:
+        """Record the copies in ``spans`` (a timeline's DeviceSpans; None: nothing to record)."""
+
     def pack(self, bucket, slot: int, diff) -> None:
         bucket.pack(slot, diff)
 
@@ -58,6 +61,10 @@ class PinnedDeviceGradients:
         self.copy_stream = cupy.cuda.Stream(non_blocking=True)
         self._buffers: dict[int, np.ndarray] = {}   # bucket index -> its pinned flat buffer
         self._copied: dict[int, object] = {}        # bucket index -> event after its last copy out
+        self._spans = None                          # a timeline's DeviceSpans, when one is written
+
+    def trace_to(self, spans) -> None:
+        self._spans = spans
 
     def _buffer(self, bucket) -> np.ndarray:
         buffer = self._buffers.get(bucket.index)
@@ -71,7 +78,11 @@ class PinnedDeviceGradients:
     def pack(self, bucket, slot: int, diff) -> None:
         bucket.take_buffer(self._buffer(bucket))
         self.copy_stream.wait_event(self.compute_stream.record())
+        started = self._spans.begin(self.copy_stream) if self._spans is not None else None
         self.cupy.asnumpy(diff, stream=self.copy_stream, out=bucket.slot_view(slot), blocking=False)
+        if started is not None:
+            self._spans.end(f"bucket {bucket.index} to the host", started, self.copy_stream, lane="device exchange",
+                            category="exchange")
         self._copied[bucket.index] = self.copy_stream.record()
 
     def copied(self, bucket) -> bool:
@@ -85,10 +96,14 @@ class PinnedDeviceGradients:
 
     def unpack(self, bucket, slot: int, diff, divisor, leave_division: bool) -> bool:
         cupy = self.cupy
+        started = self._spans.begin(self.copy_stream) if self._spans is not None else None
         with self.copy_stream:
             diff.set(bucket.slot_view(slot), stream=self.copy_stream)
             if divisor != 1:
                 cupy.divide(diff, diff.dtype.type(divisor), out=diff)  # as Bucket.unpack divides
+        if started is not None:
+            self._spans.end(f"bucket {bucket.index} back", started, self.copy_stream, lane="device exchange",
+                            category="exchange")
         self.compute_stream.wait_event(self.copy_stream.record())
         return False
 

@@ -110,12 +110,16 @@ class NcclAllreduceExchange(ExchangeRule):
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.compute_stream = cupy.cuda.get_current_stream()
         self._summed: dict[int, object] = {}   # param id -> the event after its layer's NCCL group
+        self._spans = None  # a timeline's DeviceSpans, when one is written
         self._types = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64,
                        np.dtype(np.float16): nccl.NCCL_FLOAT16}
 
     def describe(self) -> str:
         return (f"allreduce over NCCL {self._nccl.get_version()} (one group per layer as its gradients become "
                 f"final, on a communication stream of its own; the updates wait for it on the device)")
+
+    def trace_to(self, timeline) -> None:
+        self._spans = timeline.device
 
     # ------------------------------------------------------------------------------ the iteration
     def gradients_ready(self, param_ids) -> None:
@@ -125,6 +129,7 @@ class NcclAllreduceExchange(ExchangeRule):
         start = self.clock()
         nccl = self._nccl
         self.stream.wait_event(self.compute_stream.record())
+        started = self._spans.begin(self.stream) if self._spans is not None else None
         nccl.groupStart()
         try:
             for pid in ids:
@@ -138,6 +143,10 @@ class NcclAllreduceExchange(ExchangeRule):
                 for pid in ids:
                     diff = self.params[pid].diff
                     self.cupy.divide(diff, diff.dtype.type(self.comm.size), out=diff)
+        if started is not None:
+            names = ", ".join(self.params[pid].name for pid in ids)
+            self._spans.end(f"allreduce {names}", started, self.stream, lane="device exchange", category="exchange",
+                            args={"bytes": sum(int(self.params[pid].diff.nbytes) for pid in ids)})
         summed = self.stream.record()
         for pid in ids:
             self._summed[pid] = summed

@@ -29,6 +29,8 @@ import math
 import statistics
 import time
 
+import numpy as np
+
 from .. import files
 from ..solver.arrival import UpdateObserver
 
@@ -120,9 +122,49 @@ class Measurements:
 
 
 # ============================================================================================== trace
+class DeviceSpans:
+    """Spans of a GPU's streams, timed by CUDA events and placed on the host's time axis: one
+    reference event, recorded and waited for when this is made, ties the device's clock to the
+    host's; a span is written into the timeline once its end event has completed (``resolve``)."""
+
+    def __init__(self, cupy, timeline: "Timeline"):
+        self.cupy = cupy
+        self.timeline = timeline
+        self.reference = cupy.cuda.get_current_stream().record()
+        self.reference.synchronize()
+        self.reference_at = time.perf_counter()
+        self._pending: list[tuple] = []
+
+    def begin(self, stream=None):
+        """An event on ``stream`` (the current one by default) where a span starts."""
+        return (stream or self.cupy.cuda.get_current_stream()).record()
+
+    def end(self, name: str, started, stream=None, lane: str = "device compute", category: str = "device",
+            args: dict | None = None) -> None:
+        """The span ``name`` from event ``started`` to now on ``stream``."""
+        ended = (stream or self.cupy.cuda.get_current_stream()).record()
+        self._pending.append((name, started, ended, lane, category, args))
+
+    def resolve(self, wait: bool = False) -> None:
+        """Write the spans whose end has completed (with ``wait``, all of them) into the timeline."""
+        waiting = []
+        for name, started, ended, lane, category, args in self._pending:
+            if wait:
+                ended.synchronize()
+            if not ended.done:
+                waiting.append((name, started, ended, lane, category, args))
+                continue
+            self.timeline.span(name, self._host_time(started), self._host_time(ended), lane, category, args)
+        self._pending = waiting
+
+    def _host_time(self, event) -> float:
+        return self.reference_at + self.cupy.cuda.get_elapsed_time(self.reference, event) / 1e3
+
+
 class Timeline:
     """Chrome trace events of one rank. Lanes (trace threads): "compute" (layers, the wait, tests),
-    "exchange" (the exchange rule's calls) and one per bucket index."""
+    "exchange" (the exchange rule's calls) and one per bucket index; on a GPU also "device compute"
+    and "device exchange", the streams' own spans (``device``)."""
 
     def __init__(self, rank: int, origin: float, max_events: int = 2_000_000):
         self.rank = rank
@@ -131,6 +173,12 @@ class Timeline:
         self._events: list[dict] = []
         self._lanes: dict[str, int] = {}
         self.dropped = 0
+        self.device: DeviceSpans | None = None
+
+    def on_device(self, array_module) -> None:
+        """Also time the streams of the GPU whose arrays ``array_module`` makes (CuPy; NumPy: nothing)."""
+        if array_module is not np and self.device is None:
+            self.device = DeviceSpans(array_module, self)
 
     def _lane(self, lane: str) -> int:
         if lane not in self._lanes:
@@ -171,6 +219,8 @@ class Timeline:
         return meta + self._events
 
     def to_json(self) -> bytes:
+        if self.device is not None:
+            self.device.resolve(wait=True)
         return json.dumps(self.events(), separators=(",", ":")).encode("utf-8")
 
 
@@ -250,18 +300,30 @@ def instrument_net(net, timeline: Timeline, prefix: str = "") -> tuple:
     labels = [f"{prefix}{layer.name}" for layer in net.layers]
     needs_backward = net.layer_need_backward
     started = [0.0, 0.0]  # forward, backward: layers do not nest, one start of each is enough
+    device = timeline.device  # on a GPU, the kernels' own spans beside the host's calls
+    on_device = [None, None]
 
     def before_forward(li):
         started[0] = clock()
+        if device is not None:
+            if li == 0:
+                device.resolve()  # what the last iteration's events have finished
+            on_device[0] = device.begin()
 
     def after_forward(li):
         timeline.span(f"{labels[li]} forward", started[0], clock())
+        if device is not None:
+            device.end(f"{labels[li]} forward", on_device[0])
 
     def before_backward(li):
         started[1] = clock()
+        if device is not None:
+            on_device[1] = device.begin()
 
     def after_backward(li):
         if needs_backward[li]:
             timeline.span(f"{labels[li]} backward", started[1], clock())
+            if device is not None:
+                device.end(f"{labels[li]} backward", on_device[1])
 
     return net.register_layer_hooks(before_forward, after_forward, before_backward, after_backward)
