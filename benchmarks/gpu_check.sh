@@ -73,6 +73,11 @@ for net in resnet50 alexnet; do
   done
 done
 
+echo "== overlap.py --gpu: two ranks on the GPU, the exchange hidden behind backward (issue 30) =="
+timeout 170 python3 benchmarks/overlap.py --gpu --ranks 2 --batch 256 --buckets 4 --modes THREAD --rounds 2 \
+  --iters 3 --warmup 2 --no-single --timeout 150 --json "$OUT/overlap_gpu.json" > "$OUT/overlap_gpu.txt" 2>&1
+tail -15 "$OUT/overlap_gpu.txt"
+
 echo "== gpu_train.py =="
 timeout $((BENCH_SECONDS + 60)) python3 benchmarks/gpu_train.py --time-budget "$BENCH_SECONDS" \
   --json "$OUT/gpu_train.json" "$@" 2>&1 | tee "$OUT/gpu_train.log" | tail -40

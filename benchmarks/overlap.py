@@ -22,6 +22,8 @@ interleave the configurations, so that load from other work on the machine hits 
   the same work per iteration as N ranks, on the same cores.
 - N ranks (``--ranks``, each ``--batch`` images and 1 BLAS thread), overlap off: the exchange starts
   after backward ends (POLL driver: the buckets are started and waited for on the training thread).
+- ``--gpu``: every process trains on a GPU (the ranks of a machine take its GPUs in turn), the gradients
+  going through pinned host buffers and MPI or over NCCL (``--exchange-via``); issue 30's GPU case.
 - N ranks, overlap on, for each progress mode (``--modes``: POLL, THREAD, MPI_ASYNC, and AUTO shown
   with the driver it chose on this transport) and bucket size (``--buckets``, MB). MPI_ASYNC runs
   in a launch of its own (MPICH's progress thread is switched on before MPI starts); with Open MPI
@@ -107,10 +109,10 @@ def model_text(batch: int, fc6: int = 1024, fc7: int = 1024) -> str:
     return text
 
 
-def solver_text(net: str) -> str:
+def solver_text(net: str, mode: str = "CPU") -> str:
     # A small learning rate and momentum: the loss stays finite for any number of iterations.
     return (f'net_param {{ {net} }}\nbase_lr: 0.0001\nmomentum: 0.9\nweight_decay: 0.0005\nlr_policy: "fixed"\n'
-            f'max_iter: 1000000\ndisplay: 0\nrandom_seed: 7\nsolver_mode: CPU\n')
+            f'max_iter: 1000000\ndisplay: 0\nrandom_seed: 7\nsolver_mode: {mode}\n')
 
 
 # ============================================================================================== the worker
@@ -132,9 +134,18 @@ def worker(spec_path: str) -> None:
         from netdef.comm import progress
         progress.ThreadDriver.poll_interval = float(spec["poll_interval"])
     comm = create_communicator(async_progress=bool(spec.get("async_progress")))
+    if spec.get("gpu"):
+        # One GPU per rank of this machine, in turn (netdef/devices.py), as `netdef train --gpu all`.
+        import netdef
+        from netdef.devices import choose_gpu
+
+        count, problem = netdef.backend.gpu_count()
+        if problem:
+            raise SystemExit(f"--gpu: {problem}")
+        netdef.set_device("gpu", choose_gpu(None, count, comm.local_rank, comm.local_size).device_id)
 
     def main():
-        param_text = solver_text(model_text(spec["batch"], spec["fc6"], spec["fc7"]))
+        param_text = solver_text(model_text(spec["batch"], spec["fc6"], spec["fc7"]), "GPU" if spec.get("gpu") else "CPU")
         results = {c["name"]: [] for c in spec["configs"]}
         info = {"ranks": comm.size, "library": getattr(comm, "description", "single process"),
                 "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS", ""), "loadavg_start": _loadavg()}
@@ -154,7 +165,8 @@ def worker(spec_path: str) -> None:
                 # FIFO: this benchmark compares progress modes of the backward-order exchange
                 # (schedule.py compares the schedules).
                 options = ExchangeOptions(overlap=config["overlap"], bucket_bytes=int(config["bucket_mb"] * MB),
-                                          progress=config["progress"], schedule="fifo")
+                                          progress=config["progress"], schedule="fifo",
+                                          exchange_via=spec.get("exchange_via", "auto"))
                 solver = create_solver(param_text, comm=comm, options=options)
                 solvers.append(solver)
                 solver.step(spec["warmup"])
@@ -457,6 +469,11 @@ def main(argv=None) -> int:
     parser.add_argument("--no-single", action="store_true", help="skip the 1-process run")
     parser.add_argument("--timeout", type=float, default=480, help="seconds per launch (default 480)")
     parser.add_argument("--json", help="also write every measurement here")
+    parser.add_argument("--gpu", action="store_true",
+                        help="train on GPUs, one per rank of the machine in turn (two ranks may share one: the "
+                             "staged path, or NCCL where NCCL_MULTI_RANK_GPU_ENABLE=1 lets it)")
+    parser.add_argument("--exchange-via", default="auto", choices=["auto", "nccl", "mpi"],
+                        help="with --gpu: netdef_distributed.exchange_via (default auto)")
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.worker)
@@ -477,7 +494,8 @@ def main(argv=None) -> int:
                     "rounds": launch.get("rounds", args.rounds),
                     "iters": args.iters, "warmup": args.warmup, "configs": launch["configs"],
                     "async_progress": launch.get("async_progress", False),
-                    "probe_bytes": int(args.probe_mb * MB) // 4 * 4, "poll_interval": args.poll_interval}
+                    "probe_bytes": int(args.probe_mb * MB) // 4 * 4, "poll_interval": args.poll_interval,
+                    "gpu": args.gpu, "exchange_via": args.exchange_via}
             path = os.path.join(folder, f"{launch['name'].split()[0]}-{len(infos)}.json")
             pathlib.Path(path).write_text(json.dumps(spec))
             command = launcher.command(launch["ranks"], path)
