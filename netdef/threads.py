@@ -182,11 +182,32 @@ def let_idle_kernel_threads_sleep(environ=None) -> None:
     env[name] = value
 
 
+def bound_kernel_pool_by_user(environ=None) -> None:
+    """Start numba's pool with the user's OMP_NUM_THREADS (the first count of its list) when he set it
+    and not NUMBA_NUM_THREADS: numba reads only its own variable, and a user who asked for one thread
+    (in any program that uses netdef: a pycaffe script, ``netdef time``) gets one, not every core. Only
+    takes effect before numba is imported."""
+    env = os.environ if environ is None else environ
+    if env.get(KERNEL_THREAD_VARIABLE, "").strip():
+        return
+    count = _users_kernel_threads(env, env.get("OMP_NUM_THREADS", "").strip())
+    if count is not None:
+        env[KERNEL_THREAD_VARIABLE] = str(count)
+
+
+def prepare_kernel_pool(environ=None) -> None:
+    """What must be set before numba starts its pool: how idle threads wait (``let_idle_kernel_threads_sleep``)
+    and the user's thread count (``bound_kernel_pool_by_user``). Every module of compiled kernels calls
+    it before it imports numba."""
+    let_idle_kernel_threads_sleep(environ)
+    bound_kernel_pool_by_user(environ)
+
+
 def set_kernel_threads(count: int) -> int:
     """Run the compiled kernels' parallel loops on ``count`` threads (at most the pool numba started);
     returns the count in effect. numba keeps this per calling thread: call it from the thread that
     runs the layers."""
-    let_idle_kernel_threads_sleep()
+    prepare_kernel_pool()
     import numba
 
     count = max(1, min(count, numba.config.NUMBA_NUM_THREADS))

@@ -10,7 +10,7 @@ import pytest
 
 from netdef.threads import (KERNEL_SPIN, CpuSample, LoadAwareThreads, ThreadPlan, cgroup_cpu_limit, data_threads,
                             kernel_threads, let_idle_blas_threads_sleep, let_idle_kernel_threads_sleep, others_busy_cores,
-                            own_cores, plan_compute_threads, plan_data_threads, sample_cpu, set_kernel_threads,
+                            own_cores, plan_compute_threads, plan_data_threads, prepare_kernel_pool, sample_cpu, set_kernel_threads,
                             threads_beside, yield_cores_to_compute)
 
 
@@ -277,3 +277,21 @@ def test_omp_num_threads_1_leaves_the_kernels_pool_at_one_thread():
     printed = _output_of_fresh_process(code, "OMP_NUM_THREADS", "1", also_unset=("NUMBA_NUM_THREADS",)).splitlines()
     assert printed[0].split() == ["1", "1", "None"]
     assert printed[1] == ("Compute threads: 1 BLAS thread, 1 kernel thread (OMP_NUM_THREADS=1 from the environment)")
+
+
+def test_the_users_omp_num_threads_sizes_the_kernels_pool_in_any_program():
+    env = {"OMP_NUM_THREADS": "1"}
+    prepare_kernel_pool(env)
+    assert env["NUMBA_NUM_THREADS"] == "1"
+    env = {"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "2"}  # numba's own variable wins
+    prepare_kernel_pool(env)
+    assert env["NUMBA_NUM_THREADS"] == "2"
+    env = {}
+    prepare_kernel_pool(env)
+    assert "NUMBA_NUM_THREADS" not in env
+    # A pycaffe script: no `netdef train`, the pool itself has one thread.
+    code = ("import netdef\n"
+            "from netdef.layers.jit import elementwise\n"
+            "import numba\n"
+            "print(numba.config.NUMBA_NUM_THREADS, numba.get_num_threads())\n")
+    assert _output_of_fresh_process(code, "OMP_NUM_THREADS", "1", also_unset=("NUMBA_NUM_THREADS",)).split() == ["1", "1"]
