@@ -11,7 +11,8 @@ example, 4 features of batch 10 into an inner product of 2 outputs and a softmax
 median forward+backward ms of
 
 - ``default``: netdef as ``netdef train`` runs it: the thread plan of netdef/threads.py, its
-  ``LoadAwareThreads`` looking at the load after each step as the solver's callback does;
+  ``LoadAwareThreads`` polled after each step as the solver's callback does (and run untimed for a
+  few seconds first, as a training run's first iterations, so that it has tried the other counts);
 - ``1`` .. ``N``: netdef with that many compute threads (kernels and BLAS), N the cores this process
   may run on;
 - ``torch``: PyTorch with its default thread count (every core), the same net (torch_mirror.py);
@@ -147,10 +148,20 @@ def contenders(key: str, batch: int | None, load: LoadAwareThreads | None, cores
         return unit
 
     def default():
-        use(load.threads if load is not None else cores)
+        use(load.in_effect if load is not None else cores)
+        if load is not None:
+            load.resume()
         netdef_unit()
-        if load is not None and load.poll():  # as the solver's callback after each iteration (commands/train.py)
-            current[0] = load.threads
+        if load is not None:
+            load.poll()  # as the solver's callback after each iteration (commands/train.py)
+            current[0] = load.in_effect
+
+    if load is not None:  # as in training, the first minute's probes have been made (LoadAwareThreads)
+        start = time.monotonic()
+        for _ in range(2 * load.MIN_ITERATIONS):
+            default()
+        while time.monotonic() - start < 3 * load.interval_s:
+            default()
 
     units = {"default": default}
     units.update({str(k): with_threads(k) for k in range(1, cores + 1)})

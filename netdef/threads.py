@@ -357,13 +357,21 @@ def threads_beside(most: int, cores: int, others_busy: float) -> int:
 
 
 class LoadAwareThreads:
-    """Keeps the compute threads on the cores other processes leave: at most ``most``, at least one.
-    ``poll()`` after each iteration looks at the load once ``interval_s`` has passed since its last look
-    (reading /proc/stat costs microseconds) and changes the count where it should (``set_compute_threads``).
+    """Keeps the compute threads where they run fastest beside the other processes: at most ``most``, at
+    least one. ``poll()`` after each iteration. The first count comes from the load (``settle``: the
+    cores other processes keep busy, ``threads_beside``); after that, once ``interval_s`` has passed
+    and at least ``MIN_ITERATIONS`` iterations, it tries another count (the load's suggestion, or the
+    neighbour of the current one) for ``PROBE_ITERATIONS`` iterations and keeps it when their median
+    time beats the median of the iterations just before by ``GAIN``. Whether a parallel loop gains
+    beside a busy process depends on the loop and on who holds the cores (a process that is always
+    runnable, or one that comes and goes; another container's): the load alone guesses wrong both
+    ways (benchmarks/README.md, "Threads beside other processes"), the iterations' own times do not.
     ``cores``: the cores watched (this process's affinity set)."""
 
-    # Shorter windows mistake a moment's burst for a busy core.
-    MIN_WINDOW_S = 0.1
+    MIN_WINDOW_S = 0.1  # shorter windows mistake a moment's burst for a busy core
+    PROBE_ITERATIONS = 3
+    MIN_ITERATIONS = 30  # so that a probe of a worse count costs a tenth of the iterations at most
+    GAIN = 0.95
 
     def __init__(self, most: int, interval_s: float = 2.0, cores: set[int] | None = None,
                  stat_path: str = "/proc/stat"):
@@ -374,37 +382,86 @@ class LoadAwareThreads:
         self._cores = own_cores() if cores is None else set(cores)
         self._stat_path = stat_path
         self._last = sample_cpu(self._cores, stat_path)
+        self._decided = time.monotonic()
+        self._iterations = 0
+        self._ended: float | None = None  # when the last iteration ended (perf_counter)
+        self._recent: list[float] = []    # the last iterations' times at the current count
+        self._probe: list[float] = []     # the iterations' times at the count being tried
+        self._tried: int | None = None
 
     def settle(self) -> str:
-        """Look at the load now (after waiting out ``MIN_WINDOW_S`` since the first sample); returns what
-        was chosen and why, in words for the log."""
+        """Choose the first count from the load now (after waiting out ``MIN_WINDOW_S`` since the first
+        sample); returns what was chosen and why, in words for the log."""
         if self._last is not None:
             time.sleep(max(0.0, self._last.wall + self.MIN_WINDOW_S - time.monotonic()))
-        self._look()
+        self._look_at_load()
+        suggested = threads_beside(self.most, len(self._cores), self.others_busy)
+        if suggested != self.threads:
+            self.threads = suggested
+            set_compute_threads(suggested)
         return self.describe()
 
     def describe(self) -> str:
         return (f"{self.threads} of {self.most}: other processes kept {self.others_busy:.1f} of "
-                f"{len(self._cores)} cores busy")
+                f"{len(self._cores)} cores busy; tried again every {self.interval_s:g} s against the "
+                f"iterations' times")
+
+    @property
+    def in_effect(self) -> int:
+        """The count the kernels run on now: the one being tried, or the one kept."""
+        return self.threads if self._tried is None else self._tried
+
+    def resume(self) -> None:
+        """The next iteration starts now: the time since the last one went to other work (a benchmark's
+        other contenders), which is no part of it."""
+        self._ended = time.perf_counter()
 
     def poll(self) -> bool:
-        """Look at the load when ``interval_s`` has passed; True when the thread count changed."""
-        if self._last is None or time.monotonic() - self._last.wall < self.interval_s:
-            return False
-        return self._look()
+        """After an iteration: time it, try or judge another count; True when the count kept changed."""
+        now = time.perf_counter()
+        took, self._ended = (None if self._ended is None else now - self._ended), now
+        changed = False
+        if took is not None:
+            changed = self._judge(took) if self._tried is not None else self._maybe_try(took)
+        self._ended = time.perf_counter()  # a change of count is no part of the next iteration
+        return changed
 
-    def _look(self) -> bool:
+    def _maybe_try(self, took: float) -> bool:
+        self._recent = (self._recent + [took])[-self.PROBE_ITERATIONS:]
+        self._iterations += 1
+        if self._iterations < self.MIN_ITERATIONS or time.monotonic() - self._decided < self.interval_s:
+            return False
+        self._look_at_load()
+        suggested = threads_beside(self.most, len(self._cores), self.others_busy)
+        candidate = suggested if suggested != self.threads else (
+            self.threads - 1 if self.threads > 1 else self.threads + 1)
+        if candidate > self.most or len(self._recent) < self.PROBE_ITERATIONS:
+            return False
+        self._tried, self._probe = candidate, []
+        set_kernel_threads(candidate)
+        return False
+
+    def _judge(self, took: float) -> bool:
+        self._probe.append(took)
+        if len(self._probe) < self.PROBE_ITERATIONS:
+            return False
+        import statistics
+
+        better = statistics.median(self._probe) < self.GAIN * statistics.median(self._recent)
+        tried, self._tried = self._tried, None
+        self._decided, self._iterations = time.monotonic(), 0
+        if better:
+            self.threads, self._recent = tried, list(self._probe)
+            set_compute_threads(tried)
+            return True
+        set_kernel_threads(self.threads)
+        return False
+
+    def _look_at_load(self) -> None:
         now = sample_cpu(self._cores, self._stat_path)
-        if now is None or self._last is None:
-            return False
-        self.others_busy = others_busy_cores(self._last, now)
+        if now is not None and self._last is not None:
+            self.others_busy = others_busy_cores(self._last, now)
         self._last = now
-        threads = threads_beside(self.most, len(self._cores), self.others_busy)
-        if threads == self.threads:
-            return False
-        self.threads = threads
-        set_compute_threads(threads)
-        return True
 
 
 def share_data_cores(comm) -> str:

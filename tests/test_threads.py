@@ -238,29 +238,49 @@ def test_others_busy_time_is_the_cores_busy_time_less_this_process(tmp_path):
     assert sample_cpu({0}, str(tmp_path / "absent")) is None
 
 
-def test_the_threads_come_down_while_another_process_holds_a_core_and_go_back_up(tmp_path):
+def test_the_first_count_comes_from_the_load(tmp_path):
     stat = tmp_path / "stat"
     ticks = os.sysconf("SC_CLK_TCK")
-    busy = 0
-
-    def others_run(seconds):
-        nonlocal busy
-        busy += round(seconds * ticks)
-        _write(stat, f"cpu0 {busy} 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n")
-
-    others_run(0)
+    _write(stat, "cpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n")
     before = kernel_threads()
-    load = LoadAwareThreads(2, interval_s=0.2, cores={0, 1}, stat_path=str(stat))
+    load = LoadAwareThreads(2, cores={0, 1}, stat_path=str(stat))
     try:
-        others_run(10)  # far more than the window: whatever this process ran, a core is taken
-        assert "1 of 2: other processes kept" in load.settle() and kernel_threads() == 1
-        assert not load.poll()  # too soon to look again
-        import time
+        _write(stat, f"cpu0 {10 * ticks} 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n")  # far more than the window
+        assert "1 of 2: other processes kept" in load.settle() and kernel_threads() == 1 == load.in_effect
+    finally:
+        set_kernel_threads(before)
 
-        time.sleep(0.25)
-        import numba
 
-        assert load.poll() and load.threads == 2 and kernel_threads() == min(2, numba.config.NUMBA_NUM_THREADS)
+def test_another_count_is_tried_and_kept_only_when_its_iterations_are_faster(tmp_path):
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba's pool has one thread")
+    stat = tmp_path / "stat"
+    _write(stat, "cpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n")
+    before = kernel_threads()
+    load = LoadAwareThreads(2, interval_s=0.0, cores={0, 1}, stat_path=str(stat))
+    load.MIN_ITERATIONS = 4
+
+    def iterations(count, seconds):
+        changed = []
+        for _ in range(count):
+            load.resume()
+            import time
+
+            time.sleep(seconds[load.in_effect])
+            changed.append(load.poll())
+        return changed
+
+    try:
+        assert load.settle().startswith("2 of 2") and load.in_effect == 2
+        # 4 iterations at 2 threads, then 1 thread is tried for 3: slower, so 2 stay.
+        assert iterations(4, {2: 0.01, 1: 0.03}) == [False] * 4 and load.in_effect == 1
+        assert iterations(3, {2: 0.01, 1: 0.03}) == [False] * 3 and load.threads == 2 == load.in_effect
+        assert kernel_threads() == 2
+        # Now 1 thread runs faster (another process took a core): tried, and kept.
+        assert not any(iterations(4, {2: 0.03, 1: 0.01})) and load.in_effect == 1
+        assert iterations(3, {2: 0.03, 1: 0.01}) == [False, False, True] and load.threads == 1 == kernel_threads()
     finally:
         set_kernel_threads(before)
 
