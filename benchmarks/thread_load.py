@@ -113,6 +113,10 @@ def contenders(key: str, batch: int | None, load: LoadAwareThreads | None, cores
         optimizer = torch.optim.SGD(mirror.params, lr=0.01, momentum=0.9, weight_decay=0.0005)
         inputs = torch_inputs(torch, net)
 
+        polled = [False]  # the solver's callback polls LoadAwareThreads in the default's units only
+        if load is not None:
+            solver.add_callback(after_update=lambda: polled[0] and load.poll())
+
         def netdef_unit():
             solver.step(steps)
 
@@ -134,6 +138,8 @@ def contenders(key: str, batch: int | None, load: LoadAwareThreads | None, cores
         def torch_unit():
             step()
 
+        polled = [False]
+
     current = [None]
 
     def use(count):  # threadpoolctl takes a while to change a count: only on a change, as the solver does
@@ -149,16 +155,20 @@ def contenders(key: str, batch: int | None, load: LoadAwareThreads | None, cores
 
     def default():
         use(load.in_effect if load is not None else cores)
-        if load is not None:
-            load.resume()
+        if load is None:
+            netdef_unit()
+            return
+        load.resume()
+        polled[0] = True
         netdef_unit()
-        if load is not None:
+        polled[0] = False
+        if not loop:
             load.poll()  # as the solver's callback after each iteration (commands/train.py)
-            current[0] = load.in_effect
+        current[0] = load.in_effect
 
     if load is not None:  # as in training, the first minute's probes have been made (LoadAwareThreads)
         start = time.monotonic()
-        for _ in range(2 * load.MIN_ITERATIONS):
+        for _ in range(2 * load.MIN_ITERATIONS // (steps if loop else 1) + 1):
             default()
         while time.monotonic() - start < 3 * load.interval_s:
             default()

@@ -361,16 +361,18 @@ class LoadAwareThreads:
     least one. ``poll()`` after each iteration. The first count comes from the load (``settle``: the
     cores other processes keep busy, ``threads_beside``); after that, once ``interval_s`` has passed
     and at least ``MIN_ITERATIONS`` iterations, it tries another count (the load's suggestion, or the
-    neighbour of the current one) for ``PROBE_ITERATIONS`` iterations and keeps it when their median
-    time beats the median of the iterations just before by ``GAIN``. Whether a parallel loop gains
+    neighbour of the current one) for ``PROBE_ITERATIONS`` iterations and keeps it when their mean time
+    (the slowest left out: a test phase, a snapshot) beats that of as many iterations just before by
+    ``GAIN``. A mean, not a median: beside a busy process most iterations of 2 threads may run as fast
+    as ever while every few waits for a thread the scheduler left off its core, and those decide. Whether a parallel loop gains
     beside a busy process depends on the loop and on who holds the cores (a process that is always
     runnable, or one that comes and goes; another container's): the load alone guesses wrong both
     ways (benchmarks/README.md, "Threads beside other processes"), the iterations' own times do not.
     ``cores``: the cores watched (this process's affinity set)."""
 
     MIN_WINDOW_S = 0.1  # shorter windows mistake a moment's burst for a busy core
-    PROBE_ITERATIONS = 3
-    MIN_ITERATIONS = 30  # so that a probe of a worse count costs a tenth of the iterations at most
+    PROBE_ITERATIONS = 5
+    MIN_ITERATIONS = 50  # so that a probe of a worse count costs a tenth of the iterations at most
     GAIN = 0.95
 
     def __init__(self, most: int, interval_s: float = 2.0, cores: set[int] | None = None,
@@ -445,9 +447,7 @@ class LoadAwareThreads:
         self._probe.append(took)
         if len(self._probe) < self.PROBE_ITERATIONS:
             return False
-        import statistics
-
-        better = statistics.median(self._probe) < self.GAIN * statistics.median(self._recent)
+        better = _trimmed_mean(self._probe) < self.GAIN * _trimmed_mean(self._recent)
         tried, self._tried = self._tried, None
         self._decided, self._iterations = time.monotonic(), 0
         if better:
@@ -462,6 +462,12 @@ class LoadAwareThreads:
         if now is not None and self._last is not None:
             self.others_busy = others_busy_cores(self._last, now)
         self._last = now
+
+
+def _trimmed_mean(seconds: list[float]) -> float:
+    """The mean of ``seconds`` without the largest (one slow iteration for reasons of its own)."""
+    kept = sorted(seconds)[:-1] or seconds
+    return sum(kept) / len(kept)
 
 
 def share_data_cores(comm) -> str:

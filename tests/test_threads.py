@@ -260,7 +260,7 @@ def test_another_count_is_tried_and_kept_only_when_its_iterations_are_faster(tmp
     _write(stat, "cpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n")
     before = kernel_threads()
     load = LoadAwareThreads(2, interval_s=0.0, cores={0, 1}, stat_path=str(stat))
-    load.MIN_ITERATIONS = 4
+    load.MIN_ITERATIONS = 5
 
     def iterations(count, seconds):
         changed = []
@@ -274,13 +274,15 @@ def test_another_count_is_tried_and_kept_only_when_its_iterations_are_faster(tmp
 
     try:
         assert load.settle().startswith("2 of 2") and load.in_effect == 2
-        # 4 iterations at 2 threads, then 1 thread is tried for 3: slower, so 2 stay.
-        assert iterations(4, {2: 0.01, 1: 0.03}) == [False] * 4 and load.in_effect == 1
-        assert iterations(3, {2: 0.01, 1: 0.03}) == [False] * 3 and load.threads == 2 == load.in_effect
+        probe = load.PROBE_ITERATIONS
+        # 5 iterations at 2 threads, then 1 thread is tried for 5: slower, so 2 stay.
+        assert iterations(5, {2: 0.01, 1: 0.03}) == [False] * 5 and load.in_effect == 1
+        assert iterations(probe, {2: 0.01, 1: 0.03}) == [False] * probe and load.threads == 2 == load.in_effect
         assert kernel_threads() == 2
         # Now 1 thread runs faster (another process took a core): tried, and kept.
-        assert not any(iterations(4, {2: 0.03, 1: 0.01})) and load.in_effect == 1
-        assert iterations(3, {2: 0.03, 1: 0.01}) == [False, False, True] and load.threads == 1 == kernel_threads()
+        assert not any(iterations(5, {2: 0.03, 1: 0.01})) and load.in_effect == 1
+        assert iterations(probe, {2: 0.03, 1: 0.01}) == [False] * (probe - 1) + [True]
+        assert load.threads == 1 == kernel_threads()
     finally:
         set_kernel_threads(before)
 
