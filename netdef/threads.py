@@ -99,9 +99,10 @@ def plan_compute_threads(local_ranks: int, local_cores: int, own_core_count: int
     if quota_cores is not None and quota_cores < threads:
         threads, reason = max(1, quota_cores), f"{reason}, a CPU quota of {quota_cores} (cgroup)"
     users_kernels = bool(env.get(KERNEL_THREAD_VARIABLE, "").strip())
-    reason += "" if users_kernels else ", fewer while other processes keep cores busy"
+    adapts = not users_kernels and threads > 1
+    reason += ", fewer while other processes keep cores busy" if adapts else ""
     return ThreadPlan(threads, f"{reason}; set OMP_NUM_THREADS to choose", None if users_kernels else threads,
-                      adapts_to_load=not users_kernels and threads > 1)
+                      adapts_to_load=adapts)
 
 
 def _users_kernel_threads(env: Mapping[str, str], value: str) -> int | None:
