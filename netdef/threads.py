@@ -24,9 +24,11 @@ over ``cpu.cfs_period_us``, rounded up to whole cores) and the cores other proce
 parallel loop waits for its slowest thread, and a thread whose core another process holds runs only
 when the scheduler gives it a turn: on 2 cores beside one busy process, the kernels' two threads made
 the digits example several times slower than one thread (benchmarks/README.md, "Threads beside other
-processes"). ``LoadAwareThreads`` looks at /proc/stat now and then (the busy time of this process's
-cores less its own CPU time: what other processes took) and runs the kernels on the cores left over,
-at least one. A count the user chose (``USER_THREAD_VARIABLES``, ``NUMBA_NUM_THREADS``) is kept as it is.
+processes"). ``LoadAwareThreads`` starts from /proc/stat (the busy time of this process's cores less
+its own CPU time: what other processes took), runs the kernels on the cores left over, at least one,
+and now and then tries another count for a few iterations, kept only when they run faster. A count
+the user chose (``USER_THREAD_VARIABLES``, ``NUMBA_NUM_THREADS``) is kept as it is, and then the
+same bits come out of every run (products cut for another count round differently).
 
 A data layer's prefetch thread decodes the next batch while the layers compute; on a machine whose
 cores all run BLAS threads it would take a core from one of them, and the others wait for that one at
