@@ -85,7 +85,7 @@ def worker(spec_path: str) -> None:
     spec = json.loads(pathlib.Path(spec_path).read_text())
     logging.getLogger("netdef").setLevel(logging.WARNING)
     comm = create_communicator()
-    share_cores(comm)  # as `netdef train` does: the compiled kernels' pool too gets this rank's share
+    share_cores(comm)  # as `netdef train` does (without following the load as it changes): the compiled kernels' pool too gets this rank's share
 
     def main():
         out = {"library": comm.description, "regimes": {}}

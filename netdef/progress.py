@@ -24,8 +24,36 @@ def bars_wanted() -> bool:
     return sys.stderr.isatty() and JUPYTER_KERNEL_ENV not in os.environ
 
 
-def bar(what: str, iterable=None, total: int | None = None, unit: str = "it", unit_scale: bool = False) -> tqdm:
-    """A bar labelled ``what`` over ``iterable`` or ``total`` steps (neither: a counter), on stderr; a
-    silent stand-in that takes the same calls when stderr is not a terminal."""
+def bar(what: str, iterable=None, total: int | None = None, unit: str = "it", unit_scale: bool = False,
+        initial: int = 0) -> tqdm:
+    """A bar labelled ``what`` over ``iterable`` or ``total`` steps (neither: a counter), ``initial`` of
+    them done before it starts, on stderr; a silent stand-in that takes the same calls when stderr is
+    not a terminal."""
     return tqdm(iterable, desc=what, total=total, unit=unit, unit_scale=unit_scale, file=sys.stderr,
-                disable=not bars_wanted(), leave=False, dynamic_ncols=True)
+                disable=not bars_wanted(), leave=False, dynamic_ncols=True, initial=initial)
+
+
+class BarAfterFirstStep:
+    """A bar over ``total`` steps that appears once the first step is done, its clock started then: the
+    first step of training compiles kernels and fills caches, and a rate taken from it would promise
+    hours. ``update_to(done)`` after each step; a context manager (the bar is erased on leaving)."""
+
+    def __init__(self, what: str, total: int, unit: str = "it"):
+        self.what, self.total, self.unit = what, total, unit
+        self.bar: tqdm | None = None
+
+    def update_to(self, done: int) -> None:
+        if self.bar is None:
+            self.bar = bar(self.what, total=self.total, unit=self.unit, initial=done)
+        else:
+            self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def __enter__(self) -> BarAfterFirstStep:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -11,12 +11,24 @@ choices"). ``share_cores`` gives each rank its share instead:
 
 ("may run on": the CPU affinity sets, so a launcher's binding (Open MPI binds ranks to cores by default,
 ``srun --cpu-bind``) or ``taskset`` around ``mpiexec`` are respected). A thread count the user chose
-wins: when one of ``USER_THREAD_VARIABLES`` is set, the libraries keep what it says. One process alone
-keeps the libraries' default (every core).
+wins: when one of ``USER_THREAD_VARIABLES`` is set, the libraries keep what it says, and the compiled
+kernels take the same count. One process alone has every core it may run on.
 
 The compiled kernels (numba, layers/jit) have a thread pool of their own, which reads none of those
 variables: it gets the same share, or the user's count (``NUMBA_NUM_THREADS``, numba's own variable,
 wins over the others).
+
+One process alone (and each rank, within its share) also bounds its threads by what it may really
+use: a container's CPU quota (``cgroup_cpu_limit``: cgroup v2's ``cpu.max``, v1's ``cpu.cfs_quota_us``
+over ``cpu.cfs_period_us``, rounded up to whole cores) and the cores other processes keep busy. A
+parallel loop waits for its slowest thread, and a thread whose core another process holds runs only
+when the scheduler gives it a turn: on 2 cores beside one busy process, the kernels' two threads made
+the digits example several times slower than one thread (benchmarks/README.md, "Threads beside other
+processes"). ``LoadAwareThreads`` starts from /proc/stat (the busy time of this process's cores less
+its own CPU time: what other processes took), runs the kernels on the cores left over, at least one,
+and now and then tries another count for a few iterations, kept only when they run faster. A count
+the user chose (``USER_THREAD_VARIABLES``, ``NUMBA_NUM_THREADS``) is kept as it is, and then the
+same bits come out of every run (products cut for another count round differently).
 
 A data layer's prefetch thread decodes the next batch while the layers compute; on a machine whose
 cores all run BLAS threads it would take a core from one of them, and the others wait for that one at
@@ -33,8 +45,10 @@ the share goes to the data.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
+import time
 from collections.abc import Mapping
 
 from .environment import positive_count
@@ -52,12 +66,14 @@ DATA_THREAD_NICENESS = 19
 @dataclasses.dataclass(frozen=True)
 class ThreadPlan:
     """``threads`` for the BLAS/OpenMP pools of this process (None: leave the libraries' choice),
-    ``reason``, the log's explanation, and ``kernel_threads`` for the compiled kernels' pool (None:
-    numba's choice: every core, or NUMBA_NUM_THREADS)."""
+    ``reason``, the log's explanation, ``kernel_threads`` for the compiled kernels' pool (None:
+    numba's choice: every core, or NUMBA_NUM_THREADS), and ``adapts_to_load``: whether the count may
+    come down while other processes keep cores busy (``LoadAwareThreads``; not when the user chose)."""
 
     threads: int | None
     reason: str
     kernel_threads: int | None = None
+    adapts_to_load: bool = False
 
 
 def own_cores() -> set[int]:
@@ -68,20 +84,27 @@ def own_cores() -> set[int]:
 
 
 def plan_compute_threads(local_ranks: int, local_cores: int, own_core_count: int,
-                         environ: Mapping[str, str] | None = None) -> ThreadPlan:
+                         environ: Mapping[str, str] | None = None, quota_cores: int | None = None) -> ThreadPlan:
     """The thread plan for one of ``local_ranks`` processes on a machine whose ranks may run on
-    ``local_cores`` distinct cores together, this one on ``own_core_count`` of them."""
+    ``local_cores`` distinct cores together, this one on ``own_core_count`` of them, under a CPU quota
+    of ``quota_cores`` whole cores (None: no quota; ``cgroup_cpu_limit``)."""
     env = os.environ if environ is None else environ
     chosen = [name for name in USER_THREAD_VARIABLES if env.get(name, "").strip()]
     if chosen:
         reason = f"{', '.join(f'{name}={env[name]}' for name in chosen)} from the environment"
         return ThreadPlan(None, reason, _users_kernel_threads(env, env[chosen[0]]))
     if local_ranks <= 1:
-        return ThreadPlan(None, f"the BLAS library's default ({own_core_count} cores, 1 process on this machine)")
-    threads = max(1, min(own_core_count, local_cores // local_ranks))
-    kernel_threads = None if env.get(KERNEL_THREAD_VARIABLE, "").strip() else threads
-    return ThreadPlan(threads, f"{local_cores} cores shared by {local_ranks} ranks on this machine"
-                               f"; set OMP_NUM_THREADS to choose", kernel_threads)
+        threads, reason = own_core_count, f"the {own_core_count} cores this process may run on"
+    else:
+        threads = max(1, min(own_core_count, local_cores // local_ranks))
+        reason = f"{local_cores} cores shared by {local_ranks} ranks on this machine"
+    if quota_cores is not None and quota_cores < threads:
+        threads, reason = max(1, quota_cores), f"{reason}, a CPU quota of {quota_cores} (cgroup)"
+    users_kernels = bool(env.get(KERNEL_THREAD_VARIABLE, "").strip())
+    adapts = not users_kernels and threads > 1
+    reason += ", fewer while other processes keep cores busy" if adapts else ""
+    return ThreadPlan(threads, f"{reason}; set OMP_NUM_THREADS to choose", None if users_kernels else threads,
+                      adapts_to_load=adapts)
 
 
 def _users_kernel_threads(env: Mapping[str, str], value: str) -> int | None:
@@ -156,11 +179,32 @@ def let_idle_kernel_threads_sleep(environ=None) -> None:
     env[name] = value
 
 
+def bound_kernel_pool_by_user(environ=None) -> None:
+    """Start numba's pool with the user's OMP_NUM_THREADS (the first count of its list) when he set it
+    and not NUMBA_NUM_THREADS: numba reads only its own variable, and a user who asked for one thread
+    (in any program that uses netdef: a pycaffe script, ``netdef time``) gets one, not every core. Only
+    takes effect before numba is imported."""
+    env = os.environ if environ is None else environ
+    if env.get(KERNEL_THREAD_VARIABLE, "").strip():
+        return
+    count = _users_kernel_threads(env, env.get("OMP_NUM_THREADS", "").strip())
+    if count is not None:
+        env[KERNEL_THREAD_VARIABLE] = str(count)
+
+
+def prepare_kernel_pool(environ=None) -> None:
+    """What must be set before numba starts its pool: how idle threads wait (``let_idle_kernel_threads_sleep``)
+    and the user's thread count (``bound_kernel_pool_by_user``). Every module of compiled kernels calls
+    it before it imports numba."""
+    let_idle_kernel_threads_sleep(environ)
+    bound_kernel_pool_by_user(environ)
+
+
 def set_kernel_threads(count: int) -> int:
     """Run the compiled kernels' parallel loops on ``count`` threads (at most the pool numba started);
     returns the count in effect. numba keeps this per calling thread: call it from the thread that
     runs the layers."""
-    let_idle_kernel_threads_sleep()
+    prepare_kernel_pool()
     import numba
 
     count = max(1, min(count, numba.config.NUMBA_NUM_THREADS))
@@ -185,15 +229,242 @@ def blas_threads() -> int | None:
     return None
 
 
-def share_cores(comm) -> str:
-    """Give this rank of ``comm`` (a Communicator) its share of the machine's cores for BLAS and OpenMP
-    (see the module docstring). Every rank calls it once, before training; returns the log line."""
-    plan = plan_compute_threads(comm.local_size, comm.local_core_count(), len(own_cores()))
+def share_cores(comm) -> tuple[str, LoadAwareThreads | None]:
+    """Give this process, or this rank of ``comm`` (a Communicator), its share of the cores for BLAS,
+    OpenMP and the compiled kernels (see the module docstring). Called once, before training; returns
+    the log line and, where the plan adapts to load, the ``LoadAwareThreads`` that the training loop
+    polls (its first look at the load is made here)."""
+    plan = plan_compute_threads(comm.local_size, comm.local_core_count(), len(own_cores()),
+                                quota_cores=cgroup_cpu_limit())
     apply_thread_plan(plan)
+    load = LoadAwareThreads(plan.threads) if plan.adapts_to_load else None
+    reason = plan.reason
+    if load is not None:
+        reason = f"{load.settle()}; {reason}"
     threads = blas_threads()
     count = "no BLAS library loaded" if threads is None else f"{threads} BLAS thread{'s' if threads != 1 else ''}"
     kernels = kernel_threads()
-    return f"Compute threads per rank: {count}, {kernels} kernel thread{'s' if kernels != 1 else ''} ({plan.reason})"
+    per = " per rank" if comm.size > 1 else ""
+    return (f"Compute threads{per}: {count}, {kernels} kernel thread{'s' if kernels != 1 else ''} ({reason})",
+            load)
+
+
+def set_compute_threads(count: int) -> None:
+    """Run the compiled kernels and the BLAS library on ``count`` threads from now on."""
+    set_kernel_threads(count)
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=count, user_api="blas")
+
+
+# Where the kernel mounts the control groups (cgroup v2's unified tree, or one directory per v1 controller).
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def cgroup_cpu_limit(cgroup_root: str = CGROUP_ROOT, membership: str | None = None) -> int | None:
+    """Whole cores' worth of CPU time this process's control group may use: ceil(quota / period), the
+    tightest of its group and the groups above it, from cgroup v2's ``cpu.max`` or v1's
+    ``cpu.cfs_quota_us`` and ``cpu.cfs_period_us``; None where no quota is set or there are no cgroups.
+    ``membership``: the text of /proc/self/cgroup (read when None; a container with its own cgroup
+    namespace sees its group as the root)."""
+    if membership is None:
+        try:
+            with open("/proc/self/cgroup") as handle:
+                membership = handle.read()
+        except OSError:
+            membership = ""
+    directories = {cgroup_root, os.path.join(cgroup_root, "cpu"), os.path.join(cgroup_root, "cpu,cpuacct")}
+    for line in membership.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        controllers, path = parts[1], parts[2].strip().strip("/")
+        if controllers and "cpu" not in controllers.split(","):
+            continue
+        mount = cgroup_root if not controllers else os.path.join(cgroup_root, controllers)
+        while True:
+            directories.add(os.path.join(mount, path) if path else mount)
+            if not path:
+                break
+            path = os.path.dirname(path)
+    quotas = [q for q in map(_cpu_quota_of, sorted(directories)) if q is not None]
+    return max(1, math.ceil(min(quotas) - 1e-9)) if quotas else None
+
+
+def _cpu_quota_of(directory: str) -> float | None:
+    """The quota of one control group's directory in cores (quota / period); None where it sets none."""
+    try:
+        with open(os.path.join(directory, "cpu.max")) as handle:
+            fields = handle.read().split()
+        if len(fields) >= 2 and fields[0] != "max":
+            return int(fields[0]) / int(fields[1])
+        return None
+    except (OSError, ValueError, ZeroDivisionError):
+        pass
+    try:
+        with open(os.path.join(directory, "cpu.cfs_quota_us")) as handle:
+            quota = int(handle.read())
+        with open(os.path.join(directory, "cpu.cfs_period_us")) as handle:
+            period = int(handle.read())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuSample:
+    """A moment's counters: ``wall`` (monotonic seconds), ``busy`` (seconds the watched cores have
+    spent running anything, from /proc/stat), ``own`` (seconds this process's threads have run)."""
+
+    wall: float
+    busy: float
+    own: float
+
+
+def sample_cpu(cores: set[int], stat_path: str = "/proc/stat") -> CpuSample | None:
+    """The counters of ``cores`` now; None where /proc/stat cannot be read (not Linux)."""
+    try:
+        with open(stat_path) as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    ticks = 0
+    for line in lines:
+        name, _, values = line.partition(" ")
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cores:
+            continue
+        fields = [int(v) for v in values.split()]
+        # user nice system idle iowait irq softirq steal (guest time is counted in user's)
+        ticks += sum(fields[:8]) - fields[3] - fields[4]
+    return CpuSample(time.monotonic(), ticks / os.sysconf("SC_CLK_TCK"), time.process_time())
+
+
+def others_busy_cores(before: CpuSample, after: CpuSample) -> float:
+    """How many of the watched cores other processes kept busy between two samples, on average."""
+    wall = after.wall - before.wall
+    if wall <= 0:
+        return 0.0
+    return max(0.0, ((after.busy - before.busy) - (after.own - before.own)) / wall)
+
+
+def threads_beside(most: int, cores: int, others_busy: float) -> int:
+    """The threads that fit on ``cores`` while others keep ``others_busy`` of them busy: the cores left,
+    a core counting as taken once others hold more than half of it; at least 1, at most ``most``."""
+    return max(1, min(most, math.floor(cores - others_busy + 0.5)))
+
+
+class LoadAwareThreads:
+    """Keeps the compute threads where they run fastest beside the other processes: at most ``most``, at
+    least one. ``poll()`` after each iteration. The first count comes from the load (``settle``: the
+    cores other processes keep busy, ``threads_beside``); after that, once ``interval_s`` has passed
+    and at least ``MIN_ITERATIONS`` iterations, it tries another count (the load's suggestion, or the
+    neighbour of the current one) for ``PROBE_ITERATIONS`` iterations and keeps it when their mean time
+    (the slowest left out: a test phase, a snapshot) beats that of as many iterations just before by
+    ``GAIN``. A mean, not a median: beside a busy process most iterations of 2 threads may run as fast
+    as ever while every few waits for a thread the scheduler left off its core, and those decide. Whether a parallel loop gains
+    beside a busy process depends on the loop and on who holds the cores (a process that is always
+    runnable, or one that comes and goes; another container's): the load alone guesses wrong both
+    ways (benchmarks/README.md, "Threads beside other processes"), the iterations' own times do not.
+    ``cores``: the cores watched (this process's affinity set)."""
+
+    MIN_WINDOW_S = 0.1  # shorter windows mistake a moment's burst for a busy core
+    PROBE_ITERATIONS = 5
+    MIN_ITERATIONS = 50  # so that a probe of a worse count costs a tenth of the iterations at most
+    GAIN = 0.95
+
+    def __init__(self, most: int, interval_s: float = 2.0, cores: set[int] | None = None,
+                 stat_path: str = "/proc/stat"):
+        self.most = most
+        self.threads = most
+        self.interval_s = interval_s
+        self.others_busy = 0.0
+        self._cores = own_cores() if cores is None else set(cores)
+        self._stat_path = stat_path
+        self._last = sample_cpu(self._cores, stat_path)
+        self._decided = time.monotonic()
+        self._iterations = 0
+        self._ended: float | None = None  # when the last iteration ended (perf_counter)
+        self._recent: list[float] = []    # the last iterations' times at the current count
+        self._probe: list[float] = []     # the iterations' times at the count being tried
+        self._tried: int | None = None
+
+    def settle(self) -> str:
+        """Choose the first count from the load now (after waiting out ``MIN_WINDOW_S`` since the first
+        sample); returns what was chosen and why, in words for the log."""
+        if self._last is not None:
+            time.sleep(max(0.0, self._last.wall + self.MIN_WINDOW_S - time.monotonic()))
+        self._look_at_load()
+        suggested = threads_beside(self.most, len(self._cores), self.others_busy)
+        if suggested != self.threads:
+            self.threads = suggested
+            set_compute_threads(suggested)
+        return self.describe()
+
+    def describe(self) -> str:
+        return (f"{self.threads} of {self.most}: other processes kept {self.others_busy:.1f} of "
+                f"{len(self._cores)} cores busy; tried again every {self.interval_s:g} s against the "
+                f"iterations' times")
+
+    @property
+    def in_effect(self) -> int:
+        """The count the kernels run on now: the one being tried, or the one kept."""
+        return self.threads if self._tried is None else self._tried
+
+    def resume(self) -> None:
+        """The next iteration starts now: the time since the last one went to other work (a benchmark's
+        other contenders), which is no part of it."""
+        self._ended = time.perf_counter()
+
+    def poll(self) -> bool:
+        """After an iteration: time it, try or judge another count; True when the count kept changed."""
+        now = time.perf_counter()
+        took, self._ended = (None if self._ended is None else now - self._ended), now
+        changed = False
+        if took is not None:
+            changed = self._judge(took) if self._tried is not None else self._maybe_try(took)
+        self._ended = time.perf_counter()  # a change of count is no part of the next iteration
+        return changed
+
+    def _maybe_try(self, took: float) -> bool:
+        self._recent = (self._recent + [took])[-self.PROBE_ITERATIONS:]
+        self._iterations += 1
+        if self._iterations < self.MIN_ITERATIONS or time.monotonic() - self._decided < self.interval_s:
+            return False
+        self._look_at_load()
+        suggested = threads_beside(self.most, len(self._cores), self.others_busy)
+        candidate = suggested if suggested != self.threads else (
+            self.threads - 1 if self.threads > 1 else self.threads + 1)
+        if candidate > self.most or len(self._recent) < self.PROBE_ITERATIONS:
+            return False
+        self._tried, self._probe = candidate, []
+        set_kernel_threads(candidate)
+        return False
+
+    def _judge(self, took: float) -> bool:
+        self._probe.append(took)
+        if len(self._probe) < self.PROBE_ITERATIONS:
+            return False
+        better = _trimmed_mean(self._probe) < self.GAIN * _trimmed_mean(self._recent)
+        tried, self._tried = self._tried, None
+        self._decided, self._iterations = time.monotonic(), 0
+        if better:
+            self.threads, self._recent = tried, list(self._probe)
+            set_compute_threads(tried)
+            return True
+        set_kernel_threads(self.threads)
+        return False
+
+    def _look_at_load(self) -> None:
+        now = sample_cpu(self._cores, self._stat_path)
+        if now is not None and self._last is not None:
+            self.others_busy = others_busy_cores(self._last, now)
+        self._last = now
+
+
+def _trimmed_mean(seconds: list[float]) -> float:
+    """The mean of ``seconds`` without the largest (one slow iteration for reasons of its own)."""
+    kept = sorted(seconds)[:-1] or seconds
+    return sum(kept) / len(kept)
 
 
 def share_data_cores(comm) -> str:

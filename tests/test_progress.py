@@ -60,6 +60,8 @@ def test_converters_and_train_draw_bars_on_a_terminal_and_keep_the_log(workdir):
     status, screen = on_terminal(["train", "solver.prototxt", "--iterations=30"], workdir)
     assert status == 0, screen
     assert TRAIN_BAR.search(screen), screen[-2000:]
+    # The bar appears after the first iteration (which compiles and warms up), its clock started then.
+    assert not re.search(r"\| *0/30 ", screen), screen[-2000:]
     # The log lines are whole lines, the bar erased before each and redrawn after it.
     assert re.search(r"(^|\r|\n)I\d{4} [\d:.]+ +\d+ solver\.py:\d+\] Iteration 30, loss = ", screen)
     assert "Optimization Done." in screen
@@ -84,3 +86,15 @@ def test_no_bar_under_a_notebook_on_its_pseudo_terminal(workdir):
     assert status == 0, screen
     assert "Optimization Done." in screen
     assert "%|" not in screen and "iter/s]" not in screen and "\r\r" not in screen
+
+
+def test_a_bar_after_the_first_step_starts_there():
+    from netdef.progress import BarAfterFirstStep
+
+    with BarAfterFirstStep("train", total=30, unit="iter") as steps:
+        assert steps.bar is None
+        steps.update_to(1)
+        first = steps.bar
+        assert (first.n, first.total) == (1, 30)
+        steps.update_to(7)  # (a bar off the terminal, as here, counts nothing: the terminal test draws one)
+        assert steps.bar is first

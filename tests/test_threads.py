@@ -8,8 +8,10 @@ import threading
 
 import pytest
 
-from netdef.threads import (KERNEL_SPIN, ThreadPlan, data_threads, kernel_threads, let_idle_blas_threads_sleep, let_idle_kernel_threads_sleep, own_cores,
-                            plan_compute_threads, plan_data_threads, set_kernel_threads, yield_cores_to_compute)
+from netdef.threads import (KERNEL_SPIN, CpuSample, LoadAwareThreads, ThreadPlan, cgroup_cpu_limit, data_threads,
+                            kernel_threads, let_idle_blas_threads_sleep, let_idle_kernel_threads_sleep, others_busy_cores,
+                            own_cores, plan_compute_threads, plan_data_threads, prepare_kernel_pool, sample_cpu, set_kernel_threads,
+                            threads_beside, yield_cores_to_compute)
 
 
 def test_ranks_share_the_cores_of_their_machine():
@@ -54,9 +56,19 @@ def test_each_rank_tells_its_data_layers_their_share(monkeypatch):
     assert line.startswith(f"Data threads per data layer: {len(own_cores())} (") and "4 ranks" in line
 
 
-def test_one_process_keeps_the_library_default():
+def test_one_process_takes_its_cores_and_follows_the_load():
     plan = plan_compute_threads(1, 8, 8, environ={})
-    assert plan.threads is None and "default" in plan.reason
+    assert plan == ThreadPlan(8, "the 8 cores this process may run on, fewer while other processes keep cores busy"
+                                 "; set OMP_NUM_THREADS to choose", 8, adapts_to_load=True)
+    assert not plan_compute_threads(1, 1, 1, environ={}).adapts_to_load  # one thread: nothing to lower
+
+
+def test_a_cpu_quota_bounds_every_pool_and_the_log_says_so():
+    plan = plan_compute_threads(1, 16, 16, environ={}, quota_cores=2)
+    assert (plan.threads, plan.kernel_threads) == (2, 2) and "a CPU quota of 2 (cgroup)" in plan.reason
+    assert plan_compute_threads(2, 16, 16, environ={}, quota_cores=4).threads == 4   # 8 each, the quota 4
+    assert plan_compute_threads(1, 2, 2, environ={}, quota_cores=8).threads == 2     # a loose quota changes nothing
+    assert plan_compute_threads(1, 16, 16, environ={"OMP_NUM_THREADS": "3"}, quota_cores=2).kernel_threads == 3
 
 
 @pytest.mark.parametrize("variable", ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"])
@@ -69,7 +81,7 @@ def test_a_thread_count_from_the_user_wins(variable):
 
 def test_the_compiled_kernels_get_the_same_share():
     assert plan_compute_threads(2, 16, 16, environ={}).kernel_threads == 8
-    assert plan_compute_threads(1, 16, 16, environ={}).kernel_threads is None   # numba's default: every core
+    assert plan_compute_threads(1, 16, 16, environ={}).kernel_threads == 16
     # The user's BLAS/OpenMP count holds for the kernels too, unless numba's own variable is set.
     assert plan_compute_threads(2, 16, 16, environ={"OMP_NUM_THREADS": "3"}).kernel_threads == 3
     assert plan_compute_threads(2, 16, 16, environ={"OMP_NUM_THREADS": "3,2"}).kernel_threads == 3
@@ -170,3 +182,138 @@ def test_importing_netdef_sets_the_blas_wait_before_numpy_loads(user):
             "sys.meta_path.insert(0, Watch())\n"
             "import netdef\n")
     assert _output_of_fresh_process(code, "OPENBLAS_THREAD_TIMEOUT", user).split() == [user or "18"]
+
+
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_the_cgroup_v2_quota_is_read_rounded_up_to_whole_cores(tmp_path):
+    assert cgroup_cpu_limit(str(tmp_path), membership="0::/\n") is None                 # no cgroup files
+    _write(tmp_path / "cpu.max", "max 100000\n")
+    assert cgroup_cpu_limit(str(tmp_path), membership="0::/\n") is None                 # no quota
+    _write(tmp_path / "cpu.max", "150000 100000\n")
+    assert cgroup_cpu_limit(str(tmp_path), membership="0::/\n") == 2                    # 1.5 cores: 2 threads
+    _write(tmp_path / "cpu.max", "50000 100000\n")
+    assert cgroup_cpu_limit(str(tmp_path), membership="0::/\n") == 1
+    # The tightest of the process's group and those above it.
+    _write(tmp_path / "cpu.max", "max 100000\n")
+    _write(tmp_path / "kubepods" / "cpu.max", "300000 100000\n")
+    _write(tmp_path / "kubepods" / "pod1" / "cpu.max", "max 100000\n")
+    assert cgroup_cpu_limit(str(tmp_path), membership="0::/kubepods/pod1\n") == 3
+
+
+def test_the_cgroup_v1_quota_is_read_from_the_cpu_controller(tmp_path):
+    group = tmp_path / "cpu,cpuacct" / "docker" / "abc"
+    _write(group / "cpu.cfs_quota_us", "-1\n")
+    _write(group / "cpu.cfs_period_us", "100000\n")
+    membership = "5:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n"
+    assert cgroup_cpu_limit(str(tmp_path), membership=membership) is None
+    _write(group / "cpu.cfs_quota_us", "400000\n")
+    assert cgroup_cpu_limit(str(tmp_path), membership=membership) == 4
+    # Without a cgroup namespace the container's own group is mounted at the controller's root.
+    _write(tmp_path / "cpu" / "cpu.cfs_quota_us", "200000\n")
+    _write(tmp_path / "cpu" / "cpu.cfs_period_us", "100000\n")
+    assert cgroup_cpu_limit(str(tmp_path), membership="4:cpu:/docker/other\n") == 2
+
+
+def test_threads_fit_on_the_cores_other_processes_leave():
+    assert threads_beside(2, 2, 0.0) == 2
+    assert threads_beside(2, 2, 0.3) == 2        # a moment's work of others is no busy core
+    assert threads_beside(2, 2, 0.7) == 1        # `yes` beside 2 threads gets 2/3 of a core
+    assert threads_beside(2, 2, 2.0) == 1        # never fewer than one
+    assert threads_beside(8, 16, 4.0) == 8       # never more than the plan's
+    assert threads_beside(16, 16, 4.0) == 12
+
+
+def test_others_busy_time_is_the_cores_busy_time_less_this_process(tmp_path):
+    assert others_busy_cores(CpuSample(0.0, 10.0, 1.0), CpuSample(2.0, 13.0, 2.0)) == pytest.approx(1.0)
+    assert others_busy_cores(CpuSample(0.0, 10.0, 1.0), CpuSample(2.0, 10.5, 2.0)) == 0.0  # tick rounding
+    stat = tmp_path / "stat"
+    _write(stat, "cpu  9 9 9 9 9 9 9 9 0 0\ncpu0 1 2 3 100 4 5 6 7 0 0\ncpu1 10 0 0 100 0 0 0 0 0 0\nintr 5\n")
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert sample_cpu({0}, str(stat)).busy == pytest.approx((1 + 2 + 3 + 5 + 6 + 7) / ticks)
+    assert sample_cpu({0, 1}, str(stat)).busy == pytest.approx(34 / ticks)
+    assert sample_cpu({0}, str(tmp_path / "absent")) is None
+
+
+def test_the_first_count_comes_from_the_load(tmp_path):
+    stat = tmp_path / "stat"
+    ticks = os.sysconf("SC_CLK_TCK")
+    _write(stat, "cpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n")
+    before = kernel_threads()
+    load = LoadAwareThreads(2, cores={0, 1}, stat_path=str(stat))
+    try:
+        _write(stat, f"cpu0 {10 * ticks} 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n")  # far more than the window
+        assert "1 of 2: other processes kept" in load.settle() and kernel_threads() == 1 == load.in_effect
+    finally:
+        set_kernel_threads(before)
+
+
+def test_another_count_is_tried_and_kept_only_when_its_iterations_are_faster(tmp_path):
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba's pool has one thread")
+    stat = tmp_path / "stat"
+    _write(stat, "cpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n")
+    before = kernel_threads()
+    load = LoadAwareThreads(2, interval_s=0.0, cores={0, 1}, stat_path=str(stat))
+    load.MIN_ITERATIONS = 5
+
+    def iterations(count, seconds):
+        changed = []
+        for _ in range(count):
+            load.resume()
+            import time
+
+            time.sleep(seconds[load.in_effect])
+            changed.append(load.poll())
+        return changed
+
+    try:
+        assert load.settle().startswith("2 of 2") and load.in_effect == 2
+        probe = load.PROBE_ITERATIONS
+        # 5 iterations at 2 threads, then 1 thread is tried for 5: slower, so 2 stay.
+        assert iterations(5, {2: 0.01, 1: 0.03}) == [False] * 5 and load.in_effect == 1
+        assert iterations(probe, {2: 0.01, 1: 0.03}) == [False] * probe and load.threads == 2 == load.in_effect
+        assert kernel_threads() == 2
+        # Now 1 thread runs faster (another process took a core): tried, and kept.
+        assert not any(iterations(5, {2: 0.03, 1: 0.01})) and load.in_effect == 1
+        assert iterations(probe, {2: 0.03, 1: 0.01}) == [False] * (probe - 1) + [True]
+        assert load.threads == 1 == kernel_threads()
+    finally:
+        set_kernel_threads(before)
+
+
+def test_omp_num_threads_1_leaves_the_kernels_pool_at_one_thread():
+    # What `netdef train` does on one process, in a fresh one (numba starts its pool once).
+    code = ("import numpy as np\n"
+            "from netdef.comm.communicator import Communicator\n"
+            "from netdef.threads import share_cores, kernel_threads, blas_threads\n"
+            "from netdef.layers.jit import elementwise\n"
+            "line, load = share_cores(Communicator())\n"
+            "print(kernel_threads(), blas_threads(), load)\n"
+            "print(line)\n")
+    printed = _output_of_fresh_process(code, "OMP_NUM_THREADS", "1", also_unset=("NUMBA_NUM_THREADS",)).splitlines()
+    assert printed[0].split() == ["1", "1", "None"]
+    assert printed[1] == ("Compute threads: 1 BLAS thread, 1 kernel thread (OMP_NUM_THREADS=1 from the environment)")
+
+
+def test_the_users_omp_num_threads_sizes_the_kernels_pool_in_any_program():
+    env = {"OMP_NUM_THREADS": "1"}
+    prepare_kernel_pool(env)
+    assert env["NUMBA_NUM_THREADS"] == "1"
+    env = {"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "2"}  # numba's own variable wins
+    prepare_kernel_pool(env)
+    assert env["NUMBA_NUM_THREADS"] == "2"
+    env = {}
+    prepare_kernel_pool(env)
+    assert "NUMBA_NUM_THREADS" not in env
+    # A pycaffe script: no `netdef train`, the pool itself has one thread.
+    code = ("import netdef\n"
+            "from netdef.layers.jit import elementwise\n"
+            "import numba\n"
+            "print(numba.config.NUMBA_NUM_THREADS, numba.get_num_threads())\n")
+    assert _output_of_fresh_process(code, "OMP_NUM_THREADS", "1", also_unset=("NUMBA_NUM_THREADS",)).split() == ["1", "1"]

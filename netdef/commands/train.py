@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from netdef.progress import bar as progress_bar
+from netdef.progress import BarAfterFirstStep
 
 from .common import CommandLineError, caffe_flag, positive_iterations, precision_flag, set_device
 
@@ -60,10 +60,11 @@ def cmd_train(args) -> int:
     comm = create_communicator(async_progress=options.progress == "MPI_ASYNC")
     if comm.rank > 0:
         log.setLevel(logging.WARNING)  # only rank 0 logs progress; every rank reports its errors
+    line, load = share_cores(comm)
+    log.info("%s", line)
     if comm.size > 1:
-        log.info("%s", share_cores(comm))
         log.info("%s", share_data_cores(comm))
-    return run_guarded(comm, _train, args, param, path, comm, options, debug=args.debug)
+    return run_guarded(comm, _train, args, param, path, comm, options, load, debug=args.debug)
 
 
 def _check_solver_state(state_path: str) -> None:
@@ -74,7 +75,7 @@ def _check_solver_state(state_path: str) -> None:
     check_input_file(state_path, "solver state", None if state_path.endswith(".h5") else PROTOBUF_LIMIT)
 
 
-def _train(args, param, path, comm, options) -> int:
+def _train(args, param, path, comm, options, load) -> int:
     from netdef.comm.distributed import create_solver
     from netdef.solver.signals import install_signal_handlers
 
@@ -96,6 +97,14 @@ def _train(args, param, path, comm, options) -> int:
             solver.net.copy_from(weights)
             for test_net in solver.test_nets:
                 test_net.copy_from(weights)
+    if load is not None:
+        solver.add_callback(after_update=lambda: _follow_load(load))
+    if gpu is None:
+        from netdef.layers import jit
+
+        notice = jit.compile_notice()
+        if notice:
+            log.info("%s", notice)
     log.info("Starting Optimization")
     # The handlers are put back when training ends: main() may run again in this process (tests, scripts).
     with install_signal_handlers(solver, sigint_effect=args.sigint_effect, sighup_effect=args.sighup_effect), \
@@ -106,7 +115,13 @@ def _train(args, param, path, comm, options) -> int:
 
                 solver.add_scalar_observer(on_rank_0.enter_context(TensorBoardWriter(args.tensorboard)))
                 log.info("Writing TensorBoard scalars to %s", args.tensorboard)
-            iterations = on_rank_0.enter_context(progress_bar("train", total=solver.param.max_iter, unit="iter"))
-            solver.add_callback(after_update=lambda: iterations.update(solver.iter - iterations.n))
+            iterations = on_rank_0.enter_context(BarAfterFirstStep("train", total=solver.param.max_iter, unit="iter"))
+            solver.add_callback(after_update=lambda: iterations.update_to(solver.iter))
         solver.solve(resume_file=args.snapshot or None)
     return 0
+
+
+def _follow_load(load) -> None:
+    """After each iteration: the compute threads follow the load of the other processes (threads.py)."""
+    if load.poll():
+        log.info("Compute threads now %s", load.describe())

@@ -11,9 +11,9 @@ the same bits; ``tests/solver/test_jit_updates.py`` compares them.
 """
 from __future__ import annotations
 
-from ..threads import let_idle_kernel_threads_sleep
+from ..threads import prepare_kernel_pool
 
-let_idle_kernel_threads_sleep()  # before numba starts its thread pool
+prepare_kernel_pool()  # before numba starts its thread pool
 
 from numba import njit, prange  # noqa: E402 (after the wait policy)
 

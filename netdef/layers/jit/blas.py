@@ -32,9 +32,9 @@ from __future__ import annotations
 import ctypes
 import os
 
-from ...threads import let_idle_kernel_threads_sleep
+from ...threads import prepare_kernel_pool
 
-let_idle_kernel_threads_sleep()  # before numba starts its thread pool
+prepare_kernel_pool()  # before numba starts its thread pool
 
 import numpy as np  # noqa: E402
 from numba import njit, prange, types  # noqa: E402 (after the wait policy)

@@ -22,9 +22,9 @@ the same from run to run on a given machine.
 from __future__ import annotations
 
 import numpy as np
-from ...threads import let_idle_kernel_threads_sleep
+from ...threads import prepare_kernel_pool
 
-let_idle_kernel_threads_sleep()  # before numba starts its thread pool
+prepare_kernel_pool()  # before numba starts its thread pool
 
 from numba import get_thread_id, njit, prange  # noqa: E402 (after the wait policy)
 

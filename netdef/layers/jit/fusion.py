@@ -17,9 +17,9 @@ function per combination, and the kernel is compiled once per dtype.
 """
 from __future__ import annotations
 
-from ...threads import let_idle_kernel_threads_sleep
+from ...threads import prepare_kernel_pool
 
-let_idle_kernel_threads_sleep()  # before numba starts its thread pool
+prepare_kernel_pool()  # before numba starts its thread pool
 
 import functools  # noqa: E402
 

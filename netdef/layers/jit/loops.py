@@ -8,9 +8,9 @@ NumPy gives inf or NaN).
 """
 from __future__ import annotations
 
-from ...threads import let_idle_kernel_threads_sleep
+from ...threads import prepare_kernel_pool
 
-let_idle_kernel_threads_sleep()  # before numba starts its thread pool
+prepare_kernel_pool()  # before numba starts its thread pool
 
 from numba import njit  # noqa: E402 (after the wait policy)
 

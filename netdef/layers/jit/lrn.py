@@ -30,9 +30,9 @@ behind the other layers' choices").
 from __future__ import annotations
 
 import numpy as np
-from ...threads import let_idle_kernel_threads_sleep
+from ...threads import prepare_kernel_pool
 
-let_idle_kernel_threads_sleep()  # before numba starts its thread pool
+prepare_kernel_pool()  # before numba starts its thread pool
 
 from numba import njit, prange  # noqa: E402 (after the wait policy)
 
