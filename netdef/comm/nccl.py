@@ -22,7 +22,6 @@ job instead. The other rules always use MPI.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import time
@@ -30,8 +29,6 @@ import time
 import numpy as np
 
 from .exchange import ExchangeRule
-
-logger = logging.getLogger("netdef")
 
 MULTI_RANK_VARIABLE = "NCCL_MULTI_RANK_GPU_ENABLE"
 UNIQUE_ID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES
