@@ -229,18 +229,26 @@ def blas_threads() -> int | None:
     return None
 
 
-def share_cores(comm) -> tuple[str, LoadAwareThreads | None]:
+def share_cores(comm, follow_load: bool = True) -> tuple[str, LoadAwareThreads | None]:
     """Give this process, or this rank of ``comm`` (a Communicator), its share of the cores for BLAS,
     OpenMP and the compiled kernels (see the module docstring). Called once, before training; returns
-    the log line and, where the plan adapts to load, the ``LoadAwareThreads`` that the training loop
-    polls (its first look at the load is made here)."""
+    the log line and, where the plan adapts to load and ``follow_load``, the ``LoadAwareThreads`` that
+    the training loop polls (its first look at the load is made here).
+
+    ``follow_load`` False keeps the plan's count for the whole run: some compiled kernels sum in an
+    order that depends on their thread count, so a count that follows the load changes a seeded run's
+    last bits from one run to the next (``netdef train`` passes False when the solver sets a
+    ``random_seed``)."""
     plan = plan_compute_threads(comm.local_size, comm.local_core_count(), len(own_cores()),
                                 quota_cores=cgroup_cpu_limit())
     apply_thread_plan(plan)
-    load = LoadAwareThreads(plan.threads) if plan.adapts_to_load else None
+    load = LoadAwareThreads(plan.threads) if plan.adapts_to_load and follow_load else None
     reason = plan.reason
     if load is not None:
         reason = f"{load.settle()}; {reason}"
+    elif plan.adapts_to_load:
+        reason = (f"fixed, not following the load, as the solver's random_seed asks for the same bits on every run; "
+                  f"{reason}")
     threads = blas_threads()
     count = "no BLAS library loaded" if threads is None else f"{threads} BLAS thread{'s' if threads != 1 else ''}"
     kernels = kernel_threads()

@@ -317,3 +317,20 @@ def test_the_users_omp_num_threads_sizes_the_kernels_pool_in_any_program():
             "import numba\n"
             "print(numba.config.NUMBA_NUM_THREADS, numba.get_num_threads())\n")
     assert _output_of_fresh_process(code, "OMP_NUM_THREADS", "1", also_unset=("NUMBA_NUM_THREADS",)).split() == ["1", "1"]
+
+
+def test_a_seeded_run_keeps_one_thread_count():
+    """``netdef train`` of a solver with a random_seed: the count does not follow the load, since some
+    kernels sum in an order that depends on it and the same seed must give the same bits every run."""
+    code = ("from netdef.comm.communicator import Communicator\n"
+            "from netdef.threads import share_cores, kernel_threads\n"
+            "from netdef.layers.jit import elementwise\n"
+            "line, load = share_cores(Communicator(), follow_load=False)\n"
+            "print(load)\n"
+            "print(line)\n")
+    printed = _output_of_fresh_process(code, "OMP_NUM_THREADS", None,
+                                       also_unset=("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                                                   "BLIS_NUM_THREADS")).splitlines()
+    assert printed[0] == "None"
+    if len(own_cores()) > 1:  # one core: nothing to follow, nothing said
+        assert "fixed, not following the load, as the solver's random_seed asks for the same bits" in printed[1]
