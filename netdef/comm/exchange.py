@@ -257,9 +257,7 @@ class Bucket:
             self._own = np.empty(sum(self.sizes), dtype=self.dtype)
         self.buffer = self._own
         self.in_place = False
-        start = self.offsets[slot]
-        view = self.buffer[start:start + self.sizes[slot]].reshape(self.shapes[slot])
-        view[...] = diff if isinstance(diff, np.ndarray) else backend.to_host(diff)
+        self.slot_view(slot)[...] = diff if isinstance(diff, np.ndarray) else backend.to_host(diff)
 
     def take_buffer(self, buffer: np.ndarray) -> None:
         """Count one more gradient as packed, into ``buffer`` (the whole bucket's, flat), which the
@@ -283,8 +281,7 @@ class Bucket:
                 return True
             np.divide(self.buffer, divisor, out=self.buffer)
             return False
-        start = self.offsets[slot]
-        values = self.buffer[start:start + self.sizes[slot]].reshape(self.shapes[slot])
+        values = self.slot_view(slot)
         if isinstance(diff, np.ndarray):
             np.divide(values, divisor, out=diff)
         else:
