@@ -32,6 +32,14 @@ def one_process(tmp_path_factory):
     return weights(single.with_name("single_net.prototxt"), folder / f"single_iter_{ITERATIONS}.caffemodel")
 
 
+def assert_trained_as(expected, net_path, model_path):
+    """The weights of ``model_path`` (for ``net_path``) equal ``expected``'s to float32 rounding."""
+    got = weights(net_path, model_path)
+    for name, blobs in expected.items():
+        for a, b in zip(got[name], blobs):
+            assert relative_error(np.asarray(a), np.asarray(b)) < 1e-5, name
+
+
 # The staged path's exchange (gradient_staging.py) under the schedules and overlap settings.
 FLAGS = [pytest.param([], id="priority"), pytest.param(["--schedule", "fifo"], id="fifo"),
          pytest.param(["--overlap", "off", "--schedule", "fifo"], id="fifo-no-overlap")]
@@ -43,10 +51,7 @@ def test_two_ranks_share_the_gpu_and_train_as_one_process_at_twice_the_batch(tmp
     two = run_netdef(["train", str(pair), "--gpu", "all"] + flags, 2, tmp_path, timeout=180)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "rank 0 -> GPU 0 on " in two.stderr and "(shared with rank(s) 1)" in two.stderr, two.stderr[-3000:]
-    got = weights(pair.with_name("pair_net.prototxt"), tmp_path / f"pair_iter_{ITERATIONS}.caffemodel")
-    for name, blobs in one_process.items():
-        for a, b in zip(got[name], blobs):
-            assert relative_error(np.asarray(a), np.asarray(b)) < 1e-5, name
+    assert_trained_as(one_process, pair.with_name("pair_net.prototxt"), tmp_path / f"pair_iter_{ITERATIONS}.caffemodel")
 
 
 def test_the_log_says_how_the_gradients_travel(tmp_path):
@@ -71,10 +76,7 @@ def test_nccl_on_one_gpu_where_nccl_allows_two_ranks(tmp_path, one_process):
         pytest.skip("this machine's NCCL refuses two ranks on one GPU: " + two.stderr.strip().splitlines()[-1][:300])
     assert two.returncode == 0, two.stderr[-3000:]
     assert "summed through NCCL" in two.stderr and "allreduce over NCCL" in two.stderr, two.stderr[-3000:]
-    got = weights(pair.with_name("pair_net.prototxt"), tmp_path / f"pair_iter_{ITERATIONS}.caffemodel")
-    for name, blobs in one_process.items():
-        for a, b in zip(got[name], blobs):
-            assert relative_error(np.asarray(a), np.asarray(b)) < 1e-5, name
+    assert_trained_as(one_process, pair.with_name("pair_net.prototxt"), tmp_path / f"pair_iter_{ITERATIONS}.caffemodel")
 
 
 def test_a_two_rank_gpu_snapshot_resumes_exactly(tmp_path):

@@ -78,6 +78,12 @@ class ScriptedComm(Communicator):
             requests[i] = None
 
 
+def assert_averaged(net, gradients):
+    """Every diff of ``net`` holds ScriptedComm(size=4)'s average of its gradient g: g + 1/4."""
+    for blob, g in zip(net.learnable_params, gradients):
+        np.testing.assert_allclose(blob.diff, g + 0.25, rtol=1e-6, atol=1e-6)
+
+
 NET = """
 layer { name: "in" type: "Input" top: "x" top: "t" input_param { shape { dim: 4 dim: 6 } shape { dim: 4 dim: 3 } } }
 layer { name: "ip1" type: "InnerProduct" bottom: "x" top: "h"
@@ -261,8 +267,7 @@ def test_priority_schedule_averages_chunks_into_the_diffs_first_layer_first():
             np.testing.assert_allclose(net.learnable_params[pid].diff, expected[pid] + 0.25, rtol=1e-6, atol=1e-6)
         assert set(ip1) <= set(rule.arrived(range(4)))
         rule.wait_for(range(4))
-        for blob, g in zip(net.learnable_params, expected):
-            np.testing.assert_allclose(blob.diff, g + 0.25, rtol=1e-6, atol=1e-6)
+        assert_averaged(net, expected)
         record = rule.measurements.current
         # ip1.w (120 bytes) in 4 chunks of at most 32 bytes, ip2.w (60) in 2, the biases in one each.
         assert sorted(c.nbytes for c in record.chunks) == [12, 20, 24, 28, 32, 32, 32, 32]
@@ -285,8 +290,7 @@ def test_allreduce_averages_into_the_diffs(overlap):
     for iteration in range(3):
         events.clear()
         run_iteration(net, rule, iteration, events)
-        for blob, g in zip(net.learnable_params, expected):
-            np.testing.assert_allclose(blob.diff, g + 0.25, rtol=1e-6, atol=1e-6)
+        assert_averaged(net, expected)
         starts = [i for i, e in enumerate(events) if e[0] == "start"]
         end = events.index(("backward end", None))
         assert len(starts) == 4  # ip2.w, ip2.b (closed by the big ip1.w), ip1.w, ip1.b
@@ -329,8 +333,7 @@ def test_both_transports_sum_through_the_rules_reduction(schedule, mode):
     rule.broadcast_initial()
     net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
     run_iteration(net, rule, 0, [])
-    for blob, g in zip(net.learnable_params, expected):
-        np.testing.assert_allclose(blob.diff, g + 0.25, rtol=1e-6, atol=1e-6)
+    assert_averaged(net, expected)
     # ip2.w, ip2.b, ip1.w, ip1.b (15, 3, 30, 5 floats): whole buckets, or chunks of at most 8 floats.
     sizes = sorted(rule.reduction.sizes)
     assert sizes == ([3, 5, 15, 30] if schedule == "fifo" else [3, 5, 6, 7, 8, 8, 8, 8])
@@ -686,8 +689,7 @@ def test_buckets_copied_asynchronously_start_in_order_once_copied(schedule, poll
     for iteration in range(3):
         events.clear()
         run_iteration(net, rule, iteration, events)
-        for blob, g in zip(net.learnable_params, expected):
-            np.testing.assert_allclose(blob.diff, g + 0.25, rtol=1e-6, atol=1e-6)
+        assert_averaged(net, expected)
         started = [e[1] for e in events if e[0] == "started bucket"]
         assert started == [0, 1, 2, 3]  # every rank starts its collectives in one order
         end = events.index(("backward end", None))
