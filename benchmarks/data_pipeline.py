@@ -13,8 +13,8 @@ crop, flip and mean in NumPy, under ``torch.utils.data.DataLoader`` with 0 and 2
 Each contender runs in a fresh process, contenders in turn, ``--rounds`` times; a contender's figure
 is the median over rounds of its images per second over ``--batches`` batches after 2 warm-up
 batches, and its CPU seconds (user + system, live worker processes included) per image. "k cores" pins
-the process to k cores (its affinity) and gives netdef k data threads. netdef's data threads run at
-nice 19 (they yield to compute); the DataLoader's process and workers are given the same priority. ``--baseline PATH`` adds the
+the process to k cores (its affinity) and gives netdef k data threads. Both run at the priority they are
+started with. ``--baseline PATH`` adds the
 Data layer of another checkout (its own process, PYTHONPATH=PATH), e.g. the commit before issue 35.
 
     python benchmarks/data_pipeline.py --workdir /tmp/netdef-data-bench [--baseline ../main]
@@ -233,9 +233,6 @@ def measure(workdir: pathlib.Path, contender: str, batches: int, convert_images:
     if who == "convert":
         return convert_rate(workdir, cores, convert_images)
     if who.startswith("torch"):
-        # At the priority of netdef's data threads (nice 19, inherited by the workers), so that other
-        # jobs on a shared machine weigh on both alike.
-        os.nice(19)
         return timed(torch_batches(workdir, layer, int(who[len("torch"):])), batches)
     return timed(netdef_batches(workdir, layer), batches)
 

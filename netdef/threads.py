@@ -27,17 +27,21 @@ the digits example several times slower than one thread (benchmarks/README.md, "
 processes"). ``LoadAwareThreads`` starts from /proc/stat (the busy time of this process's cores less
 its own CPU time: what other processes took), runs the kernels on the cores left over, at least one,
 and now and then tries another count for a few iterations, kept only when they run faster. A count
-the user chose (``USER_THREAD_VARIABLES``, ``NUMBA_NUM_THREADS``) is kept as it is, and then the
-same bits come out of every run (products cut for another count round differently).
+the user chose (``USER_THREAD_VARIABLES``, ``NUMBA_NUM_THREADS``) is kept as it is. Whatever count
+runs, the kernels cut their work for the plan's (``partition_width``): a matrix product cut into
+other panels rounds differently, and a seeded run must give the same bits however loaded the
+machine was.
 
-A data layer's prefetch thread decodes the next batch while the layers compute; on a machine whose
-cores all run BLAS threads it would take a core from one of them, and the others wait for that one at
-the end of every matrix product. ``yield_cores_to_compute`` lowers the calling thread's scheduling
-priority (Linux: nice 19 for that thread only), so it runs on what compute leaves idle.
+A data layer's prefetch thread decodes the next batch while the layers compute, at the process's own
+scheduling priority. It once ran at nice 19, to run only on what compute left idle; but beside other
+busy processes a thread at nice 19 gets a sliver of a core, and while it holds the GIL or the next
+batch the training thread waits for it: the digits example took 29-59 s beside one or two busy
+processes against 6.6-9.5 s at the normal priority, and no slower on a quiet machine
+(benchmarks/README.md, "Data threads at the process's priority"). Where they do take time from
+compute, ``LoadAwareThreads`` sees it in the iterations' times.
 
 Each data layer decodes and transforms its batches on ``data_threads()`` threads (the prefetch thread
-among them, all at that low priority): ``NETDEF_DATA_THREADS`` when set, else every core this process
-may run on. Under MPI ``share_cores`` sets that variable (unless the user did) to the rank's share of
+among them): ``NETDEF_DATA_THREADS`` when set, else every core this process may run on. Under MPI ``share_cores`` sets that variable (unless the user did) to the rank's share of
 the machine's cores, the same share as compute's: on the CPU the data threads then run on what the
 rank's compute leaves idle, and on a GPU, where the host's cores have little else to do, nearly all of
 the share goes to the data.
@@ -60,7 +64,6 @@ KERNEL_THREAD_VARIABLE = "NUMBA_NUM_THREADS"
 # How many threads each data layer decodes and transforms on (netdef's own variable).
 DATA_THREAD_VARIABLE = "NETDEF_DATA_THREADS"
 
-DATA_THREAD_NICENESS = 19
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +126,7 @@ def apply_thread_plan(plan: ThreadPlan):
     """Limit the BLAS and OpenMP pools loaded in this process to ``plan.threads`` (nothing when None).
     Returns threadpoolctl's limiter (its ``restore_original_limits()`` undoes it), or None."""
     if plan.kernel_threads is not None:
-        set_kernel_threads(plan.kernel_threads)
+        set_partition_width(set_kernel_threads(plan.kernel_threads))
     if plan.threads is None:
         return None
     from threadpoolctl import threadpool_limits
@@ -219,6 +222,32 @@ def kernel_threads() -> int:
     return numba.get_num_threads()
 
 
+# The thread count the kernels cut their work for (``partition_width``): set by the thread plan, never by
+# the count that follows the load. None: the pool's size.
+_partition_width: int | None = None
+
+
+def set_partition_width(count: int | None) -> None:
+    """Cut the kernels' work for ``count`` threads from now on (None: the pool's size), whatever count
+    runs it (``set_kernel_threads``)."""
+    global _partition_width
+    _partition_width = None if count is None else max(1, count)
+
+
+def partition_width() -> int:
+    """The thread count the kernels cut their work into parts for (the matrix products' panels, the
+    direct convolution's row blocks): the plan's count, or the pool's size where no plan was applied.
+    A product cut into other panels rounds differently (OpenBLAS picks another kernel for another
+    panel shape), so the parts do not follow the threads running them: a count that follows the load
+    (``LoadAwareThreads``) runs the same parts on fewer threads and changes no bit of a result."""
+    if _partition_width is not None:
+        return _partition_width
+    prepare_kernel_pool()
+    import numba
+
+    return numba.config.NUMBA_NUM_THREADS
+
+
 def blas_threads() -> int | None:
     """The thread count of the first BLAS library loaded in this process (None when none is)."""
     from threadpoolctl import threadpool_info
@@ -229,26 +258,17 @@ def blas_threads() -> int | None:
     return None
 
 
-def share_cores(comm, follow_load: bool = True) -> tuple[str, LoadAwareThreads | None]:
+def share_cores(comm) -> tuple[str, LoadAwareThreads | None]:
     """Give this process, or this rank of ``comm`` (a Communicator), its share of the cores for BLAS,
     OpenMP and the compiled kernels (see the module docstring). Called once, before training; returns
-    the log line and, where the plan adapts to load and ``follow_load``, the ``LoadAwareThreads`` that
-    the training loop polls (its first look at the load is made here).
-
-    ``follow_load`` False keeps the plan's count for the whole run: some compiled kernels sum in an
-    order that depends on their thread count, so a count that follows the load changes a seeded run's
-    last bits from one run to the next (``netdef train`` passes False when the solver sets a
-    ``random_seed``)."""
+    the log line and, where the plan adapts to load, the ``LoadAwareThreads`` that the training loop
+    polls (its first look at the load is made here). The kernels' work stays cut for the plan's count
+    (``partition_width``), so a seeded run gives the same bits whatever count the load leads to."""
     plan = plan_compute_threads(comm.local_size, comm.local_core_count(), len(own_cores()),
                                 quota_cores=cgroup_cpu_limit())
     apply_thread_plan(plan)
-    load = LoadAwareThreads(plan.threads) if plan.adapts_to_load and follow_load else None
-    reason = plan.reason
-    if load is not None:
-        reason = f"{load.settle()}; {reason}"
-    elif plan.adapts_to_load:
-        reason = (f"fixed, not following the load, as the solver's random_seed asks for the same bits on every run; "
-                  f"{reason}")
+    load = LoadAwareThreads(plan.threads) if plan.adapts_to_load else None
+    reason = plan.reason if load is None else f"{load.settle()}; {plan.reason}"
     threads = blas_threads()
     count = "no BLAS library loaded" if threads is None else f"{threads} BLAS thread{'s' if threads != 1 else ''}"
     kernels = kernel_threads()
@@ -366,9 +386,12 @@ class LoadAwareThreads:
     least one. ``poll()`` after each iteration. The first count comes from the load (``settle``: the
     cores other processes keep busy, ``threads_beside``); after that, once ``interval_s`` has passed
     and at least ``MIN_ITERATIONS`` iterations, it tries another count (the load's suggestion, or the
-    neighbour of the current one) for ``PROBE_ITERATIONS`` iterations and keeps it when their mean time
-    (the slowest left out: a test phase, a snapshot) beats that of as many iterations just before by
-    ``GAIN``. A mean, not a median: beside a busy process most iterations of 2 threads may run as fast
+    neighbour of the current one) for ``PROBE_ITERATIONS`` iterations, goes back to the kept count for
+    as many, and keeps the tried count when the mean time of its iterations (the slowest left out: a
+    test phase, a snapshot) beats by ``GAIN`` both that of as many iterations just before and that of
+    those just after. Both: a burst of other work during the iterations before made a worse count
+    win and hold for its 2 s (LeNet beside two busy processes ran 2.9x its best that way), and a burst
+    then is rarely still there after the probe. A mean, not a median: beside a busy process most iterations of 2 threads may run as fast
     as ever while every few waits for a thread the scheduler left off its core, and those decide. Whether a parallel loop gains
     beside a busy process depends on the loop and on who holds the cores (a process that is always
     runnable, or one that comes and goes; another container's): the load alone guesses wrong both
@@ -394,6 +417,7 @@ class LoadAwareThreads:
         self._ended: float | None = None  # when the last iteration ended (perf_counter)
         self._recent: list[float] = []    # the last iterations' times at the current count
         self._probe: list[float] = []     # the iterations' times at the count being tried
+        self._after: list[float] = []     # then those back at the kept count
         self._tried: int | None = None
 
     def settle(self) -> str:
@@ -416,7 +440,11 @@ class LoadAwareThreads:
     @property
     def in_effect(self) -> int:
         """The count the kernels run on now: the one being tried, or the one kept."""
-        return self.threads if self._tried is None else self._tried
+        return self._tried if self._probing else self.threads
+
+    @property
+    def _probing(self) -> bool:
+        return self._tried is not None and len(self._probe) < self.PROBE_ITERATIONS
 
     def resume(self) -> None:
         """The next iteration starts now: the time since the last one went to other work (a benchmark's
@@ -444,22 +472,29 @@ class LoadAwareThreads:
             self.threads - 1 if self.threads > 1 else self.threads + 1)
         if candidate > self.most or len(self._recent) < self.PROBE_ITERATIONS:
             return False
-        self._tried, self._probe = candidate, []
+        self._tried, self._probe, self._after = candidate, [], []
         set_kernel_threads(candidate)
         return False
 
     def _judge(self, took: float) -> bool:
-        self._probe.append(took)
-        if len(self._probe) < self.PROBE_ITERATIONS:
+        if self._probing:
+            self._probe.append(took)
+            if not self._probing:
+                set_kernel_threads(self.threads)  # back to the kept count, for the iterations after
             return False
-        better = _trimmed_mean(self._probe) < self.GAIN * _trimmed_mean(self._recent)
+        self._after.append(took)
+        if len(self._after) < self.PROBE_ITERATIONS:
+            return False
+        tried_mean = _trimmed_mean(self._probe)
+        better = (tried_mean < self.GAIN * _trimmed_mean(self._recent)
+                  and tried_mean < self.GAIN * _trimmed_mean(self._after))
         tried, self._tried = self._tried, None
         self._decided, self._iterations = time.monotonic(), 0
         if better:
             self.threads, self._recent = tried, list(self._probe)
             set_compute_threads(tried)
             return True
-        set_kernel_threads(self.threads)
+        self._recent = list(self._after)
         return False
 
     def _look_at_load(self) -> None:
@@ -510,16 +545,3 @@ def plan_data_threads(local_ranks: int, local_cores: int, own_core_count: int,
 def data_threads(environ: Mapping[str, str] | None = None) -> int:
     """The thread count of each data layer of this process (see the module docstring)."""
     return plan_data_threads(1, 0, len(own_cores()), environ).threads
-
-
-def yield_cores_to_compute() -> None:
-    """Lower the calling thread's scheduling priority so that it runs on cores compute leaves idle
-    (Linux only: there a thread has a nice value of its own; elsewhere this does nothing)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import threading
-
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), DATA_THREAD_NICENESS)
-    except OSError:
-        pass  # not permitted in this sandbox or container: the thread keeps its priority

@@ -60,8 +60,7 @@ def cmd_train(args) -> int:
     comm = create_communicator(async_progress=options.progress == "MPI_ASYNC")
     if comm.rank > 0:
         log.setLevel(logging.WARNING)  # only rank 0 logs progress; every rank reports its errors
-    # A seeded run keeps one thread count: a count that follows the load would change its bits.
-    line, load = share_cores(comm, follow_load=param.random_seed < 0)
+    line, load = share_cores(comm)
     log.info("%s", line)
     if comm.size > 1:
         log.info("%s", share_data_cores(comm))

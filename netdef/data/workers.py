@@ -11,8 +11,8 @@ time from a shared counter, so a slow item (a large JPEG) holds up no other thre
 ``fn`` is raised by ``map`` once every item has been tried, the first item's in item order, so that
 the error a batch reports does not depend on which thread was faster.
 
-The pool's threads are daemons at low priority (``threads.yield_cores_to_compute``): they decode on
-what the layers' compute leaves idle. ``close()`` ends them; a pool that is dropped ends them too.
+The pool's threads are daemons at the process's priority (threads.py says why not lower). ``close()``
+ends them; a pool that is dropped ends them too.
 """
 from __future__ import annotations
 
@@ -20,8 +20,6 @@ import itertools
 import queue
 import threading
 import weakref
-
-from ..threads import yield_cores_to_compute
 
 
 class _Job:
@@ -56,7 +54,6 @@ class _Job:
 
 
 def _helper(jobs: queue.SimpleQueue) -> None:
-    yield_cores_to_compute()
     while (job := jobs.get()) is not None:
         try:
             job.work()

@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from ..threads import partition_width
 from . import jit
 from .im2col import Geometry
 
@@ -159,11 +160,10 @@ class _Direction:
 
 def block_rows(d: _Direction, threads: int | None = None) -> int:
     """The output rows per work item of the forward kernels for direction ``d``: BLOCK_ROWS, halved
-    while that leaves fewer than MIN_ITEMS_PER_THREAD items per thread (numba's count by default)."""
+    while that leaves fewer than MIN_ITEMS_PER_THREAD items per thread (by default for the threads the
+    kernels' work is cut for, threads.partition_width, whatever count runs it)."""
     if threads is None:
-        from numba import get_num_threads
-
-        threads = get_num_threads()
+        threads = partition_width()
     num, group, blocks, rows = d.blocked_shape[:4]
     per_row_block = num * group * blocks
     chosen = BLOCK_ROWS
@@ -254,8 +254,6 @@ class DirectConvolution:
         """dw (O x Cg x kh x kw) += the weight gradient of x (N x C x H x W) and dy (N x O x Ho x Wo);
         with ``overwrite`` (``Blob.diff_for_accumulation`` right after the solver's clear), dw = the
         gradient: what adding it to zeros gives, without reading dw."""
-        from numba import get_num_threads
-
         from .jit import direct_conv
 
         d = self.forward_dir
@@ -273,7 +271,7 @@ class DirectConvolution:
             blocked = dyb[:stop - start]
             direct_conv.to_blocks(dy[start:stop], blocked, self.kernels.transpose[0], self.kernels.shape.lanes)
             direct_conv.pixels(xp[start:stop], blocked, d.offsets, part, self.kernels.pixels, *d.stride,
-                               self.kernels.shape.widest_taps, stop - start, get_num_threads(), start == 0)
+                               self.kernels.shape.widest_taps, stop - start, partition_width(), start == 0)
         if overwrite:
             # The packed sums moved into dw's layout by tile transposes (plus 0, as from_blocks adds
             # a missing bias: the values adding them to zeros gives), without the passes that add

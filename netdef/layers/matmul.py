@@ -10,7 +10,9 @@ tests compare with. A row times a matrix, or a matrix times a column (2-D), is a
 product, in panels of its outputs (jit/blas.py's ``gemv_panels``).
 
 Threads: the products use the kernels' pool, as many threads as its other loops (``numba.get_num_threads``,
-which ``threads.share_cores`` sets per rank). A product of fewer than PARALLEL_MIN_MULTIPLY_ADDS is
+which ``threads.share_cores`` sets per rank). Their panels are cut for ``threads.partition_width()``, the
+plan's count, not for the count running now: a count that follows the load runs the same panels, so
+the same bits come out. A product of fewer than PARALLEL_MIN_MULTIPLY_ADDS is
 NumPy's: OpenBLAS runs those in the calling thread too, and in less time than the checks here take
 (benchmarks/README.md, "The figures behind the other layers' choices").
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import get_array_module
-from ..threads import kernel_threads
+from ..threads import partition_width
 from . import jit
 from .fusion import mapper_arguments
 
@@ -99,7 +101,7 @@ def _gemm_panels(a, b, out):
     operand has no unit stride: NumPy's product then."""
     if np.may_share_memory(out, a) or np.may_share_memory(out, b):
         return None
-    key = (a.shape, a.strides, b.shape, b.strides, out.shape, out.strides, a.dtype.char, kernel_threads())
+    key = (a.shape, a.strides, b.shape, b.strides, out.shape, out.strides, a.dtype.char, partition_width())
     layout = _LAYOUTS.get(key, _UNKNOWN)
     if layout is _UNKNOWN:
         if len(_LAYOUTS) >= _LAYOUTS_KEPT:
@@ -206,7 +208,7 @@ def _matrix_vector(blas, a, b, out):
     rows, cols = matrix.shape if stored == _NO_TRANS else matrix.shape[::-1]
     # BLAS's op on the stored (row-major) matrix: a stored b is read transposed for out^T = b^T a^T.
     trans = (_TRANS if stored == _NO_TRANS else _NO_TRANS) if flip else stored
-    parts = max(1, min(kernel_threads(), -(-outputs // blas.COLUMN_ALIGN)))
+    parts = max(1, min(partition_width(), -(-outputs // blas.COLUMN_ALIGN)))
     blas.gemv_panels(a.dtype == np.float64, trans, rows, cols, matrix.ctypes.data, lead, vector.ctypes.data, incx,
                      y.ctypes.data, incy, parts)
     return out

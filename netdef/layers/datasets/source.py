@@ -35,7 +35,7 @@ import numpy as np
 from ... import backend
 from ...data.errors import DataError
 from ...data.workers import DataWorkers
-from ...threads import data_threads, yield_cores_to_compute
+from ...threads import data_threads
 from ..base import DataSource, LayerError
 from .staging import staging_for
 
@@ -98,7 +98,6 @@ def _stop_all() -> None:
 
 
 def _producer(ref, stop: threading.Event, out: queue.Queue) -> None:
-    yield_cores_to_compute()  # decode on what the layers' BLAS threads leave idle
     try:
         _produce(ref, stop, out)
     finally:
