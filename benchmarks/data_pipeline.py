@@ -18,6 +18,10 @@ started with. ``--baseline PATH`` adds the
 Data layer of another checkout (its own process, PYTHONPATH=PATH), e.g. the commit before issue 35.
 
     python benchmarks/data_pipeline.py --workdir /tmp/netdef-data-bench [--baseline ../main]
+
+A control runs in the same rounds: threads that hold no GIL (hashing), on 1 and on k cores. Its k / 1
+ratio is what the cores given to the contenders can give at that moment; on a machine shared with
+other work it is often far below k.
 """
 from __future__ import annotations
 
@@ -98,7 +102,11 @@ def cpu_seconds() -> float:
     total = t.user + t.system
     tick = os.sysconf("SC_CLK_TCK")
     for task in pathlib.Path(f"/proc/{os.getpid()}/task").iterdir():
-        for child in (task / "children").read_text().split():
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:
+            continue  # a thread that ended meanwhile (convert-imageset's pool closing)
+        for child in children:
             try:
                 fields = pathlib.Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
             except FileNotFoundError:
@@ -223,6 +231,34 @@ def convert_rate(workdir: pathlib.Path, threads: int, count: int) -> dict:
     return {"images_per_s": count / wall, "cpu_ms_per_image": 1e3 * cpu / count}
 
 
+def machine_rate(threads: int, seconds: float = 1.0) -> dict:
+    """What the cores given to a contender compute when nothing holds the GIL: ``threads`` threads
+    hashing 4 MiB buffers (hashlib releases the GIL while it hashes) for ``seconds``; MiB per second
+    in the ``images_per_s`` field. On a machine others share, a second core may give far less than a
+    first: the ratio of this control's k cores to its 1 core is what a contender could reach."""
+    import hashlib
+    import threading
+
+    buffer = os.urandom(4 << 20)
+    done = [0] * threads
+    stop = time.perf_counter() + seconds
+
+    def work(i):
+        while time.perf_counter() < stop:
+            hashlib.sha256(buffer).digest()
+            done[i] += 1
+
+    wall, cpu = time.perf_counter(), cpu_seconds()
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
+    mebibytes = 4 * sum(done)
+    return {"images_per_s": mebibytes / wall, "cpu_ms_per_image": 1e3 * cpu / mebibytes}
+
+
 def measure(workdir: pathlib.Path, contender: str, batches: int, convert_images: int) -> dict:
     """Run one contender in this process: "<netdef|baseline|torch0|torch2|convert>:<Data|ImageData|->:<cores>"."""
     who, layer, cores = contender.split(":")
@@ -232,6 +268,8 @@ def measure(workdir: pathlib.Path, contender: str, batches: int, convert_images:
     os.environ["NETDEF_DATA_THREADS"] = str(cores)
     if who == "convert":
         return convert_rate(workdir, cores, convert_images)
+    if who == "machine":
+        return machine_rate(cores)
     if who.startswith("torch"):
         return timed(torch_batches(workdir, layer, int(who[len("torch"):])), batches)
     return timed(netdef_batches(workdir, layer), batches)
@@ -242,7 +280,9 @@ def run_contender(args, contender: str, pythonpath: str) -> dict:
     env = dict(os.environ, PYTHONPATH=pythonpath)
     out = subprocess.run([sys.executable, __file__, "--workdir", str(args.workdir), "--measure", contender,
                           "--batches", str(args.batches), "--convert-images", str(args.convert_images)],
-                         env=env, check=True, capture_output=True, text=True)
+                         env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"{contender} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -268,7 +308,8 @@ def main() -> int:
                        (f"torch0:{layer}:{cores}", here), (f"torch2:{layer}:{cores}", here)]
     if args.baseline:
         contenders.append((f"baseline:Data:{cores}", str(args.baseline.resolve())))
-    contenders += [("convert:-:1", here), (f"convert:-:{cores}", here)]
+    contenders += [("convert:-:1", here), (f"convert:-:{cores}", here), ("machine:-:1", here),
+                   (f"machine:-:{cores}", here)]
     results: dict[str, list] = {name: [] for name, _ in contenders}
     for r in range(args.rounds):
         order = contenders if r % 2 == 0 else contenders[::-1]  # alternate, so no contender always runs first
@@ -284,7 +325,8 @@ def main() -> int:
     for name, _ in contenders:
         who, layer, k = name.split(":")
         label = {"netdef": f"netdef {layer}", "baseline": f"baseline {layer}", "torch0": f"DataLoader 0 workers {layer}",
-                 "torch2": f"DataLoader 2 workers {layer}", "convert": "convert-imageset"}[who]
+                 "torch2": f"DataLoader 2 workers {layer}", "convert": "convert-imageset",
+                 "machine": "control (MiB/s hashed)"}[who]
         rate, cpu = median(name, "images_per_s"), median(name, "cpu_ms_per_image")
         print(f"{label:<24} {k:>5} {rate:>9.0f} {cpu:>13.2f} {1e3 / cpu:>13.0f}")
     print()
@@ -302,6 +344,12 @@ def main() -> int:
         print(f"Data: this checkout / baseline = {median(f'netdef:Data:{cores}', 'images_per_s') / median(f'baseline:Data:{cores}', 'images_per_s'):.2f}")
     conv1, convk = median("convert:-:1", "images_per_s"), median(f"convert:-:{cores}", "images_per_s")
     print(f"convert-imageset: {cores} cores / 1 core = {convk / conv1:.2f}")
+    machine = median(f"machine:-:{cores}", "images_per_s") / median("machine:-:1", "images_per_s")
+    machine_rounds = [k["images_per_s"] / one["images_per_s"]
+                      for one, k in zip(results["machine:-:1"], results[f"machine:-:{cores}"])]
+    print(f"the machine itself (the control: threads that hold no GIL): {cores} cores / 1 core = {machine:.2f} "
+          f"(per round: {', '.join(f'{x:.2f}' for x in machine_rounds)}); on a machine shared with other work "
+          f"the contenders' {cores}-core figures are bounded by it")
     return 0
 
 
