@@ -28,7 +28,9 @@ work on the machine hits them alike; figures are medians):
   N) and one rank's threads (cores / N), alone on the machine. The N ranks step together, so with
   nothing exchanged, no waiting and no contention between them they would run at its iterations/s
   (and its row's images/s, counted at 64 per iteration, is theirs): the ceiling printed against one
-  process.
+  process. ``N shares at once, unexchanged``, with it: N such runs started together, the slower one's
+  rate: the ceiling where other work shares the machine (the N ranks need N cores, one share alone
+  finds a core free more easily), and the ranks' rate is printed against it.
 - ``PyTorch loop``: the same net, initialisation aside, trained by a plain loop (read 64 records
   from the LMDB cursor, decode the Datums, scale, forward, backward, SGD with momentum 0.9,
   weight decay 5e-4 and the ``inv`` rate), torch's default threads.
@@ -123,6 +125,28 @@ def netdef_iterations_per_second(command: list[str], work: pathlib.Path, env: di
         print(f"    ({thread_lines[0]})")
     # rates[0] is iteration 0 (no window); rates[1] holds start-up. The rest are steady windows.
     return statistics.median(rates[2:])
+
+
+def shares_at_once_iterations_per_second(command: list[str], work: pathlib.Path, env: dict, copies: int) -> float:
+    """``copies`` independent runs of ``command`` started together (N ranks' shares with nothing exchanged,
+    sharing the machine as the ranks do): the slower run's iterations/s, since ranks step together."""
+    solver = (work / command[-1]).read_text()
+    runs = []
+    for copy in range(copies):  # each its own snapshot_prefix: netdef refuses two runs on one
+        (work / f"copy{copy}_{command[-1]}").write_text(f'{solver}snapshot_prefix: "copy{copy}"\n')
+        runs.append(subprocess.Popen(command[:-1] + [f"copy{copy}_{command[-1]}"], cwd=work, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    rates = []
+    for run in runs:
+        log = run.communicate(timeout=1200)[0]
+        if run.returncode != 0:
+            sys.stderr.write(log[-3000:])
+            raise SystemExit(f"failed: {' '.join(command)}")
+        windows = [float(m) for m in re.findall(r"Iteration \d+ \(([\d.eE+-]+) iter/s", log)]
+        if len(windows) < 3:
+            raise SystemExit(f"too few timed windows in the log of {' '.join(command)} (raise --iterations)")
+        rates.append(statistics.median(windows[2:]))
+    return min(rates)
 
 
 def torch_iterations_per_second(work: pathlib.Path, iterations: int) -> float:
@@ -259,11 +283,13 @@ def main(argv=None) -> int:
         baseline_env = clean_environment(pathlib.Path(args.baseline).resolve())
         for name in list(configs):
             configs[f"{name} (baseline)"] = (configs[name][0], baseline_env)
-    share_name = None
+    share_name = together_name = None
     if args.ceiling:
         threads = str(max(1, len(os.sched_getaffinity(0)) // args.ranks))
         share_name = f"one rank's share alone ({threads} thread{'' if threads == '1' else 's'})"
         configs[share_name] = (netdef_cmd + [per_rank.name], dict(env, OMP_NUM_THREADS=threads, NUMBA_NUM_THREADS=threads))
+        together_name = f"{args.ranks} shares at once, unexchanged"
+        configs[together_name] = configs[share_name]
     if args.oversubscribed:
         cores = str(len(os.sched_getaffinity(0)))
         configs[f"netdef {args.ranks} ranks, BLAS default"] = (
@@ -281,7 +307,10 @@ def main(argv=None) -> int:
           f"{args.rounds} rounds, {os.cpu_count()} cores; data: {work / 'mnist_train_lmdb'}")
     for round_index in range(args.rounds):
         for name, (command, run_env) in configs.items():
-            rate = netdef_iterations_per_second(command, work, run_env)
+            if name == together_name:
+                rate = shares_at_once_iterations_per_second(command, work, run_env, args.ranks)
+            else:
+                rate = netdef_iterations_per_second(command, work, run_env)
             results[name].append(rate)
             print(f"  round {round_index + 1}: {name:<34} {rate:7.2f} iter/s")
         if not args.no_torch:
@@ -303,6 +332,11 @@ def main(argv=None) -> int:
         # rate of one rank's share run alone, on the same images per iteration.
         print(f"\nceiling: {args.ranks} ranks at most {statistics.median(results[share_name]) / base:.2f}x one "
               f"process ({IMAGES_PER_ITERATION // args.ranks} images per rank, nothing exchanged, no waiting)")
+        ranks = f"netdef {args.ranks} ranks"
+        pairs = [r / c for r, c in zip(results[ranks], results[together_name])]
+        print(f"{args.ranks} ranks / {args.ranks} shares run at once (the ceiling on a machine others share too): "
+              f"{statistics.median(results[ranks]) / statistics.median(results[together_name]):.2f} "
+              f"(per round: {', '.join(f'{x:.2f}' for x in pairs)})")
     if "PyTorch loop" in results:
         print(f"\nnetdef 1 process / PyTorch loop, images per second: "
               f"{base / statistics.median(results['PyTorch loop']):.2f}x")

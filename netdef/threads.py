@@ -37,14 +37,14 @@ scheduling priority. It once ran at nice 19, to run only on what compute left id
 busy processes a thread at nice 19 gets a sliver of a core, and while it holds the GIL or the next
 batch the training thread waits for it: the digits example took 29-59 s beside one or two busy
 processes against 6.6-9.5 s at the normal priority, and no slower on a quiet machine
-(benchmarks/README.md, "Data threads at the process's priority"). Where they do take time from
-compute, ``LoadAwareThreads`` sees it in the iterations' times.
+(benchmarks/README.md, "Seeded runs follow the load; data threads at the process's priority"). Where
+they do take time from compute, ``LoadAwareThreads`` sees it in the iterations' times.
 
 Each data layer decodes and transforms its batches on ``data_threads()`` threads (the prefetch thread
-among them): ``NETDEF_DATA_THREADS`` when set, else every core this process may run on. Under MPI ``share_cores`` sets that variable (unless the user did) to the rank's share of
-the machine's cores, the same share as compute's: on the CPU the data threads then run on what the
-rank's compute leaves idle, and on a GPU, where the host's cores have little else to do, nearly all of
-the share goes to the data.
+among them): ``NETDEF_DATA_THREADS`` when set, else every core this process may run on. Under MPI
+``share_cores`` sets that variable (unless the user did) to the rank's share of the machine's cores, the
+same share as compute's: on the CPU the data threads then run on what the rank's compute leaves idle,
+and on a GPU, where the host's cores have little else to do, nearly all of the share goes to the data.
 """
 from __future__ import annotations
 
@@ -386,16 +386,16 @@ class LoadAwareThreads:
     least one. ``poll()`` after each iteration. The first count comes from the load (``settle``: the
     cores other processes keep busy, ``threads_beside``); after that, once ``interval_s`` has passed
     and at least ``MIN_ITERATIONS`` iterations, it tries another count (the load's suggestion, or the
-    neighbour of the current one) for ``PROBE_ITERATIONS`` iterations, goes back to the kept count for
-    as many, and keeps the tried count when the mean time of its iterations (the slowest left out: a
-    test phase, a snapshot) beats by ``GAIN`` both that of as many iterations just before and that of
-    those just after. Both: a burst of other work during the iterations before made a worse count
-    win and hold for its 2 s (LeNet beside two busy processes ran 2.9x its best that way), and a burst
-    then is rarely still there after the probe. A mean, not a median: beside a busy process most iterations of 2 threads may run as fast
-    as ever while every few waits for a thread the scheduler left off its core, and those decide. Whether a parallel loop gains
-    beside a busy process depends on the loop and on who holds the cores (a process that is always
-    runnable, or one that comes and goes; another container's): the load alone guesses wrong both
-    ways (benchmarks/README.md, "Threads beside other processes"), the iterations' own times do not.
+    neighbour of the current one) for ``PROBE_ITERATIONS`` iterations, goes back to the kept count for as many,
+    and keeps the tried count when the mean time of its iterations (the slowest left out: a test phase, a
+    snapshot) beats by ``GAIN`` both that of as many iterations just before and that of those just after. Both:
+    a burst of other work during the iterations before made a worse count win and hold for its 2 s (LeNet beside
+    two busy processes ran 2.9x its best that way), and a burst then is rarely still there after the probe. A
+    mean, not a median: beside a busy process most iterations of 2 threads may run as fast as ever while every
+    few waits for a thread the scheduler left off its core, and those decide. Whether a parallel loop gains
+    beside a busy process depends on the loop and on who holds the cores (a process that is always runnable, or
+    one that comes and goes; another container's): the load alone guesses wrong both ways (benchmarks/README.md,
+    "Threads beside other processes"), the iterations' own times do not.
     ``cores``: the cores watched (this process's affinity set)."""
 
     MIN_WINDOW_S = 0.1  # shorter windows mistake a moment's burst for a busy core

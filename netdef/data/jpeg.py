@@ -3,9 +3,10 @@ those of the Pillow path in image.py, bit for bit.
 
 Why: TurboJPEG decodes straight into a BGR (or grey) array and ``simplejpeg`` releases the GIL for the
 whole decode. Pillow's path also decodes with libjpeg-turbo, but then copies the pixels out of the
-image under the GIL (``np.asarray`` goes through ``Image.tobytes``), and that held part is what kept
-a data layer's threads from using a second core (benchmarks/README.md, "Data threads at the process's
-priority; JPEG through TurboJPEG"). Both use the accurate integer DCT and libjpeg's default ("fancy")
+image under the GIL (``np.asarray`` goes through ``Image.tobytes``): on one thread TurboJPEG's decode
+ran at 1.5-1.9x the rate of Pillow's path (benchmarks/README.md, "Seeded runs follow the load; data
+threads at the process's priority; JPEG through TurboJPEG"), and it leaves the GIL to the other data
+threads while it works. Both use the accurate integer DCT and libjpeg's default ("fancy")
 chroma upsampling, so the pixels agree (tests/data/test_jpeg.py compares the two paths).
 
 ``decode_view`` takes only what it decodes exactly as Pillow's path does, and returns None for the
