@@ -129,6 +129,11 @@ class Communicator:
         requests[:] = [None] * len(requests)
 
     # -------------------------------------------------------------------------------- groups
+    def duplicate(self) -> "Communicator":
+        """The same ranks as a communicator of their own, whose collectives are ordered apart from this
+        one's (collective). One process has nothing to keep apart."""
+        return self
+
     def split(self, color: int) -> "Communicator":
         """The ranks that pass the same ``color``, as a communicator of their own, in rank order
         (collective: every rank calls it)."""

@@ -56,6 +56,7 @@ from ..solver.parallel import Parallel
 from ..solver.snapshot import SnapshotError, set_blobs
 from .agreement import agree, startup_facts
 from .communicator import Communicator, create_communicator
+from .watchdog import REQUESTS
 from .exchange import ExchangeOptions, exchange_class
 from .nccl import NcclAllreduceExchange, nccl_choice
 from .timeline import IterationClock, Measurements, Timeline, instrument_net, write_chrome_trace
@@ -96,6 +97,8 @@ class DataParallel(Parallel):
         self._synchronized = False
         self._reported_up_to = 0  # the first iteration scalars() has not reported yet
         self._model_depth = 0     # nested model() contexts (a snapshot requested during a test)
+        self._requests_comm: Communicator | None = None  # agree_requests' own (attach makes it)
+        self._requests_in_flight = None  # (flags, request): the requests of the last agree_requests
 
     # ------------------------------------------------------------------------------ set-up
     def prepare(self, param) -> None:
@@ -131,6 +134,8 @@ class DataParallel(Parallel):
         if via_nccl:
             rule = NcclAllreduceExchange
         self.exchange = rule(self.comm, net, self.options, self.measurements, seed=self._seed or 0)
+        if self.size > 1:
+            self._requests_comm = self.comm.duplicate()
         self.exchange.leave_division_to_update()  # the updates divide (GradientExchange.take_divisor)
         hooks = self.exchange.layer_hooks()
         if hooks:
@@ -184,10 +189,27 @@ class DataParallel(Parallel):
         self.exchange.begin_iteration(iteration)
 
     def agree_requests(self, snapshot: bool, stop: bool) -> tuple[bool, bool]:
+        """The requests every rank acts on now: those made before the previous call, on any rank. The
+        ones made before this call are combined (a non-blocking MAX) while the next iteration runs,
+        and acted on at the next call, on every rank alike: one iteration later than one process
+        would, without a second point per iteration, beside the exchange, where every rank waits for
+        the slowest. The reductions go over a communicator of their own: the exchange may still start
+        the last iteration's collectives on ``self.comm`` during the next forward, at a moment that
+        differs between the ranks, and collectives on one communicator must start in one order."""
         if self.size == 1:
             return snapshot, stop
+        agreed = self._finish_agreement()
         flags = np.array([snapshot, stop], dtype=np.int32)
-        self.comm.allreduce(flags, op="max")
+        self._requests_in_flight = (flags, self._requests_comm.iallreduce(flags, op="max"))
+        return agreed
+
+    def _finish_agreement(self) -> tuple[bool, bool]:
+        if self._requests_in_flight is None:
+            return False, False
+        flags, request = self._requests_in_flight
+        self._requests_in_flight = None
+        with self.comm.watchdog.waiting(REQUESTS):
+            self._requests_comm.wait_all([request])
         return bool(flags[0]), bool(flags[1])
 
     def scalars(self) -> dict:
@@ -285,8 +307,9 @@ class DataParallel(Parallel):
     # ------------------------------------------------------------------------------ the end
     def end_training(self) -> None:
         """Settle the exchange and write the Chrome trace (every rank must call it: it gathers the
-        ranks' events)."""
+        ranks' events). A request still being agreed on comes too late: the run has ended."""
         self.exchange.settle()
+        self._finish_agreement()
         if self.timeline is None:
             return
         for record in self.measurements.records:
@@ -298,6 +321,11 @@ class DataParallel(Parallel):
 
     def close(self) -> None:
         # Local only: close() also runs when this rank fails, when the others are not listening.
+        if self._requests_in_flight is not None:
+            # Every rank started it when they stopped together on a request; after a failure the
+            # others may never start it, so it is only tested here, never waited for.
+            self._requests_comm.test_some([self._requests_in_flight[1]])
+            self._requests_in_flight = None
         if self.exchange is not None:
             if self._layer_hooks is not None:
                 self._net.remove_layer_hooks(self._layer_hooks)

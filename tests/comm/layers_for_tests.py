@@ -17,9 +17,10 @@ class LearnedScale(netdef.Layer):
     bottom[0]: (N x C); top[0]: (N x C); blobs[0]: s (C).
     dL/dx = s dL/dy;  dL/ds += sum over N of x dL/dy.
 
-    ``param_str`` "fail_rank=R fail_iter=K mode=raise|kill|stop|sleep" makes rank R fail in its K-th
-    training forward pass (counting from 0): raise a RuntimeError, SIGKILL itself, SIGSTOP itself, or
-    sleep ``sleep=S`` seconds (default an hour) and go on: a stalled rank. "show_segments=1" prints
+    ``param_str`` "fail_rank=R fail_iter=K mode=raise|kill|stop|sleep|sighup|sigint" makes rank R fail in
+    its K-th training forward pass (counting from 0): raise a RuntimeError, SIGKILL itself, SIGSTOP
+    itself, or sleep ``sleep=S`` seconds (default an hour) and go on: a stalled rank; or send itself
+    SIGHUP or SIGINT, as a user signalling one rank's process. "show_segments=1" prints
     the MPI library's shared-memory files the process has mapped, at set-up.
     """
 
@@ -55,6 +56,8 @@ class LearnedScale(netdef.Layer):
             os.kill(os.getpid(), signal.SIGSTOP)  # trains on if continued
         elif self.fail_mode == "sleep":
             time.sleep(self.sleep_s)
+        elif self.fail_mode in ("sighup", "sigint"):
+            os.kill(os.getpid(), signal.SIGHUP if self.fail_mode == "sighup" else signal.SIGINT)
         else:
             raise RuntimeError(f"deliberate failure in layer {self.name!r} on rank {rank} at pass {self.passes}")
 

@@ -218,6 +218,19 @@ def test_a_failing_rank_ends_the_job(tmp_path, mode):
         assert "rank 1 of 2 failed: RuntimeError" in run.stderr
 
 
+@pytest.mark.parametrize("sent", ["sighup", "sigint"])
+def test_a_signal_to_one_rank_is_acted_on_by_every_rank_at_one_iteration(tmp_path, sent):
+    """SIGHUP or SIGINT reaching rank 1 alone, during iteration 3, is agreed on while iteration 4 runs
+    (DataParallel.agree_requests): every rank snapshots at iteration 5, one later than one process
+    would, and with SIGINT every rank stops there; a rank that went on alone would hang the job."""
+    solver = write_case(tmp_path, "sig", BATCH, 8, records=RECORDS, param_str=f"fail_rank=1 fail_iter=3 mode={sent}")
+    run = run_netdef(["train", str(solver)], 2, tmp_path, timeout=60)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("sig_iter_*.solverstate")) == (
+        ["sig_iter_5.solverstate"] if sent == "sigint" else ["sig_iter_5.solverstate", "sig_iter_8.solverstate"])
+    assert ("Optimization stopped early" in run.stderr) == (sent == "sigint")
+
+
 COMMUNICATOR_SCRIPT = r'''
 import sys
 import numpy as np
