@@ -92,7 +92,8 @@ class Parallel:
 
     # ---------------------------------------------------------------------------------------- agreement
     def agree_requests(self, snapshot: bool, stop: bool) -> tuple[bool, bool]:
-        """The signals' requests, as every process acts on them: requested on any of them."""
+        """The signals' requests, as every process acts on them now: requested on any of them (the
+        processes may act on requests a call later than they were made, all at the same call)."""
         return snapshot, stop
 
     # ---------------------------------------------------------------------------------------- tests

@@ -1,8 +1,9 @@
 """Caffe's --sigint_effect / --sighup_effect: a signal asks the solver to stop or to snapshot.
 
 The handlers only set a flag (``Solver.request_stop``, ``request_snapshot``); the solver acts at the
-next iteration boundary (or between test iterations), where every rank of a distributed run agrees
-on what was asked (``Parallel.agree_requests``).
+next iteration boundary (or between test iterations). The ranks of a distributed run agree on what
+was asked (``Parallel.agree_requests``) while the next iteration runs, and all act on it at the
+boundary after that one.
 """
 from __future__ import annotations
 
