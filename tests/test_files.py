@@ -154,6 +154,19 @@ def test_read_input_file_reads_a_regular_file_within_its_limit(tmp_path):
         files.read_input_file(path, "test file", 4)
 
 
+def test_read_input_file_reads_past_the_size_it_was_opened_with_but_never_past_its_limit():
+    """Reads are sized by the file (not by the limit, which Python would allocate first); a file that
+    holds more than its size said (one that grew; here a /proc file, whose size reads as 0) is read
+    on in chunks, up to the limit."""
+    status = "/proc/self/status"
+    if not os.path.exists(status) or os.stat(status).st_size != 0:
+        pytest.skip("needs Linux's /proc, whose files report size 0")
+    whole = files.read_input_file(status, "status file", 1 << 20)
+    assert whole.startswith(b"Name:") and len(whole) > 100
+    with pytest.raises(files.InputFileError, match=f"status file {status}: grew past 50 bytes while being read"):
+        files.read_input_file(status, "status file", 50)
+
+
 @pytest.mark.parametrize("special, kind", [("/dev/zero", "a character device"), ("fifo", r"a FIFO \(named pipe\)"),
                                            ("folder", "a folder"), ("missing", None)])
 def test_read_input_file_refuses_what_is_not_a_regular_file(tmp_path, fifo, special, kind):
