@@ -173,6 +173,12 @@ def decode_with_pillow(data: bytes, color: bool | None = None, name: str = "imag
 def read_image(path, height: int = 0, width: int = 0, is_color: bool = True) -> np.ndarray:
     """Caffe's ReadImageToCVMat: read an image file as CHW uint8 (BGR when ``is_color``, else 1
     grey channel), resized to height x width with bilinear interpolation when both are > 0."""
+    return np.ascontiguousarray(read_image_view(path, height, width, is_color))
+
+
+def read_image_view(path, height: int = 0, width: int = 0, is_color: bool = True) -> np.ndarray:
+    """``read_image`` without its last copy: unresized, the CHW image may be a strided view of the
+    decoded pixels (``decode_image_view``), which ImageData's transformer reads as it crops."""
     path = os.fspath(path)
     try:
         raw = read_input_file(path, "image", IMAGE_FILE_LIMIT)
@@ -181,7 +187,7 @@ def read_image(path, height: int = 0, width: int = 0, is_color: bool = True) -> 
     img = decode_image_view(raw, color=bool(is_color), name=path)
     if height > 0 and width > 0:
         return resize(img, height, width)  # reads the view; its result is a new array
-    return np.ascontiguousarray(img)
+    return img
 
 
 # ---------------------------------------------------------------------------------------------- resize

@@ -6,7 +6,7 @@ import os
 import numpy as np
 
 from ...data.errors import IMAGE_EXTENSIONS, DataError, listed_name
-from ...data.image import read_image, read_image_list
+from ...data.image import read_image_list, read_image_view
 from ...data.transform import DataTransformer
 from ...files import InputFileError
 from ..base import register_layer
@@ -70,7 +70,7 @@ class ImageDataLayer(DataSourceLayer):
         p = self.layer_param.image_data_param
         path = self._path(int(i))
         try:
-            return read_image(path, p.new_height, p.new_width, p.is_color)
+            return read_image_view(path, p.new_height, p.new_width, p.is_color)
         except DataError as exc:
             where = f"line {int(i) + 1} of {self.source_name}"
             if listed_name(self.names[int(i)], IMAGE_EXTENSIONS) is None:
