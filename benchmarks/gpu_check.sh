@@ -6,7 +6,7 @@
 #
 # The GPU machines this project measures on have no network: they get the checkout, and in .device/
 # (ignored by git, carried with the checkout) the wheels they lack and a copy of ../shared/fixtures:
-#   .device/whl/     nvidia-cudnn-frontend, protobuf (>= the gencode of netdef_pb2), lmdb, for Python 3.12
+#   .device/whl/     nvidia-cudnn-frontend, protobuf (>= the gencode of netdef_pb2), lmdb, simplejpeg, for Python 3.12
 #   .device/shared/  fixtures/caffe-ref and fixtures/caffe-models, as ../shared holds them
 #   .device/mpi/     the mpich wheel (pip download --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 mpich)
 # (benchmarks/README.md, "GPU training against PyTorch", says how they were fetched).
