@@ -223,15 +223,15 @@ def kernel_threads() -> int:
 
 
 # The thread count the kernels cut their work for (``partition_width``): set by the thread plan, never by
-# the count that follows the load. None: the pool's size.
+# the count that follows the load. None until a plan sets it or the first call reads the pool's size.
 _partition_width: int | None = None
 
 
-def set_partition_width(count: int | None) -> None:
-    """Cut the kernels' work for ``count`` threads from now on (None: the pool's size), whatever count
-    runs it (``set_kernel_threads``)."""
+def set_partition_width(count: int) -> None:
+    """Cut the kernels' work for ``count`` threads from now on, whatever count runs it
+    (``set_kernel_threads``)."""
     global _partition_width
-    _partition_width = None if count is None else max(1, count)
+    _partition_width = max(1, count)
 
 
 def partition_width() -> int:
@@ -239,13 +239,15 @@ def partition_width() -> int:
     direct convolution's row blocks): the plan's count, or the pool's size where no plan was applied.
     A product cut into other panels rounds differently (OpenBLAS picks another kernel for another
     panel shape), so the parts do not follow the threads running them: a count that follows the load
-    (``LoadAwareThreads``) runs the same parts on fewer threads and changes no bit of a result."""
-    if _partition_width is not None:
-        return _partition_width
-    prepare_kernel_pool()
-    import numba
+    (``LoadAwareThreads``) runs the same parts on fewer threads and changes no bit of a result. Read
+    before every product: after the first call, a module variable (the pool's size never changes)."""
+    global _partition_width
+    if _partition_width is None:
+        prepare_kernel_pool()
+        import numba
 
-    return numba.config.NUMBA_NUM_THREADS
+        _partition_width = numba.config.NUMBA_NUM_THREADS
+    return _partition_width
 
 
 def blas_threads() -> int | None:
