@@ -65,6 +65,11 @@ def check_file_name(path, what: str) -> None:
 def open_input_file(path, what: str, limit: int | None = None):
     """``path`` opened for binary reading (a file object), once it is known to be a regular file of at
     most ``limit`` bytes. ``what`` says what the file was to be (``"weights file"``) in errors."""
+    return _open_regular_file(path, what, limit)[0]
+
+
+def _open_regular_file(path, what: str, limit: int | None):
+    """``open_input_file``'s file object and the size the file had when it was opened."""
     path = os.fspath(path)
     check_file_name(path, what)
     try:
@@ -83,7 +88,7 @@ def open_input_file(path, what: str, limit: int | None = None):
             raise InputFileError(f"{what} {path}: {info.st_size} bytes, more than such a file can hold "
                                  f"({limit} bytes)")
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
+        return os.fdopen(fd, "rb"), info.st_size
     except BaseException:
         os.close(fd)
         raise
@@ -96,11 +101,11 @@ _GROWTH_CHUNK = 1 << 16
 def read_input_file(path, what: str, limit: int) -> bytes:
     """The bytes of ``path``, read as ``open_input_file`` allows; never more than ``limit`` bytes,
     even when the file grows while it is read."""
-    with open_input_file(path, what, limit) as handle:
+    handle, size = _open_regular_file(path, what, limit)
+    with handle:
         # Reads sized by the file, not by the limit: Python allocates what a read asks for before it
         # reads, and a read of limit + 1 bytes mapped and unmapped 1 GiB for every image, which on
         # two data threads made reading the files slower than on one.
-        size = os.fstat(handle.fileno()).st_size
         chunks, total = [], 0
         while total <= limit:
             chunk = handle.read(min(limit + 1 - total, max(size + 1 - total, _GROWTH_CHUNK)))
