@@ -12,7 +12,8 @@
 # (benchmarks/README.md, "GPU training against PyTorch", says how they were fetched).
 #
 # Usage: bash benchmarks/gpu_check.sh [BENCH_SECONDS] [EXTRA gpu_train.py FLAGS...]
-# Environment: GPU_CHECK_TESTS_BESIDE=1 (tests beside the benchmarks, see below), OVERLAP_SECONDS (120).
+# Environment: GPU_CHECK_STAGES (which of: tests profile time train overlap; default all but profile),
+# GPU_CHECK_TESTS_BESIDE=1 (tests beside the benchmarks, see below), GPU_CHECK_PROFILE_NETS, OVERLAP_SECONDS (120).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/netdef-gpu-check}"
@@ -64,7 +65,8 @@ rm -rf "$WORK"; mkdir -p "$WORK"
 # are disturbed by the tests and are not reported); by default they run first, alone.
 run_tests() {
   timeout 200 python3 -m pytest -q -p no:cacheprovider -n 6 --dist load --timeout 90 \
-    tests/test_gpu.py tests/test_gpu_cudnn.py tests/test_gpu_ranks.py tests/test_gpu_data.py > "$OUT/tests.log" 2>&1
+    tests/test_gpu.py tests/test_gpu_cudnn.py tests/test_gpu_chains.py tests/test_gpu_ranks.py tests/test_gpu_data.py \
+    > "$OUT/tests.log" 2>&1
   echo "== tests (GPU): $(tail -1 "$OUT/tests.log")"
 }
 
@@ -101,17 +103,25 @@ overlap_benchmark() {
   tail -15 "$OUT/overlap_gpu.txt"
 }
 
-if [ "${GPU_CHECK_TESTS_BESIDE:-0}" = 1 ]; then
-  run_tests & tests_pid=$!
-  time_and_simulate
-  train_benchmark "$@"
-  wait $tests_pid
-else
-  run_tests
-  time_and_simulate
-  train_benchmark "$@"
+profile() {
+  echo "== gpu_profile.py: where the iteration's time goes (${GPU_CHECK_PROFILE_NETS:-resnet50,googlenet}) =="
+  timeout 200 python3 benchmarks/gpu_profile.py --nets "${GPU_CHECK_PROFILE_NETS:-resnet50,googlenet}" --iters 5 \
+    > "$OUT/profile.log" 2>&1
+  grep -A 14 "^## " "$OUT/profile.log" | head -80
+}
+
+# The stages run in this order, those named in GPU_CHECK_STAGES (default: all but profile).
+STAGES=" ${GPU_CHECK_STAGES:-tests time train overlap} "
+stage() { [[ "$STAGES" == *" $1 "* ]]; }
+tests_pid=
+if stage tests; then
+  if [ "${GPU_CHECK_TESTS_BESIDE:-0}" = 1 ]; then run_tests & tests_pid=$!; else run_tests; fi
 fi
-overlap_benchmark
-tail -30 "$OUT/tests.log"
+stage profile && profile
+stage time && time_and_simulate
+stage train && train_benchmark "$@"
+[ -n "$tests_pid" ] && wait $tests_pid
+stage overlap && overlap_benchmark
+[ -f "$OUT/tests.log" ] && tail -30 "$OUT/tests.log"
 cp "$OUT"/*.log "$OUT"/*.txt "$WORK"/ 2>/dev/null
 tar -czf "$OUT/all.tgz" -C "$WORK" . && echo "everything: all.tgz ($(du -h "$OUT/all.tgz" | cut -f1))"

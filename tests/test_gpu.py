@@ -238,7 +238,7 @@ def test_time_on_gpu_times_each_layer_by_cuda_events(tmp_path):
         assert ms(layer, "forward") >= 0 and ms(layer, "backward") >= 0
     for layer in ("conv", "ip", "loss"):  # each launches kernels both ways
         assert ms(layer, "forward") > 0 and ms(layer, "backward") > 0, log
-    assert len(re.findall(r"Iteration: \d+ forward-backward time: \d+ ms\.", log)) == 3
+    assert len(re.findall(r"Iteration: \d+ forward-backward time: [\d.e+-]+ ms\.", log)) == 3
     average = float(re.search(r"Average Forward-Backward: ([\d.e+-]+) ms\.", log).group(1))
     assert average > 0 and "*** Benchmark ends ***" in log
     profile = json.loads((tmp_path / "times.json").read_text())

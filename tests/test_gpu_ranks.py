@@ -5,6 +5,7 @@ of one GPU process at batch 2B over the same records (to float32 rounding: the s
 order), the gradients going through pinned host buffers (netdef/comm/gradient_staging.py). Skips without a GPU or without MPI, saying which."""
 from __future__ import annotations
 
+import collections
 import json
 import re
 import time
@@ -146,6 +147,17 @@ def test_the_timeline_shows_the_devices_streams(tmp_path):
     copies = [e for e in spans if lanes[(e["pid"], e["tid"])] == "device exchange"]
     assert {"ip1 forward", "ip3 backward"} <= {e["name"] for e in on_device}
     assert any(e["name"].endswith("to the host") for e in copies) and any(e["name"].endswith(" back") for e in copies)
-    # A kernel runs after the host has queued it.
-    host = {(e["pid"], e["name"]): e["ts"] for e in spans if lanes[(e["pid"], e["tid"])] == "compute"}
-    assert all(e["ts"] >= host[(e["pid"], e["name"])] - 50 for e in on_device if (e["pid"], e["name"]) in host)
+    # A kernel runs after the host has queued it: the k-th device span of a layer on a rank starts
+    # after the k-th host span of that name on that rank (each iteration has one of each).
+    def starts(lane):
+        found = collections.defaultdict(list)
+        for e in spans:
+            if lanes[(e["pid"], e["tid"])] == lane:
+                found[(e["pid"], e["name"])].append(e["ts"])
+        return {key: sorted(times) for key, times in found.items()}
+
+    host, device = starts("compute"), starts("device compute")
+    paired = [(key, queued, ran) for key, ran_at in device.items() if key in host
+              for queued, ran in zip(host[key], ran_at)]
+    assert paired and all(len(device[key]) == len(host[key]) for key, _, _ in paired)
+    assert all(ran >= queued - 50 for _, queued, ran in paired), [p for p in paired if p[2] < p[1] - 50][:5]

@@ -78,15 +78,37 @@ def route_for(facts, exchange: str, exchange_via: str, multi_rank_allowed: bool)
     return False, f"pinned host buffers and MPI ({reason})"
 
 
-def _unique_id(comm) -> tuple:
-    """Rank 0's NCCL unique id on every rank."""
+def _unique_id(comm) -> bytes:
+    """Rank 0's NCCL unique id, its 128 raw bytes, on every rank."""
     from cupy.cuda import nccl
 
-    buffer = np.zeros(UNIQUE_ID_BYTES, dtype=np.int8)
+    buffer = np.zeros(UNIQUE_ID_BYTES, dtype=np.uint8)
     if comm.rank == 0:
-        buffer[:] = np.asarray(nccl.get_unique_id(), dtype=np.int64).astype(np.int8)
+        buffer[:] = np.frombuffer(_id_bytes(nccl.get_unique_id()), dtype=np.uint8)
     comm.broadcast(buffer, root=0)
-    return tuple(int(v) for v in buffer)
+    return buffer.tobytes()
+
+
+def _id_bytes(unique_id) -> bytes:
+    """The raw bytes of an id as CuPy's ``get_unique_id`` returns it: bytes (CuPy 14), or a tuple of
+    signed chars as ints (earlier CuPy)."""
+    if isinstance(unique_id, (bytes, bytearray)):
+        raw = bytes(unique_id)
+    else:
+        raw = np.asarray([int(v) for v in unique_id], dtype=np.int64).astype(np.int8).tobytes()
+    if len(raw) != UNIQUE_ID_BYTES:
+        raise ValueError(f"NCCL unique id of {len(raw)} bytes, expected {UNIQUE_ID_BYTES}")
+    return raw
+
+
+def _communicator(nccl, size: int, unique_id: bytes, rank: int):
+    """CuPy's NcclCommunicator for ``unique_id``, passed as the CuPy in use takes it: bytes, or (earlier
+    CuPy) a tuple of signed chars. The argument is converted before NCCL is called, so a form the
+    constructor refuses costs nothing."""
+    try:
+        return nccl.NcclCommunicator(size, unique_id, rank)
+    except TypeError:
+        return nccl.NcclCommunicator(size, tuple(int(v) for v in np.frombuffer(unique_id, dtype=np.int8)), rank)
 
 
 class NcclAllreduceExchange(ExchangeRule):
@@ -103,7 +125,7 @@ class NcclAllreduceExchange(ExchangeRule):
 
         self.cupy = cupy
         self._nccl = nccl
-        self.communicator = nccl.NcclCommunicator(self.comm.size, _unique_id(self.comm), self.comm.rank)
+        self.communicator = _communicator(nccl, self.comm.size, _unique_id(self.comm), self.comm.rank)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.compute_stream = cupy.cuda.get_current_stream()
         self._summed: dict[int, object] = {}   # param id -> the event after its layer's NCCL group

@@ -20,14 +20,17 @@ per-channel scale, then ReLU with a slope >= 0 (its gradient's sign is read from
 of the two optional but one present, each taking the top alone and working in place on it, no
 loss weight on any. Only the chain's output and BatchNorm's input gradient can be read (the others
 are one blob's values in between), so fusing changes nothing a user sees. The net runs a chain as
-one step where its kernels take the arrays (NumPy, float32 or float64; net.py), the layers one by
-one otherwise (CuPy arrays: the layers' kernels are the reference).
+one step where its kernels take the arrays (float32 or float64; net.py), the layers one by one
+otherwise. On CuPy arrays the chain runs the CUDA kernels of gpu_batchnorm_chain.py: the same
+expressions, with sums in another order, so the layers' values to float rounding rather than to the bit
+(tests/test_gpu.py compares the two).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import fusion, jit
+from ..backend import get_array_module
+from . import fusion, gpu_batchnorm_chain, jit
 from .activation import ReLULayer
 from .normalization import BatchNormLayer, ScaleLayer
 from .trained_chain import TrainedChain
@@ -55,7 +58,8 @@ class BatchNormChain(TrainedChain):
         self._saved = None
         x = bottom[0].data
         scale, bias = self._scale_operands()
-        if not jit.usable(x, scale, bias):
+        on_gpu = gpu_batchnorm_chain.usable(x, scale, bias)
+        if not (on_gpu or jit.usable(x, scale, bias)):
             return False
         bn = self.batchnorm
         slope = None if self.relu is None else x.dtype.type(self.relu.negative_slope)
@@ -63,14 +67,22 @@ class BatchNormChain(TrainedChain):
         x3, out3 = bn.view(x), bn.view(out)
         if bn.use_global_stats:
             mean, std = bn.global_statistics(x.dtype)
-            chain_map = fusion.ChannelMap(dims=x3.shape, mean=mean, std=std, scale=scale, bias=bias,
-                                          negative_slope=None if slope is None else float(slope))
-            fusion.apply(chain_map, x3, out3)
+            if on_gpu:
+                gpu_batchnorm_chain.forward_global(x3, mean, std, scale, bias, slope, out3)
+            else:
+                chain_map = fusion.ChannelMap(dims=x3.shape, mean=mean, std=std, scale=scale, bias=bias,
+                                              negative_slope=None if slope is None else float(slope))
+                fusion.apply(chain_map, x3, out3)
             inv_std = 1.0 / std  # as BatchNorm's backward divides with global statistics
         else:
-            mean, var, std = (np.empty(bn.channels, x.dtype) for _ in range(3))
-            _kernels().forward_batch(x3, x.dtype.type(bn.eps), scale, bias, slope, out3, mean, var, std)
-            bn.record_batch_statistics(mean, var, x.size // bn.channels)
+            xp = get_array_module(x)
+            mean, var, std = (xp.empty(bn.channels, x.dtype) for _ in range(3))
+            if on_gpu:
+                gpu_batchnorm_chain.forward_batch(x3, bn.eps, scale, bias, slope, out3, mean, var, std,
+                                                  bn.moving_sums_update(x.size // bn.channels))
+            else:
+                _kernels().forward_batch(x3, x.dtype.type(bn.eps), scale, bias, slope, out3, mean, var, std)
+                bn.record_batch_statistics(mean, var, x.size // bn.channels)
             inv_std = None
         top[0].data = out
         self._saved = (x, out, mean, std, inv_std)
@@ -84,13 +96,17 @@ class BatchNormChain(TrainedChain):
         dy = top[0].diff
         dx = self._outputs.get("bottom_diff", like=dy, avoid=(dy, x, out))
         scale, _ = self._scale_operands()
-        kernels = _kernels()
         want_bias, want_scale = (False, False) if self.scale is None else self.scale.wanted_parameter_sums()
-        wanted = kernels.BOTH_SUMS if want_scale else kernels.BIAS_SUM if want_bias else kernels.NO_SUMS
         slope = None if self.relu is None else x.dtype.type(self.relu.negative_slope)
-        sums = np.zeros((2, self.batchnorm.channels))
         view = self.batchnorm.view
-        kernels.backward(view(x), view(out), view(dy), mean, std, inv_std, scale, slope, wanted, view(dx), sums)
+        if get_array_module(x) is np:
+            kernels = _kernels()
+            wanted = kernels.BOTH_SUMS if want_scale else kernels.BIAS_SUM if want_bias else kernels.NO_SUMS
+            sums = np.zeros((2, self.batchnorm.channels))
+            kernels.backward(view(x), view(out), view(dy), mean, std, inv_std, scale, slope, wanted, view(dx), sums)
+        else:
+            sums = gpu_batchnorm_chain.backward(view(x), view(out), view(dy), mean, std, inv_std, scale, slope,
+                                                view(dx))
         if self.scale is not None:
             self.scale.add_parameter_gradients(sums[0] if want_bias else None, sums[1] if want_scale else None)
         bottom[0].diff = dx

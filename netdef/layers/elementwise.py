@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import get_array_module
-from . import jit
+from . import gpu_batchnorm_chain, jit
 
 
 def _flat(a):
@@ -65,6 +65,9 @@ def add_channel_sums(x3, out):
     """out (C) += the sum of x3 (N x C x S) over samples and positions (a convolution's bias gradient)."""
     if jit.usable(x3, out) and x3.ndim == 3:
         _kernels().add_channel_sums(x3, out)
+        return out
+    if gpu_batchnorm_chain.usable(x3, out) and x3.ndim == 3:
+        gpu_batchnorm_chain.add_channel_sums(x3, out)
         return out
     return add_channel_sums_reference(x3, out)
 

@@ -102,6 +102,14 @@ class BatchNormLayer(Layer):
         self.blobs[1].data *= self.maf
         self.blobs[1].data += correction * var
 
+    def moving_sums_update(self, values_per_channel: int) -> tuple:
+        """(mean_sum, var_sum, factor, maf, correction): what a kernel that folds a batch's statistics
+        into the moving sums itself needs (layers/gpu_batchnorm_chain.py), by the rule of
+        ``record_batch_statistics``."""
+        m = values_per_channel
+        correction = m / (m - 1) if m > 1 else 1.0
+        return self.blobs[0].data, self.blobs[1].data, self.blobs[2].data, self.maf, correction
+
     def global_statistics(self, dtype):
         """(mean, std) per channel from the stored blobs, in ``dtype``."""
         f = float(self.blobs[2].data.reshape(-1)[0])

@@ -18,6 +18,9 @@ DIRECTORY = pathlib.Path(__file__).resolve().parent
 THREADS_PER_BLOCK = 512
 MAX_BLOCKS = 65535
 _REAL = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+# Compiler options of a source beyond the defaults: the BatchNorm chain's values follow the CPU
+# kernels' roundings, so no product may be fused into a sum (nvrtc contracts ``a * b + c`` otherwise).
+_SOURCE_OPTIONS = {"batchnorm_chain.cu": ("--fmad=false",)}
 
 
 def sources() -> list[pathlib.Path]:
@@ -51,7 +54,8 @@ def load_kernel(name: str, dtype=np.float32):
         path = kernel_names()[name]
     except KeyError:
         raise KeyError(f"no CUDA kernel {name!r} in {DIRECTORY} (known: {', '.join(sorted(kernel_names()))})") from None
-    return cupy.RawKernel(path.read_text(), name, options=("--std=c++14", f"-Dreal={real_type(dtype)}"))
+    options = ("--std=c++14", f"-Dreal={real_type(dtype)}") + _SOURCE_OPTIONS.get(path.name, ())
+    return cupy.RawKernel(path.read_text(), name, options=options)
 
 
 def int_args(*values) -> tuple:
@@ -76,3 +80,10 @@ def launch(name: str, nthreads: int, args: tuple) -> None:
     kernel = load_kernel(name, _real_dtype(args))
     blocks = min((nthreads + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK, MAX_BLOCKS)
     kernel((blocks,), (THREADS_PER_BLOCK,), (np.int32(nthreads),) + tuple(args))
+
+
+def launch_blocks(name: str, dtype, grid: tuple, block: int, args: tuple) -> None:
+    """Run the ``dtype`` build of kernel ``name`` on ``grid`` blocks of ``block`` threads (kernels
+    that work block by block, such as a reduction's, or whose first float array is not of type
+    ``real``); ``args`` as for ``launch``, without the count."""
+    load_kernel(name, np.dtype(dtype))(tuple(grid), (block,), tuple(args))
