@@ -245,3 +245,20 @@ def test_time_on_gpu_times_each_layer_by_cuda_events(tmp_path):
     assert profile["device"] == "gpu 0"
     assert [layer["name"] for layer in profile["layers"]] == ["d", "conv", "ip", "loss"]
     assert all(layer["forward_ms"] > 0 for layer in profile["layers"][1:])
+
+
+def test_an_out_of_range_label_on_the_gpu_stops_the_next_forward(on_gpu):
+    """The label check of a loss runs on the device and is read one forward later (no wait for the
+    device in every iteration): the batch after a bad one is refused, naming the label."""
+    net = netdef.Net("""
+    layer { name: "data" type: "Input" top: "data" top: "label"
+            input_param { shape { dim: 4 dim: 5 } shape { dim: 4 } } }
+    layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 3 } }
+    layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+    """, netdef.TRAIN)
+    net.forward()  # labels 0: in range
+    net.forward()
+    net.blobs["label"].data[...] = 7  # 3 classes
+    net.forward()  # queued; its check is read at the next forward
+    with pytest.raises(Exception, match=r"label 7 out of range \[0, 3\).*one forward later"):
+        net.forward()

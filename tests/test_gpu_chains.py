@@ -52,6 +52,11 @@ def assert_close(a: dict, b: dict, rtol: float, what: str) -> None:
             continue
         for part, x, y in zip(("values", "gradient"), a[key], b[key]):
             scale = max(1.0, float(np.abs(y).max()) if y.size else 1.0)
+            if key == "param conv.1" and part == "gradient":
+                # The bias below BatchNorm: its gradient, the sum of BatchNorm's input gradient over a
+                # channel, is zero but for rounding (BatchNorm takes the mean out), so it is only as
+                # close as float sums of that many terms are: measured against their magnitudes.
+                scale = float(np.abs(b["blob c"][1]).sum()) / 10
             np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * scale, err_msg=f"{what}: {key} {part}")
 
 

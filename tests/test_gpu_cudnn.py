@@ -106,9 +106,10 @@ GEOMETRIES = [
 
 @needs_cudnn
 @pytest.mark.parametrize("params", GEOMETRIES)
-def test_cudnn_matches_float64_in_strict_float32(params, on_gpu):
+def test_cudnn_matches_float64_in_strict_float32(params, on_gpu, caplog):
+    caplog.set_level(logging.INFO, logger="netdef")
     worst, layer = _against_cpu_float64(params, (6, 32, 23, 23), np.random.default_rng(2))
-    assert layer.algorithm == "cudnn"
+    assert layer.algorithm == "cudnn", caplog.text[-2000:]  # the log says why cuDNN was not taken
     # float32 sums of a few hundred products: ~1e-6 relative; TensorFloat-32 would give ~1e-3.
     assert worst < 2e-5, f"{params}: relative error {worst:.2e} (strict float32 expected)"
 

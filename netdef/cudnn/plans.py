@@ -13,10 +13,14 @@ enqueue on the compute stream and the host never waits for cuDNN.
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from .. import backend
 from . import workspace_limit
+
+log = logging.getLogger("netdef")
 
 # How many of the heuristics' best-ranked plans are built and timed per graph: the fastest is nearly
 # always among the first few, and building a plan can take a while (runtime-compiled engines).
@@ -32,7 +36,13 @@ class Unsupported(RuntimeError):
 class Plan:
     """One operation graph with its chosen execution plan, on the device it was built for.
     ``run(*arrays)`` launches it on the current stream with ``arrays`` bound to the operands, in the
-    order ``describe`` returned them."""
+    order ``describe`` returned them.
+
+    The frontend's ``execute_plan_at_index`` re-checks the graph's plan filters on every call (a walk
+    over every ranked plan: about 0.3 ms of Python a convolution on an H200, more than the GPU took
+    for most of ResNet-50's), so the chosen plan is pinned on its graph and run by ``execute`` with
+    the operands' uids in a fixed order, the frontend's cached path (``pin``). Where that path fails
+    on the frontend in use, the plan keeps the indexed call."""
 
     def __init__(self, graph, operands, index: int, workspace_bytes: int, device: "_Device"):
         self.graph = graph
@@ -40,10 +50,30 @@ class Plan:
         self.index = index
         self.workspace_bytes = workspace_bytes
         self.device = device
+        self._uids = None  # the operands' uids once the plan is pinned
+
+    def pin(self, arrays) -> str | None:
+        """Select this plan on its graph and run it once on ``arrays`` by the cached path; None when
+        that worked (``run`` takes it from now on), else why not."""
+        try:
+            self.graph.select_plan(self.index)
+            self.graph.build_plans()
+            uids = tuple(operand.get_uid() for operand in self.operands)
+            self.graph.execute(tuple(a.data.ptr for a in arrays), self.device.workspace(self.workspace_bytes).data.ptr,
+                               handle=self.device.bound_handle(), tensor_uids=uids)
+        except Exception as exc:  # noqa: BLE001 - any failure of the cached path leaves the indexed call
+            return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        self._uids = uids
+        return None
 
     def run(self, *arrays) -> None:
-        self.graph.execute_plan_at_index(_pointers(self.operands, arrays), self.device.workspace(self.workspace_bytes),
-                                         index=self.index, handle=self.device.bound_handle())
+        workspace, handle = self.device.workspace(self.workspace_bytes), self.device.bound_handle()
+        if self._uids is not None:
+            self.graph.execute(tuple(a.data.ptr for a in arrays), workspace.data.ptr, handle=handle,
+                               tensor_uids=self._uids)
+        else:
+            self.graph.execute_plan_at_index(_pointers(self.operands, arrays), workspace, index=self.index,
+                                             handle=handle)
 
 
 def _pointers(operands, arrays) -> dict:
@@ -144,7 +174,22 @@ def _build(key, describe, arrays) -> Plan:
                           f"within the workspace limit ({workspace_limit()} bytes) and precision "
                           f"{backend.precision()}")
     _, index, workspace_bytes = min(timed)
-    return Plan(graph, operands, index, workspace_bytes, device)
+    chosen = Plan(graph, operands, index, workspace_bytes, device)
+    why_not_pinned = chosen.pin(arrays)
+    if why_not_pinned is not None:
+        _log_unpinned_once(why_not_pinned)
+    return chosen
+
+
+_unpinned_logged = False
+
+
+def _log_unpinned_once(why: str) -> None:
+    global _unpinned_logged
+    if not _unpinned_logged:
+        _unpinned_logged = True
+        log.warning("cuDNN plans run by the frontend's indexed call, about 0.3 ms of Python each (its cached "
+                    "path failed: %s)", why)
 
 
 def _time_candidates(graph, operands, arrays, device) -> list:

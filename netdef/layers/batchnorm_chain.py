@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import get_array_module
-from . import fusion, gpu_batchnorm_chain, jit
+from . import fusion, gpu_batchnorm_chain, jit, kernels
 from .activation import ReLULayer
 from .normalization import BatchNormLayer, ScaleLayer
 from .trained_chain import TrainedChain
@@ -51,6 +51,7 @@ class BatchNormChain(TrainedChain):
         super().__init__(first, first + (scale is not None) + (relu is not None))
         self.batchnorm, self.scale, self.relu = batchnorm, scale, relu
         self._scale_bottom = scale_bottom
+        self._gpu_scratch = gpu_batchnorm_chain.Scratch()
 
     def forward(self, bottom, top) -> bool:
         """BatchNorm's ``bottom`` to the last layer's ``top`` (the layers reshaped already); False,
@@ -58,7 +59,7 @@ class BatchNormChain(TrainedChain):
         self._saved = None
         x = bottom[0].data
         scale, bias = self._scale_operands()
-        on_gpu = gpu_batchnorm_chain.usable(x, scale, bias)
+        on_gpu = kernels.usable(x, scale, bias)
         if not (on_gpu or jit.usable(x, scale, bias)):
             return False
         bn = self.batchnorm
@@ -75,12 +76,14 @@ class BatchNormChain(TrainedChain):
                 fusion.apply(chain_map, x3, out3)
             inv_std = 1.0 / std  # as BatchNorm's backward divides with global statistics
         else:
-            xp = get_array_module(x)
-            mean, var, std = (xp.empty(bn.channels, x.dtype) for _ in range(3))
-            if on_gpu:
+            if on_gpu:  # the statistics live until the next forward, in the chain's scratch arrays
+                xp = get_array_module(x)
+                mean, var, std = (self._gpu_scratch.get(name, (bn.channels,), x.dtype, xp)
+                                  for name in ("mean", "var", "std"))
                 gpu_batchnorm_chain.forward_batch(x3, bn.eps, scale, bias, slope, out3, mean, var, std,
-                                                  bn.moving_sums_update(x.size // bn.channels))
+                                                  bn.moving_sums_update(x.size // bn.channels), self._gpu_scratch)
             else:
+                mean, var, std = (np.empty(bn.channels, x.dtype) for _ in range(3))
                 _kernels().forward_batch(x3, x.dtype.type(bn.eps), scale, bias, slope, out3, mean, var, std)
                 bn.record_batch_statistics(mean, var, x.size // bn.channels)
             inv_std = None
@@ -106,7 +109,7 @@ class BatchNormChain(TrainedChain):
             kernels.backward(view(x), view(out), view(dy), mean, std, inv_std, scale, slope, wanted, view(dx), sums)
         else:
             sums = gpu_batchnorm_chain.backward(view(x), view(out), view(dy), mean, std, inv_std, scale, slope,
-                                                view(dx))
+                                                view(dx), self._gpu_scratch)
         if self.scale is not None:
             self.scale.add_parameter_gradients(sums[0] if want_bias else None, sums[1] if want_scale else None)
         bottom[0].diff = dx

@@ -58,14 +58,25 @@ SHIM = r"""
 #include <cmath>
 #include <algorithm>
 struct netdef_dim3 { int x, y, z; };
-static const netdef_dim3 blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0};
-static const netdef_dim3 blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+// One thread a block; the launcher sets the block (kernels that work block by block run once per
+// block, the others as one block of one thread whose grid-stride loop visits every item).
+static netdef_dim3 blockIdx = {0, 0, 0}, gridDim = {1, 1, 1};
+static const netdef_dim3 threadIdx = {0, 0, 0}, blockDim = {1, 1, 1};
+extern "C" void netdef_set_block(int x, int y, int grid_x, int grid_y) {
+  blockIdx.x = x; blockIdx.y = y; gridDim.x = grid_x; gridDim.y = grid_y;
+}
 #define __global__
 #define __device__
 #define __host__
+#define __forceinline__ inline
+#define __shared__ static
+static inline void __syncthreads() {}
+// A warp of one thread: no other lane to read from.
+template <class T> static inline T __shfl_down_sync(unsigned, T, int) { return T(0); }
 using std::min;
 using std::max;
 using std::pow;
+using std::sqrt;
 """
 
 
@@ -103,16 +114,25 @@ class HostLauncher:
         self.calls = []
 
     def __call__(self, name, nthreads, args):
-        path = kernels.kernel_names()[name]
-        dtype = kernels._real_dtype(args)
-        params = _signature(path.read_text(), name)
-        assert len(params) == len(args) + 1, f"{name}: {len(args) + 1} arguments for {len(params)} parameters"
+        params = _signature(kernels.kernel_names()[name].read_text(), name)
         assert params[0] == "const int nthreads"
-        c_args = [ctypes.c_int(int(nthreads))]
-        for param, arg in zip(params[1:], args):
+        self._run(name, kernels._real_dtype(args), [ctypes.c_int(int(nthreads))], params[1:], args, [(0, 0)], (1, 1))
+
+    def blocks(self, name, dtype, grid, block, args):
+        """Stands in for kernels.launch_blocks: the kernel once per block of ``grid`` (a block of one
+        thread here; the kernels are written for any block size)."""
+        grid = tuple(grid) + (1,) * (2 - len(grid))
+        assert isinstance(block, int) and block % 32 == 0 and block <= 1024, f"{name}: block of {block} threads"
+        params = _signature(kernels.kernel_names()[name].read_text(), name)
+        places = [(x, y) for x in range(grid[0]) for y in range(grid[1])]
+        self._run(name, np.dtype(dtype), [], params, args, places, grid)
+
+    def _run(self, name, dtype, c_args, params, args, places, grid):
+        assert len(params) == len(args), f"{name}: {len(args)} arguments for {len(params)} parameters"
+        for param, arg in zip(params, args):
             kind = param.rsplit(" ", 1)[0].replace("const ", "")
-            if kind in ("real*", "int*"):
-                want = dtype if kind == "real*" else np.dtype(np.int32)
+            if kind in ("real*", "int*", "double*"):
+                want = {"real*": dtype, "int*": np.dtype(np.int32), "double*": np.dtype(np.float64)}[kind]
                 assert isinstance(arg, np.ndarray) and arg.dtype == want, \
                     f"{name}: {param} got {type(arg)} {getattr(arg, 'dtype', '')}"
                 assert arg.flags.c_contiguous, f"{name}: {param} is not C-contiguous"
@@ -120,13 +140,19 @@ class HostLauncher:
             elif kind == "int":
                 assert type(arg) is np.int32, f"{name}: {param} must be numpy.int32, got {type(arg)}"
                 c_args.append(ctypes.c_int(int(arg)))
+            elif kind == "double":
+                assert type(arg) is np.float64, f"{name}: {param} must be numpy.float64, got {type(arg)}"
+                c_args.append(ctypes.c_double(float(arg)))
             elif kind == "real":
                 assert type(arg) is dtype.type, f"{name}: {param} must be {dtype}, got {type(arg)}"
                 c_args.append(ctypes.c_float(float(arg)) if dtype == np.float32 else ctypes.c_double(float(arg)))
             else:
                 raise AssertionError(f"{name}: unexpected parameter type {param!r}")
         self.calls.append(name)
-        getattr(self.libs[(path, dtype)], name)(*c_args)
+        lib = self.libs[(kernels.kernel_names()[name], dtype)]
+        for x, y in places:
+            lib.netdef_set_block(x, y, grid[0], grid[1])
+            getattr(lib, name)(*c_args)
 
 
 @pytest.fixture
@@ -134,6 +160,7 @@ def gpu_path(host_kernels, monkeypatch):
     """Make the layers take their GPU (kernel) path on NumPy arrays, running the host builds."""
     launcher = HostLauncher(host_kernels)
     monkeypatch.setattr(kernels, "launch", launcher)
+    monkeypatch.setattr(kernels, "launch_blocks", launcher.blocks)
     monkeypatch.setattr(im2col_mod, "use_kernels", lambda xp: True)
     return launcher
 
@@ -253,3 +280,107 @@ def test_caffe_cases_present():
 
     shared_path("fixtures", "caffe-ref", "layers", "conv_k3_s1_p1.npz")
     assert len(CASES) >= 30
+
+
+# ------------------------------------------------------------------------- BatchNorm chain, channel sums, ReLU
+BATCHNORM_CHAINS = [  # (N, C, M), Scale, its bias, ReLU slope (None: no ReLU), global statistics
+    ((4, 3, 50), True, True, 0.0, False),
+    ((5, 4, 1), True, False, None, False),      # N x C input: one value a channel per sample
+    ((3, 2, 700), False, False, 0.1, False),    # several slices per channel (slices_for)
+    ((2, 3, 20), True, True, 0.0, True),        # global statistics: no statistics pass
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", BATCHNORM_CHAINS, ids=str)
+def test_batchnorm_chain_twins(gpu_path, case, dtype):
+    """kernels/batchnorm_chain.cu through gpu_batchnorm_chain.py against the CPU chain's kernels
+    (jit/batchnorm_chain.py): statistics, moving sums, output, input gradient and Scale's sums."""
+    from netdef.layers import gpu_batchnorm_chain as gpu
+    from netdef.layers.jit import batchnorm_chain as cpu
+
+    shape, has_scale, has_bias, slope, global_stats = case
+    rng = np.random.default_rng(5)
+    channels, count = shape[1], shape[0] * shape[2]
+    x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
+    x.reshape(-1)[:2] = 0.0
+    scale = (rng.standard_normal(channels) + 0.5).astype(dtype) if has_scale else None
+    bias = rng.standard_normal(channels).astype(dtype) if has_bias else None
+    slope = None if slope is None else dtype(slope)
+    tol = 2e-5 if dtype == np.float32 else 1e-11
+    y = np.empty_like(x)
+    if global_stats:
+        mean = rng.standard_normal(channels).astype(dtype)
+        std = (rng.random(channels) + 0.5).astype(dtype)
+        gpu.forward_global(x, mean, std, scale, bias, slope, y)
+        expected = (x - mean[:, None]) / std[:, None]
+        if scale is not None:
+            expected = expected * scale[:, None] + (0 if bias is None else bias[:, None])
+        if slope is not None:
+            expected = np.where(expected > 0, expected, expected * slope)
+        np.testing.assert_allclose(y, expected, rtol=tol, atol=tol)
+        inv_std = (1 / std).astype(dtype)
+    else:
+        mean, var, std = (np.empty(channels, dtype) for _ in range(3))
+        moving = [(rng.random(channels) + 0.5).astype(dtype), (rng.random(channels) + 0.5).astype(dtype),
+                  np.array([2.0], dtype)]
+        start = [m.copy() for m in moving]
+        maf, correction = 0.9, count / (count - 1)
+        gpu.forward_batch(x, 1e-5, scale, bias, slope, y, mean, var, std, (*moving, maf, correction), gpu.Scratch())
+        ref = [np.empty(channels, dtype) for _ in range(3)]
+        ref_y = np.empty_like(x)
+        cpu.forward_batch(x, dtype(1e-5), scale, bias, slope, ref_y, *ref)
+        for got, want, what in zip((mean, var, std, y), (*ref, ref_y), ("mean", "var", "std", "y")):
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=what)
+        real_maf = dtype(maf)
+        np.testing.assert_allclose(moving[0], start[0] * real_maf + ref[0], rtol=tol, err_msg="mean sum")
+        np.testing.assert_allclose(moving[1], start[1] * real_maf + dtype(correction) * ref[1], rtol=tol, err_msg="var sum")
+        np.testing.assert_allclose(moving[2], start[2] * real_maf + 1, rtol=tol, err_msg="factor")
+        inv_std = None
+    if slope is not None:
+        assert (y <= 0).any() and (y > 0).any()  # both sides of the rectifier are exercised
+    dy = rng.standard_normal(shape).astype(dtype)
+    dx = np.empty_like(x)
+    sums = gpu.backward(x, y, dy, mean, std, inv_std, scale, slope, dx, gpu.Scratch())
+    ref_dx, ref_sums = np.empty_like(x), np.zeros((2, channels))
+    cpu.backward(x, y, dy, mean, std, inv_std, scale, slope, cpu.BOTH_SUMS, ref_dx, ref_sums)
+    size = float(np.abs(ref_dx).max())
+    np.testing.assert_allclose(dx, ref_dx, rtol=tol * 10, atol=tol * 10 * size, err_msg="dx")
+    np.testing.assert_allclose(sums, ref_sums, rtol=tol * 10, atol=tol * 10 * float(np.abs(ref_sums).max()),
+                               err_msg="Scale's sums")
+    assert gpu_path.calls[-3:] == ["bn_gradient_partial", "bn_gradient_finish", "bn_gradient_apply"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(4, 3, 50), (6, 5, 1), (2, 2, 3000)], ids=str)
+def test_channel_sums_twins(gpu_path, shape, dtype):
+    from netdef.layers import gpu_batchnorm_chain as gpu
+
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal(shape).astype(dtype)
+    out = rng.standard_normal(shape[1]).astype(dtype)
+    expected = out.astype(np.float64) + x.astype(np.float64).sum(axis=(0, 2))
+    gpu.add_channel_sums(x, out)
+    tol = 1e-6 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(out, expected, rtol=tol, atol=tol * float(np.abs(x).sum()))
+    assert gpu_path.calls == ["channel_sum_partial", "channel_sum_add"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("slope", [0.0, 0.25])
+def test_relu_twins(gpu_path, slope, dtype):
+    from netdef.layers import elementwise
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 4, 5)).astype(dtype)
+    x.reshape(-1)[:3] = (0.0, -0.0, np.nan)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    y, dx = np.empty_like(x), np.empty_like(x)
+    kernels.launch("relu_forward", x.size, (x, dtype(slope), y))
+    kernels.launch("relu_backward", x.size, (x, dy, dtype(slope), dx))
+    ref_y, ref_dx = np.empty_like(x), np.empty_like(x)
+    elementwise._kernels().relu_forward(x.reshape(-1), dtype(slope), ref_y.reshape(-1))  # the CPU kernels
+    elementwise._kernels().relu_backward(x.reshape(-1), dy.reshape(-1), dtype(slope), ref_dx.reshape(-1))
+    np.testing.assert_array_equal(y, ref_y)
+    np.testing.assert_array_equal(np.signbit(y), np.signbit(ref_y))
+    np.testing.assert_array_equal(dx, ref_dx)

@@ -58,6 +58,24 @@ def load_kernel(name: str, dtype=np.float32):
     return cupy.RawKernel(path.read_text(), name, options=options)
 
 
+def usable(*arrays) -> bool:
+    """Whether the kernels take these arrays: every one (None entries aside) a non-empty C-contiguous
+    CuPy array, all float32 or all float64."""
+    dtype = None
+    for a in arrays:
+        if a is None:
+            continue
+        if type(a) is np.ndarray or not type(a).__module__.startswith("cupy") or not a.flags.c_contiguous or not a.size:
+            return False
+        if dtype is None:
+            dtype = a.dtype
+            if dtype not in _REAL:
+                return False
+        elif a.dtype != dtype:
+            return False
+    return dtype is not None
+
+
 def int_args(*values) -> tuple:
     """The kernels' ``int`` arguments, as ``launch`` takes them: a ``numpy.int32`` each."""
     return tuple(np.int32(v) for v in values)

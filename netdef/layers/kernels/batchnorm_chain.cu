@@ -36,7 +36,7 @@ __device__ __forceinline__ double warp_sum(double v) {
 // a and b summed over the block, in a fixed order; thread 0 holds the totals.
 __device__ void block_sums(double& a, double& b) {
   __shared__ double warp_a[32], warp_b[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
   a = warp_sum(a);
   b = warp_sum(b);
   if (lane == 0) {
@@ -79,7 +79,7 @@ extern "C" __global__ void bn_statistics_partial(const real* x, const int num, c
   }
 }
 
-// One thread per channel: mean, var (biased), std = sqrt(var + eps) from the partial sums, and
+// A thread per channel: mean, var (biased), std = sqrt(var + eps) from the partial sums, and
 // BatchNorm's moving sums updated as its record_batch_statistics does: factor = maf * factor + 1,
 // mean_sum = maf * mean_sum + mean, var_sum = maf * var_sum + correction * var.
 extern "C" __global__ void bn_statistics_finish(const int channels, const int slices, const double* partial,
@@ -87,24 +87,24 @@ extern "C" __global__ void bn_statistics_finish(const int channels, const int sl
                                                 const real eps, const real maf, const real correction,
                                                 real* mean, real* var, real* std, real* mean_sum,
                                                 real* var_sum, real* factor) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= channels) return;
-  double sum = 0.0, squares = 0.0;
-  for (int s = 0; s < slices; ++s) {
-    sum += partial[((long long)c * slices + s) * 2];
-    squares += partial[((long long)c * slices + s) * 2 + 1];
+  KERNEL_LOOP(c, channels) {
+    double sum = 0.0, squares = 0.0;
+    for (int s = 0; s < slices; ++s) {
+      sum += partial[((long long)c * slices + s) * 2];
+      squares += partial[((long long)c * slices + s) * 2 + 1];
+    }
+    const double offset = sum / count;
+    double variance = squares / count - offset * offset;
+    if (variance < 0.0) variance = 0.0;
+    const real m = (real)((double)x[(long long)c * spatial] + offset);
+    const real v = (real)variance;
+    mean[c] = m;
+    var[c] = v;
+    std[c] = sqrt(v + eps);
+    mean_sum[c] = mean_sum[c] * maf + m;
+    var_sum[c] = var_sum[c] * maf + correction * v;
+    if (c == 0) factor[0] = factor[0] * maf + (real)1;
   }
-  const double offset = sum / count;
-  double variance = squares / count - offset * offset;
-  if (variance < 0.0) variance = 0.0;
-  const real m = (real)((double)x[(long long)c * spatial] + offset);
-  const real v = (real)variance;
-  mean[c] = m;
-  var[c] = v;
-  std[c] = sqrt(v + eps);
-  mean_sum[c] = mean_sum[c] * maf + m;
-  var_sum[c] = var_sum[c] * maf + correction * v;
-  if (c == 0) factor[0] = factor[0] * maf + (real)1;
 }
 
 // One thread per value: y = rectify(((x - mean) / std) * scale + bias), each stage where asked for.
@@ -155,27 +155,27 @@ extern "C" __global__ void bn_gradient_partial(const real* x, const real* y, con
   }
 }
 
-// One thread per channel: sums[c] and sums[C + c], Scale's parameter sums (of r, and of r times its
+// A thread per channel: sums[c] and sums[C + c], Scale's parameter sums (of r, and of r times its
 // input); with batch statistics, mean_g[c] and mean_yg[c], the means of BatchNorm's top gradient
 // g = r * scale and of g times the normalized value, and inverse[c] = 1 / std[c].
 extern "C" __global__ void bn_gradient_finish(const int channels, const int slices, const double* partial,
                                               const double count, const int has_scale, const real* scale,
                                               const int batch, const real* std, real* sums, real* mean_g,
                                               real* mean_yg, real* inverse) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= channels) return;
-  double sum = 0.0, weighted = 0.0;
-  for (int s = 0; s < slices; ++s) {
-    sum += partial[((long long)c * slices + s) * 2];
-    weighted += partial[((long long)c * slices + s) * 2 + 1];
-  }
-  sums[c] = (real)sum;
-  sums[channels + c] = (real)weighted;
-  if (batch) {
-    const double factor = has_scale ? (double)scale[c] : 1.0;
-    mean_g[c] = (real)(factor * sum / count);
-    mean_yg[c] = (real)(factor * weighted / count);
-    inverse[c] = (real)1 / std[c];
+  KERNEL_LOOP(c, channels) {
+    double sum = 0.0, weighted = 0.0;
+    for (int s = 0; s < slices; ++s) {
+      sum += partial[((long long)c * slices + s) * 2];
+      weighted += partial[((long long)c * slices + s) * 2 + 1];
+    }
+    sums[c] = (real)sum;
+    sums[channels + c] = (real)weighted;
+    if (batch) {
+      const double factor = has_scale ? (double)scale[c] : 1.0;
+      mean_g[c] = (real)(factor * sum / count);
+      mean_yg[c] = (real)(factor * weighted / count);
+      inverse[c] = (real)1 / std[c];
+    }
   }
 }
 
@@ -216,12 +216,12 @@ extern "C" __global__ void channel_sum_partial(const real* x, const int num, con
   if (threadIdx.x == 0) partial[(long long)c * slices + s] = sum;
 }
 
-// One thread per channel: out[c] += the channel's sum (its slices added in order, then rounded).
+// A thread per channel: out[c] += the channel's sum (its slices added in order, then rounded).
 extern "C" __global__ void channel_sum_add(const int channels, const int slices, const double* partial,
                                            real* out) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= channels) return;
-  double sum = 0.0;
-  for (int s = 0; s < slices; ++s) sum += partial[(long long)c * slices + s];
-  out[c] = out[c] + (real)sum;
+  KERNEL_LOOP(c, channels) {
+    double sum = 0.0;
+    for (int s = 0; s < slices; ++s) sum += partial[(long long)c * slices + s];
+    out[c] = out[c] + (real)sum;
+  }
 }
