@@ -15,7 +15,7 @@ Layers hand their gradients over in the same order on every rank, so the NCCL ca
 
 When NCCL is used (``exchange_via``): on a GPU, for the allreduce rule, when CuPy has NCCL on every
 rank and every rank drives a GPU of its own (NCCL refuses two ranks of one communicator on a device
-unless ``NCCL_MULTI_RANK_GPU_ENABLE=1`` lets a recent NCCL allow it); ``auto`` falls back to the staged
+unless ``NCCL_MULTI_RANK_GPU_ENABLE=1`` lets NCCL 2.30 or later allow it); ``auto`` falls back to the staged
 path through pinned host buffers and MPI (``gradient_staging.py``) and says why, ``nccl`` ends the
 job instead. The other rules always use MPI.
 """
@@ -55,13 +55,44 @@ def nccl_choice(comm, params, options) -> tuple[bool, str]:
     if modules <= {np} or options.exchange_via == "mpi" or comm.size == 1:
         return False, "MPI" if modules <= {np} else "pinned host buffers and MPI"
     (cupy,) = modules
-    mine = json.dumps([socket.gethostname(), cupy.cuda.Device().pci_bus_id, _nccl_problem(cupy)]).encode()
-    facts = [tuple(json.loads(b)) for b in comm.allgather_bytes(mine)]
-    return route_for(facts, options.exchange, options.exchange_via, os.environ.get(MULTI_RANK_VARIABLE, "") == "1")
+    problem = _nccl_problem(cupy)
+    mine = json.dumps([socket.gethostname(), cupy.cuda.Device().pci_bus_id, problem,
+                       _multi_rank_refusal(problem)]).encode()
+    gathered = [json.loads(b) for b in comm.allgather_bytes(mine)]
+    facts = [tuple(fact[:3]) for fact in gathered]
+    refusals = [fact[3] for fact in gathered if fact[3]]
+    return route_for(facts, options.exchange, options.exchange_via, not refusals, refusals[0] if refusals else None)
 
 
-def route_for(facts, exchange: str, exchange_via: str, multi_rank_allowed: bool) -> tuple[bool, str]:
-    """The decision of ``nccl_choice`` from every rank's (host, GPU bus id, NCCL problem or None)."""
+# NCCL_MULTI_RANK_GPU_ENABLE is read from NCCL 2.30 on (ncclGetVersion's code 23000); an older NCCL
+# refuses two ranks of one communicator on a GPU whatever it says (2.28.9 on an H200: ncclInvalidUsage).
+MULTI_RANK_MIN_VERSION = 23000
+
+
+def _multi_rank_refusal(problem: str | None) -> str | None:
+    """Why two ranks of this process's NCCL may not share a GPU (the end of "ranks share a GPU,
+    which ..."), or None where they may. ``problem``: why this process has no NCCL at all, if so."""
+    if os.environ.get(MULTI_RANK_VARIABLE, "") != "1":
+        return f"NCCL refuses (NCCL 2.30 and later allow two ranks per GPU with {MULTI_RANK_VARIABLE}=1)"
+    if problem is not None:
+        return "NCCL is not usable here"
+    from cupy.cuda import nccl
+
+    version = nccl.get_version()
+    if version < MULTI_RANK_MIN_VERSION:
+        return f"NCCL {_version_text(version)} refuses ({MULTI_RANK_VARIABLE}=1 takes NCCL 2.30 or later)"
+    return None
+
+
+def _version_text(code: int) -> str:
+    """NCCL's version code as major.minor.patch (2.28.9 is 22809)."""
+    return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+
+
+def route_for(facts, exchange: str, exchange_via: str, multi_rank_allowed: bool,
+              multi_rank_refusal: str | None = None) -> tuple[bool, str]:
+    """The decision of ``nccl_choice`` from every rank's (host, GPU bus id, NCCL problem or None);
+    ``multi_rank_refusal``: why ranks may not share a GPU, where that is why."""
     problems = [f"rank {rank}: {problem}" for rank, (_, _, problem) in enumerate(facts) if problem]
     places = [(host, bus) for host, bus, _ in facts]
     if problems:
@@ -69,8 +100,9 @@ def route_for(facts, exchange: str, exchange_via: str, multi_rank_allowed: bool)
     elif exchange != "allreduce":
         reason = f"the {exchange} rule exchanges through MPI"
     elif len(set(places)) < len(places) and not multi_rank_allowed:
-        reason = (f"ranks share a GPU, which NCCL refuses (a recent NCCL allows two ranks per GPU with "
-                  f"{MULTI_RANK_VARIABLE}=1)")
+        reason = "ranks share a GPU, which " + (multi_rank_refusal or
+                                                 f"NCCL refuses (NCCL 2.30 and later allow two ranks per GPU "
+                                                 f"with {MULTI_RANK_VARIABLE}=1)")
     else:
         return True, "NCCL"
     if exchange_via == "nccl":

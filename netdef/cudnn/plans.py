@@ -168,11 +168,13 @@ def _build(key, describe, arrays) -> Plan:
         graph.check_support()
     except Exception as exc:  # noqa: BLE001 - the frontend raises several types; all mean: no plan
         raise Unsupported(f"{key[0]}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
-    timed = _time_candidates(graph, operands, arrays, device)
+    timed, refusals = _time_candidates(graph, operands, arrays, device)
     if not timed:
+        # Distinct reasons, so that a refusal seen once on a GPU can be understood from its log.
+        reasons = "; ".join(dict.fromkeys(refusals)) or "none were tried"
         raise Unsupported(f"{key[0]}: none of the {graph.get_execution_plan_count()} ranked plans built "
                           f"within the workspace limit ({workspace_limit()} bytes) and precision "
-                          f"{backend.precision()}")
+                          f"{backend.precision()} ({reasons[:600]})")
     _, index, workspace_bytes = min(timed)
     chosen = Plan(graph, operands, index, workspace_bytes, device)
     why_not_pinned = chosen.pin(arrays)
@@ -192,11 +194,12 @@ def _log_unpinned_once(why: str) -> None:
                     "path failed: %s)", why)
 
 
-def _time_candidates(graph, operands, arrays, device) -> list:
-    """(milliseconds, index, workspace bytes) of each of the first MAX_CANDIDATES plans that build."""
+def _time_candidates(graph, operands, arrays, device) -> tuple[list, list]:
+    """(milliseconds, index, workspace bytes) of each of the first MAX_CANDIDATES plans that build,
+    and why each plan that did not was left out (its exception's type and first words)."""
     cupy = device.cupy
     pack = _pointers(operands, arrays)
-    timed = []
+    timed, refusals = [], []
     for index in range(graph.get_execution_plan_count()):
         if len(timed) == MAX_CANDIDATES:
             break
@@ -204,6 +207,7 @@ def _time_candidates(graph, operands, arrays, device) -> list:
             graph.build_plan_at_index(index)
             workspace_bytes = graph.get_workspace_size_plan_at_index(index)
             if workspace_bytes > workspace_limit():
+                refusals.append(f"workspace {workspace_bytes} bytes")
                 continue
             workspace = device.workspace(workspace_bytes)
             handle = device.bound_handle()
@@ -214,8 +218,9 @@ def _time_candidates(graph, operands, arrays, device) -> list:
                 graph.execute_plan_at_index(pack, workspace, index=index, handle=handle)
             stop.record()
             stop.synchronize()
-        except Exception:  # noqa: BLE001 - a plan that does not build or run is not a candidate
+        except Exception as exc:  # noqa: BLE001 - a plan that does not build or run is not a candidate
+            refusals.append(f"{type(exc).__name__}: {' '.join(str(exc).split())[:80]}")
             continue
         timed.append((cupy.cuda.get_elapsed_time(start, stop) / TIMED_RUNS, index, workspace_bytes))
-    return timed
+    return timed, refusals
 
