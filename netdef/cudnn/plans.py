@@ -39,10 +39,10 @@ class Plan:
     order ``describe`` returned them.
 
     The frontend's ``execute_plan_at_index`` re-checks the graph's plan filters on every call (a walk
-    over every ranked plan: about 0.3 ms of Python a convolution on an H200, more than the GPU took
-    for most of ResNet-50's), so the chosen plan is pinned on its graph and run by ``execute`` with
-    the operands' uids in a fixed order, the frontend's cached path (``pin``). Where that path fails
-    on the frontend in use, the plan keeps the indexed call."""
+    over every ranked plan, in Python: longer than the GPU took for most of ResNet-50's convolutions;
+    benchmarks/README.md, "The first GPU figures"), so the chosen plan is pinned on its graph and run
+    by ``execute`` with the operands' uids in a fixed order, the frontend's cached path (``pin``).
+    Where that path fails on the frontend in use, the plan keeps the indexed call."""
 
     def __init__(self, graph, operands, index: int, workspace_bytes: int, device: "_Device"):
         self.graph = graph
@@ -190,8 +190,8 @@ def _log_unpinned_once(why: str) -> None:
     global _unpinned_logged
     if not _unpinned_logged:
         _unpinned_logged = True
-        log.warning("cuDNN plans run by the frontend's indexed call, about 0.3 ms of Python each (its cached "
-                    "path failed: %s)", why)
+        log.warning("cuDNN plans run by the frontend's indexed call, slow in Python (its cached path "
+                    "failed: %s)", why)
 
 
 def _time_candidates(graph, operands, arrays, device) -> tuple[list, list]:

@@ -130,9 +130,9 @@ class LossLayer(Layer):
                 raise self.error(f"label {first} out of range [0, {num_labels})")
             return
         # On a GPU, reading the answer at once would make the host wait for the whole forward pass so
-        # far, with nothing queued behind it (ResNet-50 at batch 128 on an H200: about 10 ms an
-        # iteration). The check runs on the device and its answer is read at this layer's next
-        # forward, when the device has long finished it: a bad batch stops training one forward later.
+        # far, with nothing queued behind it (benchmarks/README.md, "The first GPU figures"). The check
+        # runs on the device and its answer is read at this layer's next forward, when the device has
+        # long finished it: a bad batch stops training one forward later.
         self._raise_pending_label_error()
         flat_bad = bad.ravel()
         self._pending_label_check = (flat_bad.any(), labels.ravel()[xp.argmax(flat_bad)], num_labels)
