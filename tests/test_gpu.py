@@ -8,7 +8,8 @@ netdef/layers/kernels on a real device.
    rounding: the GPU sums in another order) for a net of the CPU's fused chains and paths (a strided
    1x1 convolution among them), and ``netdef train --gpu 0`` trains on the GPU.
 4. The solver's update as one kernel per blob (netdef/solver/gpu_updates.py), for every rule: what the
-   separate steps give on the CPU, and on the GPU the same bits.
+   separate steps give on the CPU, and on the GPU the same bits; one launch for many blobs, the bits
+   of a launch per blob.
 5. ``netdef time --gpu 0``: per-layer times from CUDA events.
 
 Without CuPy or a CUDA device every test here skips, saying which; CI has no GPU, so these run where
@@ -216,6 +217,37 @@ def test_fused_update_on_gpu_is_bit_identical_to_the_stepwise_update_on_gpu(rule
     by_steps, by_kernel = _update_arrays(*stepwise), _update_arrays(*fused)
     for name, expected in by_steps.items():
         assert np.array_equal(by_kernel[name].view(np.uint32), expected.view(np.uint32)), f"{rule_name}: {name}"
+
+
+@pytest.mark.parametrize("rule_name", ["SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta"])
+def test_one_launch_for_every_blob_is_bit_identical_to_a_launch_per_blob(rule_name):
+    """``UpdateRule.fused_steps`` (gpu_updates.multi_step: one launch per kind of regularization, the
+    blobs found by their offsets) against ``fused_step`` blob by blob, with lr_mults, decays (one
+    blob without) and divisors that differ per blob, three iterations at changing rates."""
+    shapes, lr_mults, decays, divisors = [(37, 129), (5,), (3, 4, 9)], [1.0, 2.0, 0.5], [f32(5e-4), None, f32(1e-3)], [1, 3, 3]
+    rng = np.random.default_rng(9)
+    start = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    one_by_one, blobs_one = _rule_and_params_on_gpu(rule_name, start)
+    together, blobs_all = _rule_and_params_on_gpu(rule_name, start)
+    scale = f32(0.5)
+    for iteration in range(3):
+        rate = f32(0.01) * f32(1 + iteration)
+        for param_id, shape in enumerate(shapes):
+            gradient = backend.to_device(rng.standard_normal(shape).astype(np.float32), like=blobs_one[0].data)
+            blobs_one[param_id].diff[...] = gradient
+            blobs_all[param_id].diff[...] = gradient
+            assert one_by_one.fused_step(param_id, blobs_one[param_id], scale, decays[param_id],
+                                         rate * f32(lr_mults[param_id]), iteration, divisors[param_id])
+        for l2 in (False, True):
+            ids = [i for i in range(len(shapes)) if (decays[i] is not None) == l2]
+            arrays = together.fused_steps_arrays(ids, [blobs_all[i] for i in ids])
+            assert arrays is not None
+            together.fused_steps(arrays, l2, [(f32(divisors[i]), f32(lr_mults[i]), decays[i] or f32(0)) for i in ids],
+                                 rate, scale)
+    by_blob, at_once = _update_arrays(one_by_one, blobs_one), _update_arrays(together, blobs_all)
+    for name, expected in by_blob.items():
+        assert np.array_equal(at_once[name].view(np.uint32), expected.view(np.uint32)), f"{rule_name}: {name}"
+    assert not np.array_equal(at_once["data[0]"], start[0])
 
 
 def test_time_on_gpu_times_each_layer_by_cuda_events(tmp_path):

@@ -188,6 +188,8 @@ class ArrivalUpdates:
 
     def _apply(self, param_ids) -> None:
         pending = self._pending
+        if len(param_ids) == len(self.net.learnable_params) and not self._observers and self._apply_all(param_ids):
+            return
         for param_id in param_ids:
             if param_id not in pending.remaining:
                 continue
@@ -204,3 +206,25 @@ class ArrivalUpdates:
         if not pending.remaining:
             self._pending = None
             self.exchange.after_update(pending.iteration)
+
+    def _apply_all(self, param_ids) -> bool:
+        """Every blob's update at once, where ``ParameterUpdate.apply_all`` can (one launch on a GPU
+        instead of one per blob); False, nothing done, where it cannot. Only for all the blobs
+        together: a subset that changes from call to call (gradients arriving over the ranks) would
+        upload the kernel's tables each time."""
+        pending = self._pending
+        ids = [param_id for param_id in param_ids if param_id in pending.remaining]
+        if len(ids) != len(param_ids):
+            return False
+        # Taken once, and kept for the one-by-one path if the update declines (a second call gives 1).
+        divisors = [self.exchange.take_divisor(param_id) for param_id in ids]
+        if not self.update.apply_all(ids, pending.rate, pending.iteration, divisors):
+            for param_id, divisor in zip(ids, divisors):
+                self.update.apply(param_id, pending.rate, pending.iteration, divisor)
+        for param_id in ids:
+            if pending.diffs_cleared:
+                self.net.learnable_params[param_id].defer_zero_diff()
+            del pending.remaining[param_id]
+        self._pending = None
+        self.exchange.after_update(pending.iteration)
+        return True

@@ -156,3 +156,116 @@ def adam_step(data, diff, m, v, divisor, scale, decay, local_rate, beta1, beta2,
     beta1, beta2 = f32(beta1), f32(beta2)
     _launch("Adam", data, diff, (m, v), divisor, scale, decay, local_rate, beta1, f32(1) - beta1, beta2,
             f32(1) - beta2, f32(local_rate) * f32(correction), delta)
+
+
+# ------------------------------------------------------------------------------------- many blobs at once
+# A rule's kernel launched once per blob costs the host a CuPy call per parameter blob and iteration
+# (ResNet-50 has 161, ResNet-152 about 460): on a GPU the host's Python, not the device, set the pace of
+# the deep nets (benchmarks/README.md, "The first GPU figures"). The same body runs here over many blobs
+# in one launch: each thread finds its blob in the blobs' start offsets, reads the blob's scalars (the
+# divisor, lr_mult, decay) from small device tables and runs the rule's expressions on its element, so
+# every value gets the bits of the one-blob kernel. The rules whose constants are the same for every blob
+# take it (Adam's rate correction is a blob's local rate times the iteration's: per blob, one kernel each).
+MULTI_BLOB_RULES = ("SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta")
+MULTI_BLOCK = 512
+MULTI_MAX_BLOCKS = 4096
+
+
+def multi_kernel_source(rule: str, l2: bool) -> tuple[str, str]:
+    """(the kernel's name, its CUDA source) for ``rule`` over many blobs (with L2 where ``l2``). Its
+    parameters: the value count, the blob count, the blobs' start offsets (blobs + 1, the last the
+    count), pointer tables of the data, the diffs and each history set, per-blob tables of divisors,
+    lr_mults and decays, then the iteration's rate, the scale and the rule's constants (float32)."""
+    constants, histories, body = _KERNELS[rule]
+    names = [c.strip() for c in constants.split(",")]
+    sets = [h.strip() for h in histories.split(",")]
+    name = f"netdef_{rule}_update_blobs{'_l2' if l2 else ''}"
+    params = (["const long long total", "const int blobs", "const long long* starts", "float* const* data_of",
+               "float* const* diff_of"] + [f"float* const* {h}_of" for h in sets]
+              + ["const float* divisors", "const float* lr_mults", "const float* decays", "const float rate",
+                 "const float scale"] + [f"const float {c}" for c in names])
+    load = "\n".join(f"    float {h} = {h}_of[b][j];" for h in sets)
+    store = "\n".join(f"    {h}_of[b][j] = {h};" for h in sets)
+    source = f"""
+extern "C" __global__ void {name}({", ".join(params)}) {{
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (long long)blockDim.x * gridDim.x) {{
+    // The blob of value i: starts[b] <= i < starts[b + 1].
+    int b = 0, end = blobs;
+    while (end - b > 1) {{
+      const int mid = (b + end) / 2;
+      if (starts[mid] <= i) b = mid; else end = mid;
+    }}
+    const long long j = i - starts[b];
+    const float divisor = divisors[b];
+    const float local_rate = rate * lr_mults[b];
+    const float decay = decays[b];
+    (void)decay;
+    float data = data_of[b][j];
+    float diff = diff_of[b][j];
+{load}
+{_GRADIENT}{_L2 if l2 else ""}{body}{_APPLY}
+    data_of[b][j] = data;
+    diff_of[b][j] = diff;
+{store}
+  }}
+}}
+"""
+    return name, source
+
+
+@functools.cache
+def _multi_kernel(rule: str, l2: bool):
+    import cupy
+
+    name, source = multi_kernel_source(rule, l2)
+    return cupy.RawKernel(source, name, options=_COMPILE_OPTIONS)
+
+
+def usable_many(arrays) -> bool:
+    """Whether the kernels here update these arrays: CuPy float32 C-contiguous arrays, each blob's set
+    (``arrays``: one tuple of data, diff and histories per blob) of one shape."""
+    for blob_arrays in arrays:
+        first = blob_arrays[0]
+        for a in blob_arrays:
+            if get_array_module(a) is np or a.dtype != np.float32 or a.shape != first.shape or not a.flags.c_contiguous:
+                return False
+    return True
+
+
+class BlobTables:
+    """The device tables of one group of blobs for the many-blob kernels: start offsets, pointers and
+    per-blob scalars, uploaded when they change (the first iteration, a reallocated array, a new
+    divisor), reused otherwise: an upload from the host waits for the device."""
+
+    def __init__(self):
+        self._key = None
+        self._tables = None
+
+    def tables(self, arrays, scalars):
+        """(starts, the pointer tables, the scalar tables, the value count) for ``arrays`` (per blob:
+        data, diff, histories) and ``scalars`` (per blob: divisor, lr_mult, decay)."""
+        import cupy
+
+        key = (tuple(tuple(a.data.ptr for a in blob) for blob in arrays), tuple(scalars),
+               tuple(blob[0].size for blob in arrays))
+        if key != self._key:
+            sizes = [blob[0].size for blob in arrays]
+            starts = np.zeros(len(arrays) + 1, np.int64)
+            np.cumsum(sizes, out=starts[1:])
+            pointers = np.array(key[0], dtype=np.uint64).T  # one row per array role, a column per blob
+            columns = np.array(scalars, dtype=np.float32).T  # divisors, lr_mults, decays
+            self._tables = (cupy.asarray(starts), [cupy.asarray(np.ascontiguousarray(row)) for row in pointers],
+                            [cupy.asarray(np.ascontiguousarray(column)) for column in columns], int(starts[-1]))
+            self._key = key
+        return self._tables
+
+
+def multi_step(rule: str, l2: bool, tables: BlobTables, arrays, scalars, rate, scale, constants) -> None:
+    """One launch of ``rule``'s step over every blob of ``arrays`` (per blob: data, diff, then each
+    history set's array), ``scalars`` (per blob: divisor, lr_mult, decay), at the iteration's ``rate``."""
+    starts, pointers, columns, total = tables.tables(arrays, scalars)
+    blocks = max(1, min(-(-total // MULTI_BLOCK), MULTI_MAX_BLOCKS))
+    _multi_kernel(rule, l2)((blocks,), (MULTI_BLOCK,),
+                            (np.int64(total), np.int32(len(arrays)), starts, *pointers, *columns, f32(rate), f32(scale),
+                             *(f32(c) for c in constants)))

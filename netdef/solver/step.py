@@ -57,6 +57,30 @@ class ParameterUpdate:
             data = blob.data
             data -= blob.diff
 
+    def apply_all(self, param_ids, rate, iteration: int, divisors) -> bool:
+        """``apply`` of every blob of ``param_ids`` (each with its divisor) where the update rule can
+        step them all in one launch per kind of regularization (on a GPU: ``UpdateRule.fused_steps``,
+        the same bits); False, having touched nothing, where it cannot (the caller applies them one by
+        one)."""
+        p = self.param
+        if p.regularization_type != "L2" or not param_ids:
+            return False  # L1 steps (and the error for an unknown type) go one by one
+        blobs = [self.net.learnable_params[param_id] for param_id in param_ids]
+        arrays = self.rule.fused_steps_arrays(param_ids, blobs)
+        if arrays is None:
+            return False
+        scale = f32(1) / f32(p.iter_size) if p.iter_size != 1 else f32(1)
+        groups = {False: ([], []), True: ([], [])}
+        for param_id, blob_arrays, divisor in zip(param_ids, arrays, divisors):
+            decay = self._local_decay(param_id)
+            group_arrays, group_scalars = groups[bool(decay)]
+            group_arrays.append(blob_arrays)
+            group_scalars.append((f32(divisor), f32(self.net.params_lr[param_id]), decay))
+        for l2, (group_arrays, group_scalars) in groups.items():
+            if group_arrays:
+                self.rule.fused_steps(group_arrays, l2, group_scalars, f32(rate), scale)
+        return True
+
     def divide(self, param_id: int, divisor) -> None:
         """Average a gradient the exchange left as a sum (``divisor`` 1: nothing to do)."""
         if divisor != 1:

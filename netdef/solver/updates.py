@@ -87,6 +87,8 @@ class UpdateRule:
         self.validate(param)
         self.history: list[Blob] = []
         self.num_params = 0
+        # The many-blob kernel's device tables, for the blobs with L2 decay and for those without.
+        self._blob_tables = {False: gpu_updates.BlobTables(), True: gpu_updates.BlobTables()}
 
     @classmethod
     def validate(cls, param: pb.SolverParameter) -> None:
@@ -116,6 +118,29 @@ class UpdateRule:
         by one."""
         return False
 
+    def multi_blob_constants(self) -> tuple | None:
+        """The float32 constants of this rule's many-blob GPU kernel (``gpu_updates.MULTI_BLOB_RULES``),
+        in the kernel's order and as its one-blob step passes them; None where the rule has none."""
+        return None
+
+    def fused_steps_arrays(self, param_ids, blobs) -> list | None:
+        """Per blob (data, diff, each history set's array) for ``fused_steps``, where the many-blob
+        kernel takes them all (a rule that has one, CuPy float32 arrays); else None."""
+        if self.multi_blob_constants() is None or not blobs or blobs[0].array_module is np:
+            return None
+        arrays = [(blob.data, blob.diff) + tuple(self.history[s * self.num_params + param_id].data
+                                                for s in range(self.history_sets))
+                  for param_id, blob in zip(param_ids, blobs)]
+        return arrays if gpu_updates.usable_many(arrays) else None
+
+    def fused_steps(self, arrays, l2: bool, scalars, rate, scale) -> None:
+        """``fused_step`` of several blobs in one launch on a GPU, the same bits: ``arrays`` from
+        ``fused_steps_arrays``, ``scalars`` per blob (divisor, lr_mult, decay; the decays all zero
+        unless ``l2``), the iteration's ``rate`` (each blob's local rate is rate * lr_mult, in float32
+        as ``ParameterUpdate`` computes it)."""
+        gpu_updates.multi_step(self.type_name, l2, self._blob_tables[l2], arrays, scalars, rate, scale,
+                               self.multi_blob_constants())
+
     # The second history set of AdaDelta / Adam.
     def _second(self, param_id: int) -> Blob:
         return self.history[self.num_params + param_id]
@@ -137,6 +162,9 @@ class MomentumUpdate(UpdateRule):
 
     def _cpu_momentum_terms(self) -> tuple:
         return (f32(self.param.momentum),)
+
+    def multi_blob_constants(self):
+        return self._cpu_momentum_terms()  # SGD's momentum; Nesterov's momentum and 1 + momentum
 
     def fused_step(self, param_id, blob, scale, decay, local_rate, iteration, divisor=1):
         history = self.history[param_id].data
@@ -218,6 +246,9 @@ class AdaGradUpdate(UpdateRule):
         gpu_updates.adagrad_step(blob.data, blob.diff, history, divisor, scale, decay, local_rate, self.param.delta)
         return True
 
+    def multi_blob_constants(self):
+        return (f32(self.param.delta),)
+
 
 @register_update_rule("RMSProp")
 class RMSPropUpdate(UpdateRule):
@@ -248,6 +279,10 @@ class RMSPropUpdate(UpdateRule):
                                  self.param.rms_decay, self.param.delta)
         return True
 
+    def multi_blob_constants(self):
+        rms_decay = f32(self.param.rms_decay)
+        return rms_decay, f32(1) - rms_decay, f32(self.param.delta)
+
 
 @register_update_rule("AdaDelta")
 class AdaDeltaUpdate(UpdateRule):
@@ -276,6 +311,10 @@ class AdaDeltaUpdate(UpdateRule):
         gpu_updates.adadelta_step(blob.data, blob.diff, history, update_history, divisor, scale, decay, local_rate,
                                   self.param.momentum, self.param.delta)
         return True
+
+    def multi_blob_constants(self):
+        momentum = f32(self.param.momentum)
+        return momentum, f32(1) - momentum, f32(self.param.delta)
 
 
 @register_update_rule("Adam")

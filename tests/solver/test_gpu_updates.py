@@ -184,3 +184,73 @@ def test_the_gpu_kernels_arithmetic_compiled_for_the_host_gives_the_stepwise_bit
         for i, (fused, stepwise) in enumerate(zip(fused_rule.history, stepwise_rule.history)):
             assert np.array_equal(_bits(fused.data), _bits(stepwise.data)), f"{case}: history[{i}]"
     assert len(kernels) == 2 * len(UPDATE_RULES)  # every rule's kernel, with and without L2
+
+
+# One thread, one block: the kernel's grid-stride loop visits every value (as tests/layers/test_kernels.py).
+_HOST_SHIM = """#include <math.h>
+struct netdef_dim3 { int x, y, z; };
+static const netdef_dim3 blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0}, blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+#define __global__
+"""
+
+
+def _host_multi_kernel(compiler: str, folder, rule: str, l2: bool):
+    """``rule``'s many-blob kernel compiled for the host; called with host pointer tables."""
+    name, source = gpu_updates.multi_kernel_source(rule, l2)
+    path = folder / f"{name}.cpp"
+    path.write_text(_HOST_SHIM + source)
+    library = folder / f"{name}.so"
+    subprocess.run([compiler, "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-o", str(library), str(path)],
+                   check=True, capture_output=True, text=True)
+    return getattr(ctypes.CDLL(str(library)), name)
+
+
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="no C++ compiler")
+@pytest.mark.parametrize("rule_name", gpu_updates.MULTI_BLOB_RULES)
+def test_the_many_blob_kernel_compiled_for_the_host_gives_the_stepwise_bits(tmp_path, rule_name):
+    """Three blobs of different sizes, lr_mults and decays (one without), divisors 1 and 3, in one
+    launch per kind of regularization, against the solver's steps blob by blob."""
+    compiler = shutil.which("c++") or shutil.which("g++")
+    shapes, lr_mults, decays, divisors = [(40, 70), (6,), (3, 5, 7)], [1.0, 2.0, 0.5], [f32(5e-4), None, f32(1e-3)], [1, 3, 3]
+    rng = np.random.default_rng(11)
+    start = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    fused_rule, fused_params = rule_and_params(rule_name, start)
+    stepwise_rule, stepwise_params = rule_and_params(rule_name, start)
+    constants = fused_rule.multi_blob_constants()
+    scale, rate = f32(0.5), f32(0.01)
+    kernels = {l2: _host_multi_kernel(compiler, tmp_path, rule_name, l2) for l2 in (False, True)}
+    for iteration in range(3):
+        for param_id, shape in enumerate(shapes):
+            gradient = rng.standard_normal(shape).astype(np.float32) * f32(divisors[param_id])
+            fused_params[param_id].diff[...] = gradient
+            stepwise_params[param_id].diff[...] = gradient
+            stepwise_update(stepwise_rule, param_id, stepwise_params[param_id], divisors[param_id], scale,
+                            decays[param_id], rate * f32(lr_mults[param_id]), iteration)
+        for l2 in (False, True):
+            ids = [i for i in range(len(shapes)) if (decays[i] is not None) == l2]
+            roles = [[fused_params[i].data for i in ids], [fused_params[i].diff for i in ids]]
+            roles += [[fused_rule.history[s * len(shapes) + i].data for i in ids] for s in range(fused_rule.history_sets)]
+            starts = np.cumsum([0] + [start[i].size for i in ids]).astype(np.int64)
+            tables = [np.array([a.ctypes.data for a in role], dtype=np.uint64) for role in roles]
+            columns = [np.array(column, dtype=np.float32) for column in
+                       ([divisors[i] for i in ids], [lr_mults[i] for i in ids], [decays[i] or 0 for i in ids])]
+            pointer = ctypes.c_void_p
+            kernels[l2](ctypes.c_longlong(int(starts[-1])), ctypes.c_int(len(ids)), pointer(starts.ctypes.data),
+                        *[pointer(t.ctypes.data) for t in tables], *[pointer(c.ctypes.data) for c in columns],
+                        ctypes.c_float(rate), ctypes.c_float(scale), *[ctypes.c_float(c) for c in constants])
+    assert not np.array_equal(fused_params[0].data, start[0])
+    for i, (fused, stepwise) in enumerate(zip(fused_params, stepwise_params)):
+        assert np.array_equal(_bits(fused.data), _bits(stepwise.data)), f"data[{i}]"
+        assert np.array_equal(_bits(fused.diff), _bits(stepwise.diff)), f"diff[{i}]"
+    for i, (fused, stepwise) in enumerate(zip(fused_rule.history, stepwise_rule.history)):
+        assert np.array_equal(_bits(fused.data), _bits(stepwise.data)), f"history[{i}]"
+
+
+def test_the_many_blob_step_declines_numpy_arrays_and_rules_without_a_kernel():
+    """On the CPU the solver updates blob by blob (``apply_all`` declines before touching anything);
+    Adam, whose constants differ per blob, has no many-blob kernel."""
+    start = [np.ones((4, 3), np.float32)]
+    rule, params = rule_and_params("SGD", start)
+    assert rule.fused_steps_arrays([0], params) is None
+    adam, adam_params = rule_and_params("Adam", start)
+    assert adam.multi_blob_constants() is None and "Adam" not in gpu_updates.MULTI_BLOB_RULES
