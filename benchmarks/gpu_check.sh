@@ -12,7 +12,7 @@
 # (benchmarks/README.md, "GPU training against PyTorch", says how they were fetched).
 #
 # Usage: bash benchmarks/gpu_check.sh [BENCH_SECONDS] [EXTRA gpu_train.py FLAGS...]
-# Environment: GPU_CHECK_STAGES (which of: tests profile time train overlap; default all but profile),
+# Environment: GPU_CHECK_STAGES (which of: tests profile time train data overlap; default all but profile),
 # GPU_CHECK_TESTS_BESIDE=1 (tests beside the benchmarks, see below), GPU_CHECK_PROFILE_NETS, OVERLAP_SECONDS (120).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -109,6 +109,12 @@ overlap_benchmark() {
   cat "$WORK"/overlap_gpu_*.txt > "$OUT/overlap_gpu.txt"
 }
 
+data_benchmark() {
+  echo "== gpu_data.py: ResNet-50 from an LMDB of JPEG Datums against a batch on the device (issue 29) =="
+  timeout 180 python3 benchmarks/gpu_data.py --images 2000 --iters 10 --rounds 3 > "$OUT/gpu_data.log" 2>&1
+  tail -6 "$OUT/gpu_data.log"
+}
+
 profile() {
   echo "== gpu_profile.py: where the iteration's time goes (${GPU_CHECK_PROFILE_NETS:-resnet50,googlenet}) =="
   timeout 200 python3 benchmarks/gpu_profile.py --nets "${GPU_CHECK_PROFILE_NETS:-resnet50,googlenet}" --iters 5 \
@@ -117,7 +123,7 @@ profile() {
 }
 
 # The stages run in this order, those named in GPU_CHECK_STAGES (default: all but profile).
-STAGES=" ${GPU_CHECK_STAGES:-tests time train overlap} "
+STAGES=" ${GPU_CHECK_STAGES:-tests time train data overlap} "
 stage() { [[ "$STAGES" == *" $1 "* ]]; }
 tests_pid=
 if stage tests; then
@@ -126,6 +132,7 @@ fi
 stage profile && profile
 stage time && time_and_simulate
 stage train && train_benchmark "$@"
+stage data && data_benchmark
 [ -n "$tests_pid" ] && wait $tests_pid
 stage overlap && overlap_benchmark
 [ -f "$OUT/tests.log" ] && tail -30 "$OUT/tests.log"
