@@ -398,12 +398,17 @@ class LoadAwareThreads:
     beside a busy process depends on the loop and on who holds the cores (a process that is always runnable, or
     one that comes and goes; another container's): the load alone guesses wrong both ways (benchmarks/README.md,
     "Threads beside other processes"), the iterations' own times do not.
+    A probe that loses costs its iterations at the worse count (LeNet beside a busy process: 2 threads took
+    3x as long, and probing every 2 s made the default 1.22x its best), so while the load says what it said
+    when a probe lost, the next waits twice as long as the last, up to ``MAX_BACKOFF`` intervals; the load
+    is still looked at every interval, and a change in what it suggests is probed at once.
     ``cores``: the cores watched (this process's affinity set)."""
 
     MIN_WINDOW_S = 0.1  # shorter windows mistake a moment's burst for a busy core
     PROBE_ITERATIONS = 5
     MIN_ITERATIONS = 50  # so that a probe of a worse count costs a tenth of the iterations at most
     GAIN = 0.95
+    MAX_BACKOFF = 16  # intervals between probes at most, while they keep losing in an unchanged load
 
     def __init__(self, most: int, interval_s: float = 2.0, cores: set[int] | None = None,
                  stat_path: str = "/proc/stat"):
@@ -421,6 +426,10 @@ class LoadAwareThreads:
         self._probe: list[float] = []     # the iterations' times at the count being tried
         self._after: list[float] = []     # then those back at the kept count
         self._tried: int | None = None
+        self._looked = self._decided      # when the load was last looked at for a probe
+        self._suggested: int | None = None  # the load's suggestion when the probe under way began
+        self._refused: int | None = None  # the load's suggestion when a probe last lost
+        self._backoff = 1                 # intervals to wait before the next probe in that load
 
     def settle(self) -> str:
         """Choose the first count from the load now (after waiting out ``MIN_WINDOW_S`` since the first
@@ -437,7 +446,7 @@ class LoadAwareThreads:
     def describe(self) -> str:
         return (f"{self.threads} of {self.most}: other processes kept {self.others_busy:.1f} of "
                 f"{len(self._cores)} cores busy; tried again every {self.interval_s:g} s against the "
-                f"iterations' times")
+                f"iterations' times, less often while the load stays as it was when a try lost")
 
     @property
     def in_effect(self) -> int:
@@ -466,15 +475,19 @@ class LoadAwareThreads:
     def _maybe_try(self, took: float) -> bool:
         self._recent = (self._recent + [took])[-self.PROBE_ITERATIONS:]
         self._iterations += 1
-        if self._iterations < self.MIN_ITERATIONS or time.monotonic() - self._decided < self.interval_s:
+        now = time.monotonic()
+        if self._iterations < self.MIN_ITERATIONS or now - self._looked < self.interval_s:
             return False
         self._look_at_load()
+        self._looked = now
         suggested = threads_beside(self.most, len(self._cores), self.others_busy)
+        if suggested == self._refused and now - self._decided < self.interval_s * self._backoff:
+            return False  # the load as when the last probe lost: not yet
         candidate = suggested if suggested != self.threads else (
             self.threads - 1 if self.threads > 1 else self.threads + 1)
         if candidate > self.most or len(self._recent) < self.PROBE_ITERATIONS:
             return False
-        self._tried, self._probe, self._after = candidate, [], []
+        self._tried, self._probe, self._after, self._suggested = candidate, [], [], suggested
         set_kernel_threads(candidate)
         return False
 
@@ -491,12 +504,17 @@ class LoadAwareThreads:
         better = (tried_mean < self.GAIN * _trimmed_mean(self._recent)
                   and tried_mean < self.GAIN * _trimmed_mean(self._after))
         tried, self._tried = self._tried, None
-        self._decided, self._iterations = time.monotonic(), 0
+        self._decided = self._looked = time.monotonic()
+        self._iterations = 0
         if better:
             self.threads, self._recent = tried, list(self._probe)
+            self._refused, self._backoff = None, 1
             set_compute_threads(tried)
             return True
         self._recent = list(self._after)
+        same_load = self._suggested == self._refused
+        self._backoff = min(2 * self._backoff, self.MAX_BACKOFF) if same_load else 2
+        self._refused = self._suggested
         return False
 
     def _look_at_load(self) -> None:

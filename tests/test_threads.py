@@ -295,6 +295,53 @@ def test_another_count_is_tried_and_kept_only_when_its_iterations_are_faster(tmp
         set_kernel_threads(before)
 
 
+def test_a_count_that_keeps_losing_is_tried_less_and_less_often_until_the_load_changes(tmp_path):
+    """Each lost probe costs its iterations at the worse count: in an unchanged load the next waits twice
+    as long, up to MAX_BACKOFF intervals; a change in what the load suggests is tried at the next look."""
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba's pool has one thread")
+    stat = tmp_path / "stat"
+    ticks = os.sysconf("SC_CLK_TCK")
+    _write(stat, "cpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n")
+    before = kernel_threads()
+    interval = 0.02
+    load = LoadAwareThreads(2, interval_s=interval, cores={0, 1}, stat_path=str(stat))
+    load.MIN_ITERATIONS = 5
+    started = time.monotonic()
+    busy_from = None  # from then on another process keeps core 0 busy (its ticks written as time passes)
+    probes = []       # when each probe began
+
+    def run(seconds_total):
+        end = time.monotonic() + seconds_total
+        while time.monotonic() < end:
+            if busy_from is not None:
+                busy = int((time.monotonic() - busy_from) * ticks * 3)  # far more than a core: others busy
+                _write(stat, f"cpu0 {busy} 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n")
+            was_probing = load.in_effect != load.threads
+            load.resume()
+            time.sleep({2: 0.002, 1: 0.006}[load.in_effect])  # 1 thread always loses in the quiet load
+            load.poll()
+            if load.in_effect != load.threads and not was_probing:
+                probes.append(time.monotonic() - started)
+
+    try:
+        assert load.settle().startswith("2 of 2")
+        run(2.0)
+        assert load.threads == 2 and len(probes) >= 4
+        gaps = [b - a for a, b in zip(probes, probes[1:])]
+        # Without the back-off a probe came every interval plus its 10 iterations (about 0.06 s here).
+        assert gaps[-1] > 4 * gaps[0] and len(probes) < 2.0 / (4 * interval), gaps
+        assert load.MAX_BACKOFF * interval >= max(gaps) - 0.1
+        # Another process takes a core: the load now suggests 1 thread, which is tried without waiting.
+        busy_from, quiet_probes = time.monotonic(), len(probes)
+        run(6 * interval + 0.1)
+        assert len(probes) > quiet_probes and probes[quiet_probes] - (busy_from - started) < 4 * interval + 0.1
+    finally:
+        set_kernel_threads(before)
+
+
 def test_omp_num_threads_1_leaves_the_kernels_pool_at_one_thread():
     # What `netdef train` does on one process, in a fresh one (numba starts its pool once).
     code = ("import numpy as np\n"
