@@ -400,8 +400,9 @@ class LoadAwareThreads:
     "Threads beside other processes"), the iterations' own times do not.
     A probe that loses costs its iterations at the worse count (LeNet beside a busy process: 2 threads took
     3x as long, and probing every 2 s made the default 1.22x its best), so while the load says what it said
-    when a probe lost, the next waits twice as long as the last, up to ``MAX_BACKOFF`` intervals; the load
-    is still looked at every interval, and a change in what it suggests is probed at once.
+    when a probe lost, the next waits twice as long as the last, in time and in iterations, up to
+    ``MAX_BACKOFF`` times the interval and ``MIN_ITERATIONS``; the load is still looked at every interval,
+    and a change in what it suggests is probed at once.
     ``cores``: the cores watched (this process's affinity set)."""
 
     MIN_WINDOW_S = 0.1  # shorter windows mistake a moment's burst for a busy core
@@ -481,8 +482,9 @@ class LoadAwareThreads:
         self._look_at_load()
         self._looked = now
         suggested = threads_beside(self.most, len(self._cores), self.others_busy)
-        if suggested == self._refused and now - self._decided < self.interval_s * self._backoff:
-            return False  # the load as when the last probe lost: not yet
+        if suggested == self._refused and (now - self._decided < self.interval_s * self._backoff
+                                           or self._iterations < self.MIN_ITERATIONS * self._backoff):
+            return False  # the load as when the last probe lost: not yet (in time and in iterations)
         candidate = suggested if suggested != self.threads else (
             self.threads - 1 if self.threads > 1 else self.threads + 1)
         if candidate > self.most or len(self._recent) < self.PROBE_ITERATIONS:
