@@ -51,11 +51,6 @@ def lmdb_net_param(key: str, batch: int, workdir: pathlib.Path) -> pb.NetParamet
     return param
 
 
-def timed_iterations(solver, device, iters: int) -> float:
-    """Milliseconds per iteration of ``solver.step(iters)`` between device-wide synchronisations."""
-    return gpu_train.timed_ms(solver.step, iters, device)
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--net", default="resnet50", choices=list(gpu_train.NETS))
@@ -89,7 +84,7 @@ def main(argv=None) -> dict:
     for round_index in range(args.rounds):
         order = list(solvers) if round_index % 2 == 0 else list(reversed(solvers))
         for name in order:
-            times[name].append(timed_iterations(solvers[name], device, args.iters))
+            times[name].append(gpu_train.timed_ms(solvers[name].step, args.iters, device))
     label = gpu_train.NETS[args.net][0]
     medians = {name: statistics.median(ms) for name, ms in times.items()}
     ratio = medians["lmdb"] / medians["synthetic"]

@@ -59,9 +59,9 @@ def nccl_choice(comm, params, options) -> tuple[bool, str]:
     mine = json.dumps([socket.gethostname(), cupy.cuda.Device().pci_bus_id, problem,
                        _multi_rank_refusal(problem)]).encode()
     gathered = [json.loads(b) for b in comm.allgather_bytes(mine)]
-    facts = [tuple(fact[:3]) for fact in gathered]
     refusals = [fact[3] for fact in gathered if fact[3]]
-    return route_for(facts, options.exchange, options.exchange_via, not refusals, refusals[0] if refusals else None)
+    return route_for([tuple(fact[:3]) for fact in gathered], options.exchange, options.exchange_via,
+                     refusals[0] if refusals else None)
 
 
 # NCCL_MULTI_RANK_GPU_ENABLE is read from NCCL 2.30 on (ncclGetVersion's code 23000); an older NCCL
@@ -89,20 +89,17 @@ def _version_text(code: int) -> str:
     return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
 
 
-def route_for(facts, exchange: str, exchange_via: str, multi_rank_allowed: bool,
-              multi_rank_refusal: str | None = None) -> tuple[bool, str]:
+def route_for(facts, exchange: str, exchange_via: str, multi_rank_refusal: str | None) -> tuple[bool, str]:
     """The decision of ``nccl_choice`` from every rank's (host, GPU bus id, NCCL problem or None);
-    ``multi_rank_refusal``: why ranks may not share a GPU, where that is why."""
+    ``multi_rank_refusal``: why ranks may not share a GPU (``_multi_rank_refusal``), None where they may."""
     problems = [f"rank {rank}: {problem}" for rank, (_, _, problem) in enumerate(facts) if problem]
     places = [(host, bus) for host, bus, _ in facts]
     if problems:
         reason = "; ".join(problems)
     elif exchange != "allreduce":
         reason = f"the {exchange} rule exchanges through MPI"
-    elif len(set(places)) < len(places) and not multi_rank_allowed:
-        reason = "ranks share a GPU, which " + (multi_rank_refusal or
-                                                 f"NCCL refuses (NCCL 2.30 and later allow two ranks per GPU "
-                                                 f"with {MULTI_RANK_VARIABLE}=1)")
+    elif len(set(places)) < len(places) and multi_rank_refusal is not None:
+        reason = f"ranks share a GPU, which {multi_rank_refusal}"
     else:
         return True, "NCCL"
     if exchange_via == "nccl":

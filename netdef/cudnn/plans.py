@@ -58,12 +58,11 @@ class Plan:
         try:
             self.graph.select_plan(self.index)
             self.graph.build_plans()
-            uids = tuple(operand.get_uid() for operand in self.operands)
-            self.graph.execute(tuple(a.data.ptr for a in arrays), self.device.workspace(self.workspace_bytes).data.ptr,
-                               handle=self.device.bound_handle(), tensor_uids=uids)
+            self._uids = tuple(operand.get_uid() for operand in self.operands)
+            self.run(*arrays)
         except Exception as exc:  # noqa: BLE001 - any failure of the cached path leaves the indexed call
+            self._uids = None
             return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-        self._uids = uids
         return None
 
     def run(self, *arrays) -> None:

@@ -93,8 +93,7 @@ class BatchNormLayer(Layer):
     def record_batch_statistics(self, mean, var, values_per_channel: int) -> None:
         """Fold a batch's mean and biased variance (over ``values_per_channel`` values each) into the
         stored moving sums (the class docstring's rule; layers/batchnorm_chain.py calls it too)."""
-        m = values_per_channel
-        correction = m / (m - 1) if m > 1 else 1.0
+        correction = _variance_correction(values_per_channel)
         self.blobs[2].data *= self.maf
         self.blobs[2].data += 1
         self.blobs[0].data *= self.maf
@@ -106,9 +105,8 @@ class BatchNormLayer(Layer):
         """(mean_sum, var_sum, factor, maf, correction): what a kernel that folds a batch's statistics
         into the moving sums itself needs (layers/gpu_batchnorm_chain.py), by the rule of
         ``record_batch_statistics``."""
-        m = values_per_channel
-        correction = m / (m - 1) if m > 1 else 1.0
-        return self.blobs[0].data, self.blobs[1].data, self.blobs[2].data, self.maf, correction
+        return (self.blobs[0].data, self.blobs[1].data, self.blobs[2].data, self.maf,
+                _variance_correction(values_per_channel))
 
     def global_statistics(self, dtype):
         """(mean, std) per channel from the stored blobs, in ``dtype``."""
@@ -140,6 +138,11 @@ class BatchNormLayer(Layer):
 
 
 # ---------------------------------------------------------------------------------------------
+def _variance_correction(m: int) -> float:
+    """m / (m - 1): what turns the biased variance of m values into the unbiased one (1 for one value)."""
+    return m / (m - 1) if m > 1 else 1.0
+
+
 def _operand_shape(layer: Layer, shape: tuple, axis: int, num_axes: int) -> tuple:
     """Shape of a learned scale/bias covering ``num_axes`` axes of ``shape`` from ``axis``."""
     axis = _canonical(layer, axis, len(shape))

@@ -188,43 +188,39 @@ class ArrivalUpdates:
 
     def _apply(self, param_ids) -> None:
         pending = self._pending
-        if len(param_ids) == len(self.net.learnable_params) and not self._observers and self._apply_all(param_ids):
-            return
-        for param_id in param_ids:
-            if param_id not in pending.remaining:
-                continue
-            start = time.perf_counter() if self._observers else 0.0
-            self.update.apply(param_id, pending.rate, pending.iteration, self.exchange.take_divisor(param_id))
-            if pending.diffs_cleared:
-                # The iteration after this update has begun and cleared the others.
-                self.net.learnable_params[param_id].defer_zero_diff()
-            del pending.remaining[param_id]
-            if self._observers:
-                end = time.perf_counter()
-                for observer in self._observers:
-                    observer.blob_updated(param_id, start, end)
+        ids = [param_id for param_id in dict.fromkeys(param_ids) if param_id in pending.remaining]
+        if len(ids) == len(self.net.learnable_params) and not self._observers:
+            self._update_all(ids)
+            for param_id in ids:
+                self._done(param_id)
+        else:
+            for param_id in ids:
+                start = time.perf_counter() if self._observers else 0.0
+                self.update.apply(param_id, pending.rate, pending.iteration, self.exchange.take_divisor(param_id))
+                self._done(param_id)
+                if self._observers:
+                    end = time.perf_counter()
+                    for observer in self._observers:
+                        observer.blob_updated(param_id, start, end)
         if not pending.remaining:
             self._pending = None
             self.exchange.after_update(pending.iteration)
 
-    def _apply_all(self, param_ids) -> bool:
-        """Every blob's update at once, where ``ParameterUpdate.apply_all`` can (one launch on a GPU
-        instead of one per blob); False, nothing done, where it cannot. Only for all the blobs
-        together: a subset that changes from call to call (gradients arriving over the ranks) would
-        upload the kernel's tables each time."""
+    def _update_all(self, param_ids) -> None:
+        """Every blob's update at once where ``ParameterUpdate.apply_all`` can (one launch on a GPU
+        instead of one per blob), else one by one. Only for all the blobs together: a subset that
+        changes from call to call (gradients arriving over the ranks) would upload the kernel's tables
+        each time."""
         pending = self._pending
-        ids = [param_id for param_id in param_ids if param_id in pending.remaining]
-        if len(ids) != len(param_ids):
-            return False
         # Taken once, and kept for the one-by-one path if the update declines (a second call gives 1).
-        divisors = [self.exchange.take_divisor(param_id) for param_id in ids]
-        if not self.update.apply_all(ids, pending.rate, pending.iteration, divisors):
-            for param_id, divisor in zip(ids, divisors):
+        divisors = [self.exchange.take_divisor(param_id) for param_id in param_ids]
+        if not self.update.apply_all(param_ids, pending.rate, pending.iteration, divisors):
+            for param_id, divisor in zip(param_ids, divisors):
                 self.update.apply(param_id, pending.rate, pending.iteration, divisor)
-        for param_id in ids:
-            if pending.diffs_cleared:
-                self.net.learnable_params[param_id].defer_zero_diff()
-            del pending.remaining[param_id]
-        self._pending = None
-        self.exchange.after_update(pending.iteration)
-        return True
+
+    def _done(self, param_id: int) -> None:
+        """Blob ``param_id``'s update of the pending iteration is applied."""
+        if self._pending.diffs_cleared:
+            # The iteration after this update has begun and cleared the others.
+            self.net.learnable_params[param_id].defer_zero_diff()
+        del self._pending.remaining[param_id]

@@ -225,12 +225,7 @@ def _multi_kernel(rule: str, l2: bool):
 def usable_many(arrays) -> bool:
     """Whether the kernels here update these arrays: CuPy float32 C-contiguous arrays, each blob's set
     (``arrays``: one tuple of data, diff and histories per blob) of one shape."""
-    for blob_arrays in arrays:
-        first = blob_arrays[0]
-        for a in blob_arrays:
-            if get_array_module(a) is np or a.dtype != np.float32 or a.shape != first.shape or not a.flags.c_contiguous:
-                return False
-    return True
+    return all(usable(*blob_arrays) and all(a.flags.c_contiguous for a in blob_arrays) for blob_arrays in arrays)
 
 
 class BlobTables:

@@ -69,7 +69,7 @@ class ParameterUpdate:
         arrays = self.rule.fused_steps_arrays(param_ids, blobs)
         if arrays is None:
             return False
-        scale = f32(1) / f32(p.iter_size) if p.iter_size != 1 else f32(1)
+        scale = self._normalization()
         groups = {False: ([], []), True: ([], [])}
         for param_id, blob_arrays, divisor in zip(param_ids, arrays, divisors):
             decay = self._local_decay(param_id)
@@ -109,7 +109,7 @@ class ParameterUpdate:
         if self.param.iter_size == 1:
             return
         diff = self.net.learnable_params[param_id].diff
-        diff *= f32(1) / f32(self.param.iter_size)
+        diff *= self._normalization()
 
     def regularize(self, param_id: int) -> None:
         blob = self.net.learnable_params[param_id]
@@ -138,9 +138,14 @@ class ParameterUpdate:
         decay = self._local_decay(param_id)
         if decay and p.regularization_type != "L2":
             return False
-        scale = f32(1) / f32(p.iter_size) if p.iter_size != 1 else f32(1)
+        scale = self._normalization()
         return self.rule.fused_step(param_id, self.net.learnable_params[param_id], scale, decay if decay else None,
                                     self._local_rate(param_id, rate), iteration, divisor)
+
+    def _normalization(self) -> np.float32:
+        """``normalize``'s factor, 1 / iter_size in float32 (1 itself where iter_size is 1)."""
+        iter_size = self.param.iter_size
+        return f32(1) / f32(iter_size) if iter_size != 1 else f32(1)
 
     def _local_rate(self, param_id: int, rate) -> np.float32:
         """The solver's rate times the blob's lr_mult, in float32 as Caffe computes it."""

@@ -7,36 +7,41 @@ import pytest
 import netdef
 from netdef.comm.communicator import Communicator
 from netdef.comm.exchange import ExchangeOptions
-from netdef.comm.nccl import NcclUnavailable, _id_bytes, _version_text, nccl_choice, route_for
+from netdef.comm.nccl import (NcclUnavailable, _id_bytes, _multi_rank_refusal, _version_text, nccl_choice,
+                              route_for)
 
 TWO_GPUS = [("a", "0000:01:00.0", None), ("a", "0000:02:00.0", None)]
 ONE_GPU = [("a", "0000:01:00.0", None), ("a", "0000:01:00.0", None)]
+# Why ranks may not share a GPU where NCCL_MULTI_RANK_GPU_ENABLE is not set (``_multi_rank_refusal``).
+NOT_ALLOWED = "NCCL refuses (NCCL 2.30 and later allow two ranks per GPU with NCCL_MULTI_RANK_GPU_ENABLE=1)"
 
 
 def test_nccl_when_every_rank_has_its_own_gpu():
-    assert route_for(TWO_GPUS, "allreduce", "auto", False) == (True, "NCCL")
-    assert route_for(TWO_GPUS, "allreduce", "nccl", False) == (True, "NCCL")
+    assert route_for(TWO_GPUS, "allreduce", "auto", NOT_ALLOWED) == (True, "NCCL")
+    assert route_for(TWO_GPUS, "allreduce", "nccl", NOT_ALLOWED) == (True, "NCCL")
     # The same bus id on two machines is two GPUs.
-    assert route_for([("a", "0000:01:00.0", None), ("b", "0000:01:00.0", None)], "allreduce", "auto", False)[0]
+    assert route_for([("a", "0000:01:00.0", None), ("b", "0000:01:00.0", None)], "allreduce", "auto", NOT_ALLOWED)[0]
 
 
-def test_ranks_sharing_a_gpu_go_through_the_host_unless_nccl_is_told_to_allow_it():
-    use, route = route_for(ONE_GPU, "allreduce", "auto", False)
+def test_ranks_sharing_a_gpu_go_through_the_host_unless_nccl_is_told_to_allow_it(monkeypatch):
+    monkeypatch.delenv("NCCL_MULTI_RANK_GPU_ENABLE", raising=False)
+    assert _multi_rank_refusal(None) == NOT_ALLOWED
+    use, route = route_for(ONE_GPU, "allreduce", "auto", NOT_ALLOWED)
     assert not use and route.startswith("pinned host buffers and MPI (ranks share a GPU")
-    assert route_for(ONE_GPU, "allreduce", "auto", True) == (True, "NCCL")
+    assert route_for(ONE_GPU, "allreduce", "auto", None) == (True, "NCCL")
 
 
 def test_other_rules_and_missing_nccl_go_through_the_host():
-    assert route_for(TWO_GPUS, "easgd", "auto", False) == (False, "pinned host buffers and MPI (the easgd rule "
+    assert route_for(TWO_GPUS, "easgd", "auto", NOT_ALLOWED) == (False, "pinned host buffers and MPI (the easgd rule "
                                                                   "exchanges through MPI)")
     facts = [TWO_GPUS[0], ("a", "0000:02:00.0", "CuPy has no NCCL here")]
-    assert route_for(facts, "allreduce", "auto", False) == (False, "pinned host buffers and MPI (rank 1: CuPy has "
+    assert route_for(facts, "allreduce", "auto", NOT_ALLOWED) == (False, "pinned host buffers and MPI (rank 1: CuPy has "
                                                                    "no NCCL here)")
 
 
 def test_exchange_via_nccl_refuses_what_cannot_use_it():
     with pytest.raises(NcclUnavailable, match="exchange_via is nccl, but ranks share a GPU"):
-        route_for(ONE_GPU, "allreduce", "nccl", False)
+        route_for(ONE_GPU, "allreduce", "nccl", NOT_ALLOWED)
 
 
 def test_the_cpu_always_uses_mpi():
@@ -49,7 +54,7 @@ def test_the_cpu_always_uses_mpi():
 
 
 def test_a_shared_gpu_says_which_nccl_refuses_it():
-    use, route = route_for(ONE_GPU, "allreduce", "auto", False, "NCCL 2.28.9 refuses (NCCL_MULTI_RANK_GPU_ENABLE=1 "
+    use, route = route_for(ONE_GPU, "allreduce", "auto", "NCCL 2.28.9 refuses (NCCL_MULTI_RANK_GPU_ENABLE=1 "
                                                                   "takes NCCL 2.30 or later)")
     assert not use and route == ("pinned host buffers and MPI (ranks share a GPU, which NCCL 2.28.9 refuses "
                                  "(NCCL_MULTI_RANK_GPU_ENABLE=1 takes NCCL 2.30 or later))")

@@ -52,6 +52,16 @@ __device__ void block_sums(double& a, double& b) {
   }
 }
 
+// Channel c's two sums from its slices' partial pairs, added in slice order (the same bits every run).
+__device__ void slice_sums(const double* partial, int c, int slices, double& a, double& b) {
+  a = 0.0;
+  b = 0.0;
+  for (int s = 0; s < slices; ++s) {
+    a += partial[((long long)c * slices + s) * 2];
+    b += partial[((long long)c * slices + s) * 2 + 1];
+  }
+}
+
 // ReLU's forward as its kernel computes it: +0 where v <= 0 for slope 0, v * slope below 0 otherwise.
 __device__ __forceinline__ real rectify(real v, real slope) {
   if (slope == (real)0) return v <= (real)0 ? (real)0 : v;
@@ -88,11 +98,8 @@ extern "C" __global__ void bn_statistics_finish(const int channels, const int sl
                                                 real* mean, real* var, real* std, real* mean_sum,
                                                 real* var_sum, real* factor) {
   KERNEL_LOOP(c, channels) {
-    double sum = 0.0, squares = 0.0;
-    for (int s = 0; s < slices; ++s) {
-      sum += partial[((long long)c * slices + s) * 2];
-      squares += partial[((long long)c * slices + s) * 2 + 1];
-    }
+    double sum, squares;
+    slice_sums(partial, c, slices, sum, squares);
     const double offset = sum / count;
     double variance = squares / count - offset * offset;
     if (variance < 0.0) variance = 0.0;
@@ -163,11 +170,8 @@ extern "C" __global__ void bn_gradient_finish(const int channels, const int slic
                                               const int batch, const real* std, real* sums, real* mean_g,
                                               real* mean_yg, real* inverse) {
   KERNEL_LOOP(c, channels) {
-    double sum = 0.0, weighted = 0.0;
-    for (int s = 0; s < slices; ++s) {
-      sum += partial[((long long)c * slices + s) * 2];
-      weighted += partial[((long long)c * slices + s) * 2 + 1];
-    }
+    double sum, weighted;
+    slice_sums(partial, c, slices, sum, weighted);
     sums[c] = (real)sum;
     sums[channels + c] = (real)weighted;
     if (batch) {
