@@ -23,7 +23,7 @@ are one blob's values in between), so fusing changes nothing a user sees. The ne
 one step where its kernels take the arrays (float32 or float64; net.py), the layers one by one
 otherwise. On CuPy arrays the chain runs the CUDA kernels of gpu_batchnorm_chain.py: the same
 expressions, with sums in another order, so the layers' values to float rounding rather than to the bit
-(tests/test_gpu.py compares the two).
+(tests/test_gpu_chains.py compares the two).
 """
 from __future__ import annotations
 
@@ -103,10 +103,10 @@ class BatchNormChain(TrainedChain):
         slope = None if self.relu is None else x.dtype.type(self.relu.negative_slope)
         view = self.batchnorm.view
         if get_array_module(x) is np:
-            kernels = _kernels()
-            wanted = kernels.BOTH_SUMS if want_scale else kernels.BIAS_SUM if want_bias else kernels.NO_SUMS
+            cpu = _kernels()
+            wanted = cpu.BOTH_SUMS if want_scale else cpu.BIAS_SUM if want_bias else cpu.NO_SUMS
             sums = np.zeros((2, self.batchnorm.channels))
-            kernels.backward(view(x), view(out), view(dy), mean, std, inv_std, scale, slope, wanted, view(dx), sums)
+            cpu.backward(view(x), view(out), view(dy), mean, std, inv_std, scale, slope, wanted, view(dx), sums)
         else:
             sums = gpu_batchnorm_chain.backward(view(x), view(out), view(dy), mean, std, inv_std, scale, slope,
                                                 view(dx), self._gpu_scratch)
