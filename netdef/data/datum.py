@@ -17,6 +17,7 @@ from ..files import IMAGE_FILE_LIMIT, PROTOBUF_LIMIT, InputFileError, read_input
 from ..proto import netdef_pb2 as pb
 from .errors import DataError
 from .image import decode_image_view, encode_image, read_image
+from .item_buffers import BufferFor
 
 
 class DatumError(DataError):
@@ -43,11 +44,13 @@ def datum_to_array(datum: pb.Datum, color: bool | None = None, name: str = "Datu
     return np.ascontiguousarray(datum_item(datum, color, name))
 
 
-def datum_item(datum: pb.Datum, color: bool | None = None, name: str = "Datum") -> np.ndarray:
+def datum_item(datum: pb.Datum, color: bool | None = None, name: str = "Datum",
+               buffer: BufferFor | None = None) -> np.ndarray:
     """``datum_to_array``, except that a decoded image may be a strided view of the decoder's pixels
-    (what the data layers' transformer reads: it copies as it crops)."""
+    (what the data layers' transformer reads: it copies as it crops), in ``buffer``'s memory when it is
+    given (item_buffers.py)."""
     if datum.encoded:
-        return decode_image_view(datum.data, color=color, name=name)
+        return decode_image_view(datum.data, color=color, name=name, buffer=buffer)
     c, h, w = datum.channels, datum.height, datum.width
     count = c * h * w
     if c <= 0 or h <= 0 or w <= 0:

@@ -30,6 +30,7 @@ from ..environment import positive_count
 from ..files import IMAGE_FILE_LIMIT, TEXT_LIST_LIMIT, InputFileError, read_input_file
 from . import jpeg
 from .errors import DataError
+from .item_buffers import BufferFor
 
 
 class ImageError(DataError):
@@ -133,11 +134,13 @@ def decode_image(data: bytes, color: bool | None = None, name: str = "image") ->
     return np.ascontiguousarray(decode_image_view(data, color, name))
 
 
-def decode_image_view(data: bytes, color: bool | None = None, name: str = "image") -> np.ndarray:
+def decode_image_view(data: bytes, color: bool | None = None, name: str = "image",
+                      buffer: BufferFor | None = None) -> np.ndarray:
     """``decode_image`` without its last copy: the CHW image as a strided view of the decoded HWC
     pixels. The data layers' transformer reads it as it crops (one pass over the pixels less). JPEGs
-    that TurboJPEG decodes to the same pixels go through it (jpeg.py: faster, and without the GIL)."""
-    fast = jpeg.decode_view(data, color, lambda size: _within_caps(size, name))
+    that TurboJPEG decodes to the same pixels go through it (jpeg.py: faster, and without the GIL),
+    into ``buffer``'s memory when it is given (item_buffers.py)."""
+    fast = jpeg.decode_view(data, color, lambda size: _within_caps(size, name), buffer)
     return fast if fast is not None else decode_with_pillow(data, color, name)
 
 
@@ -176,15 +179,17 @@ def read_image(path, height: int = 0, width: int = 0, is_color: bool = True) -> 
     return np.ascontiguousarray(read_image_view(path, height, width, is_color))
 
 
-def read_image_view(path, height: int = 0, width: int = 0, is_color: bool = True) -> np.ndarray:
+def read_image_view(path, height: int = 0, width: int = 0, is_color: bool = True,
+                    buffer: BufferFor | None = None) -> np.ndarray:
     """``read_image`` without its last copy: unresized, the CHW image may be a strided view of the
-    decoded pixels (``decode_image_view``), which ImageData's transformer reads as it crops."""
+    decoded pixels (``decode_image_view``, into ``buffer``'s memory when given), which ImageData's
+    transformer reads as it crops."""
     path = os.fspath(path)
     try:
         raw = read_input_file(path, "image", IMAGE_FILE_LIMIT)
     except InputFileError as exc:
         raise ImageError(str(exc)) from None
-    img = decode_image_view(raw, color=bool(is_color), name=path)
+    img = decode_image_view(raw, color=bool(is_color), name=path, buffer=buffer)
     if height > 0 and width > 0:
         return resize(img, height, width)  # reads the view; its result is a new array
     return img

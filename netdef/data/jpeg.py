@@ -22,6 +22,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .item_buffers import BufferFor
+
 try:
     import simplejpeg
 except ImportError:  # pragma: no cover - a dependency; without it every image takes Pillow's path
@@ -40,12 +42,14 @@ def available() -> bool:
     return simplejpeg is not None
 
 
-def decode_view(data: bytes, color: bool | None, allowed_size: Callable[[tuple[int, int]], bool]) -> np.ndarray | None:
+def decode_view(data: bytes, color: bool | None, allowed_size: Callable[[tuple[int, int]], bool],
+                buffer: BufferFor | None = None) -> np.ndarray | None:
     """The CHW uint8 image (BGR, or one grey channel) of JPEG ``data`` as image.decode_image_view gives it
     for ``color`` (True, False, None: OpenCV's IMREAD_COLOR, IMREAD_GRAYSCALE, IMREAD_UNCHANGED), a
     view of the decoded HWC array; None where Pillow's path must decode it (the module docstring).
     ``allowed_size((width, height))`` runs before any pixel is decoded: it raises for an image over
-    netdef's cap and returns False for one this path leaves to Pillow."""
+    netdef's cap and returns False for one this path leaves to Pillow. ``buffer(nbytes)``, when given,
+    is the memory to decode into (item_buffers.py; None from it: fresh memory)."""
     if simplejpeg is None or data[:2] != _START_OF_IMAGE or _may_carry_exif(data):
         return None
     try:
@@ -55,9 +59,10 @@ def decode_view(data: bytes, color: bool | None, allowed_size: Callable[[tuple[i
     if space not in _EXACT_SPACES or not allowed_size((width, height)):
         return None
     grey = color is False or (color is None and space == "Gray")
+    into = buffer(height * width * (1 if grey else 3)) if buffer is not None else None
     try:
         hwc = simplejpeg.decode_jpeg(data, colorspace="GRAY" if grey else "BGR", fastdct=False, fastupsample=False,
-                                     strict=True)
+                                     strict=True, buffer=into)
     except ValueError:
         return None
     return hwc.transpose(2, 0, 1)

@@ -584,3 +584,26 @@ def test_batches_on_several_data_threads_equal_those_of_one(tmp_path, monkeypatc
     monkeypatch.setenv("NETDEF_DATA_THREADS", "none")
     with pytest.raises(netdef.NetError, match="NETDEF_DATA_THREADS='none': expected a positive number"):
         data_net(db, 5)
+
+
+def test_items_decoded_into_reused_buffers_are_each_file_s_own_pixels(tmp_path, monkeypatch):
+    """A batch's items are decoded into memory that the same position of the next batch reuses
+    (item_buffers.py): over several batches, with 7 JPEGs in batches of 3 (each position meets
+    every file) on 2 threads, every row is its own file's pixels less the mean, nothing of another."""
+    monkeypatch.setenv("NETDEF_DATA_THREADS", "2")
+    rng = np.random.default_rng(8)
+    images = [rng.integers(0, 256, (10, 11, 3), dtype=np.uint8) for _ in range(7)]
+    lst = write_images(tmp_path / "imgs", images, ext="jpg")
+    root = tmp_path / "imgs"
+    names = [line.split()[0] for line in open(lst)]
+    net = image_net(lst, 3, f'root_folder: "{root}/"', "mean_value: 100 mean_value: 110 mean_value: 120")
+    layer = source_layer(net)
+    means = np.array([100, 110, 120], np.float32)[:, None, None]
+    for batch in range(5):
+        net.forward()
+        for row in range(3):
+            name = names[(3 * batch + row) % len(names)]
+            expected = read_image(root / name).astype(np.float32) - means
+            np.testing.assert_array_equal(net.blobs["data"].data[row], expected)
+    assert layer.item_buffers.held_bytes() == 3 * 10 * 11 * 3, "one buffer per batch position, reused"
+    layer.close()

@@ -8,6 +8,7 @@ import numpy as np
 from ...data.datum import DatumError, datum_item, parse_datum, raw_datum_batch
 from ...data.db import open_db
 from ...data.errors import DataError
+from ...data.item_buffers import BufferFor
 from ...data.transform import DataTransformer
 from ...proto import netdef_pb2 as pb
 from ..base import register_layer
@@ -117,9 +118,8 @@ class DataLayer(DataSourceLayer):
         datum = parse_datum(value, name)
         return datum_item(datum, color=self.decode_color, name=name), datum.label
 
-    def _item(self, record) -> np.ndarray:
-        key, datum = record
-        return datum_item(datum, color=self.decode_color, name=self._record_name(key))
+    def _item(self, key: bytes, datum, buffer: BufferFor) -> np.ndarray:
+        return datum_item(datum, color=self.decode_color, name=self._record_name(key), buffer=buffer)
 
     def read_batch(self, pos):
         keys, values, new_pos = self._records(pos, self.batch_size)
@@ -129,7 +129,8 @@ class DataLayer(DataSourceLayer):
             data = self.transformer(raw, self._rng, self.workers, self.allocate_batch)
         else:
             # Encoded or float items, or items of several shapes: one at a time, errors naming the record.
-            items = self.workers.map(self._item, zip(keys, datums))
+            items = self.workers.map(lambda at: self._item(keys[at], datums[at], self.item_buffers.at(at)),
+                                     range(len(keys)))
             data = self.transformer.transform_items(items, self._rng, [self._record_name(k) for k in keys],
                                                     self.workers, self.allocate_batch)
         arrays = [data]

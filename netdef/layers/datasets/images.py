@@ -7,6 +7,7 @@ import numpy as np
 
 from ...data.errors import IMAGE_EXTENSIONS, DataError, listed_name
 from ...data.image import read_image_list, read_image_view
+from ...data.item_buffers import BufferFor
 from ...data.transform import DataTransformer
 from ...files import InputFileError
 from ..base import register_layer
@@ -47,6 +48,7 @@ class ImageDataLayer(DataSourceLayer):
         if not names:
             raise self.error(f"image list {p.source!r} is empty")
         self.names = names
+        self._root_folder = self._root()
         self.labels = np.asarray(labels, dtype=np.int64)
         self.num_records = len(names)
         try:
@@ -54,23 +56,31 @@ class ImageDataLayer(DataSourceLayer):
         except DataError as exc:
             raise self.error(str(exc)) from None
 
-    def _path(self, i: int) -> str:
+    def _root(self) -> str:
+        """root_folder as the paths start with: found as data sources are (Layer.resolve_path), its
+        trailing separator kept. Resolved once, at setup."""
         root = self.layer_param.image_data_param.root_folder
         if root:
             root = self.resolve_path(root) + (os.sep if root.endswith(("/", os.sep)) else "")
+        return root
+
+    def _path(self, i: int) -> str:
+        root = self._root_folder
         path = root + self.names[i]
-        # lexists: a link that leads nowhere (a loop) is the file meant; opening it will say what is wrong.
-        if root and not os.path.lexists(path) and not root.endswith(("/", os.sep)):
+        # Caffe's root + name, or the name inside the folder when root lacks its separator and only
+        # the joined path exists. (Only then is the file system asked: a data thread's every system
+        # call is a turn of the GIL.) lexists: a link that leads nowhere (a loop) is the file meant;
+        # opening it will say what is wrong.
+        if root and not root.endswith(("/", os.sep)) and not os.path.lexists(path):
             joined = os.path.join(root, self.names[i])
             if os.path.lexists(joined):
                 path = joined
         return path
 
-    def _read(self, i: int) -> np.ndarray:
+    def _read(self, i: int, path: str, buffer: BufferFor | None = None) -> np.ndarray:
         p = self.layer_param.image_data_param
-        path = self._path(int(i))
         try:
-            return read_image_view(path, p.new_height, p.new_width, p.is_color)
+            return read_image_view(path, p.new_height, p.new_width, p.is_color, buffer)
         except DataError as exc:
             where = f"line {int(i) + 1} of {self.source_name}"
             if listed_name(self.names[int(i)], IMAGE_EXTENSIONS) is None:
@@ -109,9 +119,10 @@ class ImageDataLayer(DataSourceLayer):
 
     def read_batch(self, pos):
         ids, new_pos = self._ids(pos, self.batch_size)
-        items = self.workers.map(self._read, ids)
-        names = [self._path(int(i)) for i in ids]
-        data = self.transformer.transform_items(items, self._rng, names, self.workers, self.allocate_batch)
+        paths = [self._path(int(i)) for i in ids]
+        items = self.workers.map(lambda at: self._read(ids[at], paths[at], self.item_buffers.at(at)),
+                                 range(len(ids)))
+        data = self.transformer.transform_items(items, self._rng, paths, self.workers, self.allocate_batch)
         return [data, self.labels[ids].astype(self.dtype)], new_pos
 
     def top_shapes(self, pos):
@@ -122,5 +133,5 @@ class ImageDataLayer(DataSourceLayer):
         if not len(taken):
             taken, _ = self._scan(lambda a, b: ids[a:b], 0, self.num_records, 1)
         first = ids[taken[0]]
-        shape = self.transformer.output_shape(self._read(first).shape)
+        shape = self.transformer.output_shape(self._read(first, self._path(int(first))).shape)
         return [(self.batch_size,) + shape, (self.batch_size,)]

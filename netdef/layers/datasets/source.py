@@ -34,6 +34,7 @@ import numpy as np
 
 from ... import backend
 from ...data.errors import DataError
+from ...data.item_buffers import ItemBuffers
 from ...data.workers import DataWorkers
 from ...threads import data_threads
 from ..base import DataSource, LayerError
@@ -164,6 +165,9 @@ class DataSourceLayer(DataSource):
         self.prefetch = int(self.layer_param.data_param.prefetch)
         self.worker_threads = self._guarded(data_threads)
         self._workers = None
+        # Where each batch's items are decoded (reused batch after batch; item_buffers.py): read_batch
+        # transforms a batch's items into the batch's own array before it decodes the next batch's.
+        self.item_buffers = ItemBuffers()
         # Where each batch is written and how it reaches the tops' device (staging.py): fresh host
         # arrays on the CPU; on a GPU pinned buffers, copied to the device by the prefetch thread.
         self.staging = staging_for(top[0].array_module if top else np)
