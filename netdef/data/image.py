@@ -218,15 +218,26 @@ def _linear_taps(src: int, dst: int, clamp: bool):
 
 
 def resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
-    """``cv::resize(img, Size(width, height), 0, 0, INTER_LINEAR)`` for CHW uint8 images."""
-    image = np.asarray(image)
-    if image.ndim != 3:
-        raise ValueError(f"resize expects a CHW image, got shape {image.shape}")
-    c, h, w = image.shape
-    if (h, w) == (height, width):
+    """``cv::resize(img, Size(width, height), 0, 0, INTER_LINEAR)`` for CHW uint8 images, by the
+    compiled kernel (resize_kernel.py): the bytes of ``resize_reference``."""
+    image, same = _checked_for_resize(image, height, width)
+    if same:
         return image.copy()
-    if image.dtype != np.uint8:
-        raise ValueError(f"resize expects uint8 pixels, got {image.dtype}")
+    from .resize_kernel import resize_bilinear  # numba loads with the first resize, not with netdef
+
+    xs, ax0, ax1 = _linear_taps(image.shape[2], width, clamp=True)
+    ys, by0, by1 = _linear_taps(image.shape[1], height, clamp=False)
+    out = np.empty((image.shape[0], height, width), dtype=np.uint8)
+    resize_bilinear(image, xs, ax0, ax1, ys, by0, by1, out)
+    return out
+
+
+def resize_reference(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``resize`` in NumPy: the reference the kernel is tested against."""
+    image, same = _checked_for_resize(image, height, width)
+    if same:
+        return image.copy()
+    c, h, w = image.shape
     xs, ax0, ax1 = _linear_taps(w, width, clamp=True)
     ys, by0, by1 = _linear_taps(h, height, clamp=False)
     src = image.astype(np.int32)
@@ -236,6 +247,19 @@ def resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
     r1 = rows[:, np.clip(ys + 1, 0, h - 1), :] >> 4
     out = (((by0[:, None] * r0) >> 16) + ((by1[:, None] * r1) >> 16) + 2) >> 2
     return np.clip(out, 0, 255).astype(np.uint8)
+
+
+def _checked_for_resize(image, height: int, width: int) -> tuple[np.ndarray, bool]:
+    """The image as an array, and whether it already has the size asked for; raises for what
+    neither resize takes."""
+    image = np.asarray(image)
+    if image.ndim != 3:
+        raise ValueError(f"resize expects a CHW image, got shape {image.shape}")
+    if image.shape[1:] == (height, width):
+        return image, True
+    if image.dtype != np.uint8:
+        raise ValueError(f"resize expects uint8 pixels, got {image.dtype}")
+    return image, False
 
 
 # ---------------------------------------------------------------------------------------------- encode
