@@ -560,8 +560,8 @@ def plan_data_threads(local_ranks: int, local_cores: int, own_core_count: int,
     if local_ranks <= 1:
         return DataThreadPlan(max(1, own_core_count), f"the {own_core_count} cores this process may run on")
     threads = max(1, min(own_core_count, local_cores // local_ranks))
-    return DataThreadPlan(threads, f"{local_cores} cores shared by {local_ranks} ranks on this machine, at low "
-                                   f"priority beside compute; set {DATA_THREAD_VARIABLE} to choose")
+    return DataThreadPlan(threads, f"{local_cores} cores shared by {local_ranks} ranks on this machine; set "
+                                   f"{DATA_THREAD_VARIABLE} to choose")
 
 
 def data_threads(environ: Mapping[str, str] | None = None) -> int:
