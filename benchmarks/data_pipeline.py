@@ -97,10 +97,11 @@ def build(workdir: pathlib.Path, count: int) -> None:
 
 # ---------------------------------------------------------------------------------------------- contenders
 def cpu_seconds() -> float:
-    """CPU seconds (user + system) of this process and of its live child processes (the DataLoader's
-    workers, which os.times() would only count once they have exited), from Linux's /proc."""
+    """CPU seconds (user + system) of this process and of its child processes: the live ones (the
+    DataLoader's workers) from Linux's /proc, the ones that ended and were waited for (the workers of
+    an epoch that ended: the DataLoader starts new ones for each epoch) from os.times()."""
     t = os.times()
-    total = t.user + t.system
+    total = t.user + t.system + t.children_user + t.children_system
     tick = os.sysconf("SC_CLK_TCK")
     for task in pathlib.Path(f"/proc/{os.getpid()}/task").iterdir():
         try:
