@@ -12,10 +12,11 @@ crop, flip and mean in NumPy, under ``torch.utils.data.DataLoader`` with 0 and 2
 
 Each contender runs in a fresh process, contenders in turn, ``--rounds`` times; a contender's figure
 is the median over rounds of its images per second over ``--batches`` batches after 2 warm-up
-batches, and its CPU seconds (user + system, live worker processes included) per image. "k cores" pins
+batches, and its CPU seconds (user + system, worker processes included) per image. "k cores" pins
 the process to k cores (its affinity) and gives netdef k data threads. Both run at the priority they are
 started with. ``--baseline PATH`` adds the
-Data layer of another checkout (its own process, PYTHONPATH=PATH), e.g. the commit before issue 35.
+Data and ImageData layers of another checkout on 1 and k cores (their own processes, PYTHONPATH=PATH),
+e.g. the commit before a change.
 
     python benchmarks/data_pipeline.py --workdir /tmp/netdef-data-bench [--baseline ../main]
 
@@ -299,7 +300,8 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=12, help="timed batches per contender and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--convert-images", type=int, default=300, help="images convert-imageset converts per round")
-    parser.add_argument("--baseline", type=pathlib.Path, help="another checkout whose Data layer to time too")
+    parser.add_argument("--baseline", type=pathlib.Path,
+                        help="another checkout whose Data and ImageData layers to time too")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
@@ -313,7 +315,8 @@ def main() -> int:
         contenders += [(f"netdef:{layer}:1", here), (f"netdef:{layer}:{cores}", here),
                        (f"torch0:{layer}:{cores}", here), (f"torch2:{layer}:{cores}", here)]
     if args.baseline:
-        contenders.append((f"baseline:Data:{cores}", str(args.baseline.resolve())))
+        contenders += [(f"baseline:{layer}:{k}", str(args.baseline.resolve())) for layer in ("Data", "ImageData")
+                       for k in (1, cores)]
     contenders += [("convert:-:1", here), (f"convert:-:{cores}", here), ("machine:-:1", here),
                    (f"machine:-:{cores}", here)]
     results: dict[str, list] = {name: [] for name, _ in contenders}
@@ -347,7 +350,10 @@ def main() -> int:
               f"{', '.join(f'{x:.2f}' for x in ratios)}); images per CPU-second, netdef / DataLoader = "
               f"{per_cpu:.2f}; {cores} cores / 1 core = {ours / one:.2f} (target >= {0.8 * cores:.1f})")
     if args.baseline:
-        print(f"Data: this checkout / baseline = {median(f'netdef:Data:{cores}', 'images_per_s') / median(f'baseline:Data:{cores}', 'images_per_s'):.2f}")
+        for layer in ("Data", "ImageData"):
+            gains = [median(f"netdef:{layer}:{k}", "images_per_s") / median(f"baseline:{layer}:{k}", "images_per_s")
+                     for k in (1, cores)]
+            print(f"{layer}: this checkout / baseline = {gains[0]:.2f} on 1 core, {gains[1]:.2f} on {cores}")
     conv1, convk = median("convert:-:1", "images_per_s"), median(f"convert:-:{cores}", "images_per_s")
     print(f"convert-imageset: {cores} cores / 1 core = {convk / conv1:.2f}")
     machine = median(f"machine:-:{cores}", "images_per_s") / median("machine:-:1", "images_per_s")
