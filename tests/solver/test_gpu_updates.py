@@ -67,6 +67,15 @@ def _bits(array):
     return array.view(np.uint32).copy()
 
 
+def _assert_same_bits(fused_params, stepwise_params, fused_rule, stepwise_rule) -> None:
+    """Every blob's data and diff, and every history blob, the same bits on both sides."""
+    for i, (fused, stepwise) in enumerate(zip(fused_params, stepwise_params)):
+        assert np.array_equal(_bits(fused.data), _bits(stepwise.data)), f"data[{i}]"
+        assert np.array_equal(_bits(fused.diff), _bits(stepwise.diff)), f"diff[{i}]"
+    for i, (fused, stepwise) in enumerate(zip(fused_rule.history, stepwise_rule.history)):
+        assert np.array_equal(_bits(fused.data), _bits(stepwise.data)), f"history[{i}]"
+
+
 @pytest.mark.parametrize("rule_name", list(UPDATE_RULES))
 @pytest.mark.parametrize("decay", [None, 0.0005])
 def test_fused_step_on_the_cpu_is_bit_identical_or_declined(rule_name, decay):
@@ -93,11 +102,7 @@ def test_fused_step_on_the_cpu_is_bit_identical_or_declined(rule_name, decay):
             else:
                 assert rule_name in FUSED_ON_THE_CPU
             stepwise_update(stepwise_rule, param_id, stepwise, divisor, scale, decay, local_rate, iteration)
-    for i, (fused, stepwise) in enumerate(zip(fused_params, stepwise_params)):
-        assert np.array_equal(_bits(fused.data), _bits(stepwise.data)), f"data[{i}]"
-        assert np.array_equal(_bits(fused.diff), _bits(stepwise.diff)), f"diff[{i}]"
-    for i, (fused, stepwise) in enumerate(zip(fused_rule.history, stepwise_rule.history)):
-        assert np.array_equal(_bits(fused.data), _bits(stepwise.data)), f"history[{i}]"
+    _assert_same_bits(fused_params, stepwise_params, fused_rule, stepwise_rule)
 
 
 def test_every_built_in_rule_has_a_fused_step():
@@ -239,11 +244,7 @@ def test_the_many_blob_kernel_compiled_for_the_host_gives_the_stepwise_bits(tmp_
                         *[pointer(t.ctypes.data) for t in tables], *[pointer(c.ctypes.data) for c in columns],
                         ctypes.c_float(rate), ctypes.c_float(scale), *[ctypes.c_float(c) for c in constants])
     assert not np.array_equal(fused_params[0].data, start[0])
-    for i, (fused, stepwise) in enumerate(zip(fused_params, stepwise_params)):
-        assert np.array_equal(_bits(fused.data), _bits(stepwise.data)), f"data[{i}]"
-        assert np.array_equal(_bits(fused.diff), _bits(stepwise.diff)), f"diff[{i}]"
-    for i, (fused, stepwise) in enumerate(zip(fused_rule.history, stepwise_rule.history)):
-        assert np.array_equal(_bits(fused.data), _bits(stepwise.data)), f"history[{i}]"
+    _assert_same_bits(fused_params, stepwise_params, fused_rule, stepwise_rule)
 
 
 def test_the_many_blob_step_declines_numpy_arrays_and_rules_without_a_kernel():
