@@ -41,6 +41,12 @@ class HostBatch:
         return self.arrays
 
 
+# Below this a batch comes from the allocator's own reuse (it maps fresh memory only for large blocks).
+REUSED_BATCH_BYTES = 1 << 20
+# Released batches kept per size: the prefetch queue and the blob hold the rest of those in use.
+SPARE_BATCHES = 2
+
+
 class HostStaging:
     """Batches in host arrays whose memory is reused once nothing refers to an earlier batch (module
     docstring). A batch array is a view of a flat array made over a memoryview of the kept memory:
@@ -81,12 +87,6 @@ class HostStaging:
 
     def stage(self, arrays) -> HostBatch:
         return HostBatch(arrays)
-
-
-# Below this a batch comes from the allocator's own reuse (it maps fresh memory only for large blocks).
-REUSED_BATCH_BYTES = 1 << 20
-# Released batches kept per size: the prefetch queue and the blob hold the rest of those in use.
-SPARE_BATCHES = 2
 
 
 class DeviceBatch:
