@@ -13,7 +13,10 @@ launcher's too) per iteration, from the difference between a run of ``--iteratio
 ``--baseline PATH`` also runs both netdef configurations with the netdef package of another checkout
 (e.g. main before a change), in the same rounds. ``--phases`` then traces one more run of each
 netdef configuration (``netdef train --timeline``) and prints where an iteration's milliseconds go
-(``iteration_phases.py``: each layer, the update, the waits, what lies between and outside them).
+(``iteration_phases.py``: each layer, the update, the waits, what lies between and outside them)
+and what stepping together costs the ranks (``lockstep.py``: waiting for the slowest rank, and the
+time from the last backward to the next forward of the first layer with parameters, against one
+process's).
 
 What runs (each configuration ``--rounds`` times, the rounds interleaved so that load from other
 work on the machine hits them alike; figures are medians):
@@ -230,12 +233,15 @@ def print_cpu_cost(configs: dict, work: pathlib.Path, iterations: int, rounds: i
 def print_phases(configs: dict, work: pathlib.Path) -> None:
     """One traced run of each configuration, and rank 0's milliseconds per iteration by phase."""
     from iteration_phases import format_phases, iteration_phases
+    from lockstep import format_lockstep, lockstep
 
     for index, (name, (command, run_env)) in enumerate(configs.items()):
         trace = work / f"trace{index}.json"
         run_netdef(command + [f"--timeline={trace}"], work, run_env)
         print(f"\n{name}, rank 0, medians per iteration (netdef train --timeline):")
         print(format_phases(iteration_phases(str(trace), rank=0, skip=DISPLAY)))
+        print("every rank, stepping together (lockstep.py):")
+        print(format_lockstep(lockstep(str(trace), skip=DISPLAY)))
 
 
 def main(argv=None) -> int:
