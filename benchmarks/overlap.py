@@ -472,8 +472,8 @@ def main(argv=None) -> int:
     parser.add_argument("--gpu", action="store_true",
                         help="train on GPUs, one per rank of the machine in turn (two ranks may share one: the "
                              "staged path, or NCCL where NCCL_MULTI_RANK_GPU_ENABLE=1 lets it)")
-    parser.add_argument("--exchange-via", default="auto", choices=["auto", "nccl", "mpi"],
-                        help="with --gpu: netdef_distributed.exchange_via (default auto)")
+    parser.add_argument("--exchange-via", default="auto", choices=["auto", "shared_memory", "nccl", "mpi"],
+                        help="netdef_distributed.exchange_via (default auto: on the CPU, in shared memory on one machine)")
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.worker)

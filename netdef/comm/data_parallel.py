@@ -306,9 +306,10 @@ class DataParallel(Parallel):
 
     # ------------------------------------------------------------------------------ the end
     def end_training(self) -> None:
-        """Settle the exchange and write the Chrome trace (every rank must call it: it gathers the
-        ranks' events). A request still being agreed on comes too late: the run has ended."""
+        """Settle the exchange, free what the ranks share, and write the Chrome trace (every rank
+        must call it: it gathers the ranks' events). A request still being agreed on comes too late: the run has ended."""
         self.exchange.settle()
+        self.exchange.release()
         self._finish_agreement()
         if self.timeline is None:
             return

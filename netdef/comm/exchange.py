@@ -62,8 +62,9 @@ from ..registry import Registry, UnknownNameError
 from ..solver.arrival import GradientExchange
 from .options import DEFAULT_BUCKET_BYTES, ExchangeOptions, check  # noqa: F401  (DEFAULT_BUCKET_BYTES: simulate)
 from .gradient_staging import gradients_for
-from .progress import choose_mode, make_driver
+from .progress import choose_mode, make_driver, shared_memory_only
 from .reduction import Reduction
+from .shared_sum import SharedSum
 from .scheduler import PriorityTransport, ScheduleThread, choose_sizes
 from .timeline import BucketRecord, ChunkRecord, Measurements
 from .watchdog import GRADIENT_EXCHANGE
@@ -190,6 +191,10 @@ class ExchangeRule(GradientExchange):
     def settle(self) -> None:
         """Collective: complete whatever is in flight between the ranks (before a snapshot, at the end)."""
 
+    def release(self) -> None:
+        """Collective, after the last ``settle`` of a run: free what the ranks hold together (memory
+        they all map). ``close`` is local: it also runs when this rank fails."""
+
     def swap_in_model(self) -> None:
         """Collective: put the model (what is tested and saved) into the net's parameters."""
 
@@ -228,6 +233,7 @@ class Bucket:
         self.sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
         self.offsets = [int(o) for o in np.cumsum([0] + self.sizes[:-1])]
         self._own = None  # allocated by the first pack that needs it (a GPU's staging brings its own)
+        self._given = False  # the reduction's memory (give_buffer): gradients are always copied into it
         self.buffer = None
         self.in_place = False
         self.reset()
@@ -249,7 +255,8 @@ class Bucket:
     def pack(self, slot: int, diff) -> None:
         """Put one gradient into its place (or, for a bucket of one, use the diff's memory)."""
         self.filled += 1
-        if len(self.param_ids) == 1 and isinstance(diff, np.ndarray) and diff.flags.c_contiguous and diff.dtype == self.dtype:
+        if (not self._given and len(self.param_ids) == 1 and isinstance(diff, np.ndarray) and diff.flags.c_contiguous
+                and diff.dtype == self.dtype):
             self.buffer = diff.reshape(-1)
             self.in_place = True
             return
@@ -258,6 +265,15 @@ class Bucket:
         self.buffer = self._own
         self.in_place = False
         self.slot_view(slot)[...] = diff if isinstance(diff, np.ndarray) else backend.to_host(diff)
+
+    def give_buffer(self, buffer: np.ndarray) -> None:
+        """Hold the bucket's gradients in ``buffer`` (flat, the bucket's size and dtype: memory the
+        reduction sums in, ``Reduction.buffers``) from now on, a bucket of one blob included."""
+        if buffer.size != sum(self.sizes) or buffer.dtype != self.dtype:
+            raise ValueError(f"bucket {self.index} holds {sum(self.sizes)} {self.dtype} values, not {buffer.size} "
+                             f"{buffer.dtype}")
+        self._own = buffer
+        self._given = True
 
     def take_buffer(self, buffer: np.ndarray) -> None:
         """Count one more gradient as packed, into ``buffer`` (the whole bucket's, flat), which the
@@ -365,9 +381,14 @@ class AllreduceExchange(ExchangeRule):
     def __init__(self, comm, net, options=None, measurements=None, clock=time.perf_counter, seed: int = 0):
         super().__init__(comm, net, options, measurements, clock, seed)
         comm = self.comm  # the ranks this rule combines the gradients of
-        self.progress_mode = choose_mode(comm, self.options.progress) if comm.size > 1 else "NONE"
-        prioritized = comm.size > 1 and self.options.schedule == "priority"
+        # How gradients reach the buckets: in place on the CPU, through pinned buffers from a GPU,
+        # whose buckets wait in _copying (in order) until their copies are done.
+        self.gradients = gradients_for(self.params)
+        self._copying: list[Bucket] = []
         self.reduction = self.make_reduction() if comm.size > 1 else None
+        self.progress_mode = (choose_mode(comm, self.options.progress, cheap_polls=self.reduction.polls_cheaply)
+                              if comm.size > 1 else "NONE")
+        prioritized = comm.size > 1 and self.options.schedule == "priority"
         self.driver = (make_driver(comm, self.progress_mode, clock, self.reduction)
                        if comm.size > 1 and not prioritized else None)
         # The priority schedule; its chunk and credit sizes are settled in broadcast_initial.
@@ -385,13 +406,12 @@ class AllreduceExchange(ExchangeRule):
         self._hook_order: list[int] = []
         self._active = False
         self._in_flight = 0                         # buckets started during this backward
-        # How gradients reach the buckets: in place on the CPU, through pinned buffers from a GPU,
-        # whose buckets wait in _copying (in order) until their copies are done.
-        self.gradients = gradients_for(self.params)
-        self._copying: list[Bucket] = []
 
     def describe(self) -> str:
-        return f"{self.name} ({self.schedule_text()})"
+        text = f"{self.name} ({self.schedule_text()})"
+        if isinstance(self.reduction, SharedSum):
+            text += f"; {self.reduction.describe()}"
+        return text
 
     def trace_to(self, timeline) -> None:
         self.gradients.trace_to(timeline.device)
@@ -419,6 +439,10 @@ class AllreduceExchange(ExchangeRule):
         if self.transport is None or (self.options.chunk_bytes and self.options.credit_bytes):
             return
         chunk, credit = self.options.chunk_bytes, self.options.credit_bytes
+        unshared = self.reduction.unshared_link_sizes
+        if unshared is not None:
+            # Nothing to measure: no link is shared, chunks and credit would only add reductions.
+            chunk, credit = chunk or unshared[0], credit or unshared[1]
         if not chunk or not credit:
             measured_chunk, measured_credit, link = choose_sizes(self.comm, self.clock, reduction=self.reduction)
             if self.comm.rank == 0:
@@ -549,6 +573,10 @@ class AllreduceExchange(ExchangeRule):
 
     def _plan(self, order: list[int], layers: list[list[int]] | None = None) -> None:
         self.buckets = plan_buckets(order, self.params, self.options.bucket_bytes, layers)
+        buffers = self.reduction.buffers([(sum(b.sizes), b.dtype) for b in self.buckets])
+        if buffers is not None:
+            for bucket, buffer in zip(self.buckets, buffers):
+                bucket.give_buffer(buffer)
         self._slot = {pid: (b, slot) for b in self.buckets for slot, pid in enumerate(b.param_ids)}
         self._hook_order = [pid for pid in order if pid in self._slot]
         if self.transport is not None:
@@ -642,9 +670,25 @@ class AllreduceExchange(ExchangeRule):
         if self.transport is not None:
             self.transport.close()
 
+    def release(self) -> None:
+        if self.reduction is not None:
+            self.reduction.release()
+
     # ------------------------------------------------------------------------------ overridable steps
     def make_reduction(self) -> Reduction:
-        """The algorithm that sums a bucket or chunk over the ranks (built once, with two ranks or more)."""
+        """The algorithm that sums a bucket or chunk over the ranks (built once, with two ranks or
+        more): in memory the ranks share where every rank runs on this machine and the gradients are
+        host arrays (``shared_sum.py``; ``exchange_via: mpi`` declines it), else MPI's allreduce."""
+        via = self.options.exchange_via
+        shared = shared_memory_only(self.comm) and not self.gradients.asynchronous
+        if via == "shared_memory" and not shared:
+            raise ValueError("netdef_distributed.exchange_via is shared_memory, but "
+                             + ("the gradients are on a GPU (use nccl or mpi)" if self.gradients.asynchronous else
+                                f"the ranks do not all share this machine's memory ({self.comm.local_size} of the "
+                                f"{self.comm.size} reach this rank's; MPIR_CVAR_NOLOCAL=1, or Open MPI's btl without "
+                                f"vader or sm, keeps them apart too)"))
+        if shared and via in ("auto", "shared_memory"):
+            return SharedSum(self.comm)
         return Reduction(self.comm)
 
     def pack_bucket(self, bucket: Bucket, slot: int, diff) -> None:

@@ -52,7 +52,7 @@ def nccl_choice(comm, params, options) -> tuple[bool, str]:
     """Collective: (whether the allreduce rule sums over NCCL, the route for the log: "MPI" on the
     CPU). Every rank reaches the same answer from the same gathered facts (``route_for``)."""
     modules = {blob.array_module for blob in params}
-    if modules <= {np} or options.exchange_via == "mpi" or comm.size == 1:
+    if modules <= {np} or options.exchange_via in ("mpi", "shared_memory") or comm.size == 1:
         return False, "MPI" if modules <= {np} else "pinned host buffers and MPI"
     (cupy,) = modules
     problem = _nccl_problem(cupy)

@@ -22,6 +22,7 @@ from ..proto import netdef_pb2 as pb
 from .progress import MODES, mode_name
 
 _SCHEMA = pb.NetdefDistributedParameter.DESCRIPTOR
+EXCHANGE_ROUTES = ("auto", "shared_memory", "nccl", "mpi")
 
 
 def on_off(value: str) -> bool:
@@ -112,10 +113,11 @@ class ExchangeOptions:
                                          "never)", flag="stall_abort", parse=float, metavar="SECONDS",
                                          check=_seconds, must="be a number of seconds >= 0 (0: off)", per_rank=True)
     # On a GPU (nccl.py).
-    exchange_via: str = _option("exchange_via", "on a GPU, how allreduce sums: auto (NCCL where every rank drives "
-                                "its own GPU, else pinned host buffers and MPI), nccl, or mpi (default {default})",
-                                choices=["auto", "nccl", "mpi"], convert=lambda v: str(v).lower(),
-                                check=lambda v: v in ("auto", "nccl", "mpi"), must="be auto, nccl or mpi")
+    exchange_via: str = _option("exchange_via", "how allreduce sums: auto (on the CPU in memory the ranks share when "
+                                "all run on one machine, else MPI; on a GPU NCCL where every rank drives its own GPU, "
+                                "else pinned host buffers and MPI), shared_memory, nccl, or mpi (default {default})",
+                                choices=list(EXCHANGE_ROUTES), convert=lambda v: str(v).lower(),
+                                check=lambda v: v in EXCHANGE_ROUTES, must="be auto, shared_memory, nccl or mpi")
 
 
 OPTIONS = dataclasses.fields(ExchangeOptions)

@@ -70,7 +70,7 @@ def shared_memory_only(comm, environ=None) -> bool:
 _THREAD_SERIALIZED = 2  # MPI_THREAD_SERIALIZED in MPICH and Open MPI
 
 
-def choose_mode(comm, requested: str = "AUTO", environ=None) -> str:
+def choose_mode(comm, requested: str = "AUTO", environ=None, cheap_polls: bool = False) -> str:
     """The driver to use: ``requested``, with AUTO resolved and MPI_ASYNC checked.
 
     AUTO is DEFERRED when the ranks exchange through shared memory (``shared_memory_only``), THREAD
@@ -87,6 +87,10 @@ def choose_mode(comm, requested: str = "AUTO", environ=None) -> str:
     - A fast network (TCP at 10 Gbit/s): the exchange is mostly CPU time on a machine without a spare
       core; THREAD hides the wait, backprop grows by about as much: every mode is within noise.
 
+    With ``cheap_polls`` (the exchange sums through a reduction whose tests read memory rather than
+    enter the MPI library: ``shared_sum.py``) AUTO is POLL: a bucket is summed between the layers of
+    backward as soon as every rank has it.
+
     MPI_ASYNC falls back to POLL when the library is not MPICH or its progress thread is not on
     (``MPIR_CVAR_ASYNC_PROGRESS`` must be set before MPI starts; ``create_communicator`` does it).
     """
@@ -97,6 +101,8 @@ def choose_mode(comm, requested: str = "AUTO", environ=None) -> str:
             return "POLL"
         return "MPI_ASYNC"
     if requested == "AUTO":
+        if cheap_polls:
+            return "POLL"
         if shared_memory_only(comm, env):
             return "DEFERRED"
         return "THREAD" if comm.thread_level >= _THREAD_SERIALIZED else "POLL"

@@ -11,10 +11,29 @@ from __future__ import annotations
 
 class Reduction:
     """Sum a C-contiguous host array over the ranks, in place. Every rank starts the same reductions,
-    of the same sizes, in the same order."""
+    of the same sizes, in the same order.
+
+    ``polls_cheaply``: whether testing a started reduction costs so little that testing between
+    layers pays (the exchange then asks for the POLL driver); an MPI test enters the library, which
+    on one machine is not worth it (``progress.choose_mode``)."""
+
+    polls_cheaply = False
+    #: The priority schedule's (chunk bytes, credit bytes) where the reduction shares no link between
+    #: the reductions in flight (nothing to measure); None: measured (``scheduler.choose_sizes``).
+    unshared_link_sizes: tuple[int, int] | None = None
 
     def __init__(self, comm):
         self.comm = comm
+
+    def buffers(self, sizes_and_dtypes):
+        """Flat buffers for the buckets, one per (element count, dtype), where this reduction sums
+        fastest (collective, called once the bucket layout is known); None: wherever the buckets
+        like (their own memory, or a blob's diff)."""
+        return None
+
+    def release(self) -> None:
+        """Collective, once the run has ended and nothing is in flight: free the memory ``buffers``
+        gave out. A rank that fails never gets here; the job ends without it."""
 
     def describe(self) -> str:
         """The algorithm in words, for the log."""

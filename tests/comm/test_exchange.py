@@ -372,7 +372,8 @@ def test_drivers_that_do_not_poll_register_no_layer_hook(mode, local_size, resol
     net = make_net()
     comm = ScriptedComm(2)
     comm.local_size = local_size  # 2: both ranks on this machine
-    rule = ex.AllreduceExchange(comm, net, ex.ExchangeOptions(schedule="fifo", progress=mode))
+    # MPI's allreduce (on one machine AUTO would otherwise sum in shared memory, and poll).
+    rule = ex.AllreduceExchange(comm, net, ex.ExchangeOptions(schedule="fifo", progress=mode, exchange_via="mpi"))
     try:
         assert rule.progress_mode == resolved
         assert rule.layer_hooks() == {}
@@ -484,6 +485,12 @@ def test_auto_defers_over_shared_memory_and_uses_a_thread_over_a_network():
     assert choose_mode(FakeComm(), "AUTO", environ={"MPIR_CVAR_NOLOCAL": "1"}) == "THREAD"
     assert choose_mode(FakeComm(local_size=1), "THREAD", environ={}) == "THREAD"
     assert choose_mode(FakeComm(), "POLL", environ={"OMPI_MCA_btl": "tcp,self"}) == "POLL"
+
+
+def test_auto_polls_a_reduction_that_tests_cheaply():
+    # Summing in shared memory (shared_sum.py): a test reads a few counters, so polling between layers pays.
+    assert choose_mode(FakeComm(), "AUTO", environ={}, cheap_polls=True) == "POLL"
+    assert choose_mode(FakeComm(), "THREAD", environ={}, cheap_polls=True) == "THREAD"
 
 
 def test_mpi_async_needs_mpich_with_its_progress_thread():

