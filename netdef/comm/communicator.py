@@ -150,6 +150,12 @@ class Communicator:
         of those that have (which then become inactive)."""
         return self.test_some(requests)
 
+    def make_progress(self) -> None:
+        """Let the MPI library move the non-blocking operations this process has in flight (on any
+        communicator) without waiting for anything, for a thread that waits on something else than MPI
+        while the other ranks may need this rank's part of an MPI operation. Call it on a communicator
+        that no message is sent on (its own ``duplicate()``)."""
+
     def shared_memory(self, nbytes: int) -> "SharedMemory":
         """``nbytes`` bytes per rank that every rank maps into its own memory, so that ranks read and
         write each other's without a call per access (collective, same ``nbytes`` everywhere; only
@@ -366,6 +372,11 @@ class MPICommunicator(Communicator):
             if handles:
                 self._MPI.Request.Waitall(handles)
         requests[:] = [None] * len(requests)
+
+    def make_progress(self) -> None:
+        # A probe that matches nothing runs the library's progress engine (MPICH and Open MPI both poll
+        # it when no message is found).
+        self.comm.Iprobe(self._MPI.ANY_SOURCE, self._MPI.ANY_TAG)
 
     def wait_some(self, requests: list) -> list[int]:
         active = [i for i, r in enumerate(requests) if r is not None]

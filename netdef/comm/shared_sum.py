@@ -76,6 +76,8 @@ class SharedSum(Reduction):
 
     def __init__(self, comm):
         super().__init__(comm)
+        # Probed while waiting (no message is ever sent on it): see wait.
+        self._progress_comm = comm.duplicate()
         self.memory = None
         self._segments: list[np.ndarray] = []
         self._counters: list[np.ndarray] = []
@@ -175,10 +177,14 @@ class SharedSum(Reduction):
         return self._scratch[:nbytes].view(dtype)
 
     def wait(self, operation: "SharedSumOperation") -> None:
+        # The others may be blocked inside MPI (a priority schedule's mark) on this rank's part of an
+        # MPI operation, and push their parts only once it completes: keep MPI moving while waiting.
         tests = 0
         yielding_since = None
         while not operation.test():
             tests += 1
+            if tests % 16 == 0 or tests >= self.spin_tests:
+                self._progress_comm.make_progress()
             if tests < self.spin_tests:
                 continue
             now = time.perf_counter()
