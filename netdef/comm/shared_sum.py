@@ -113,13 +113,12 @@ class SharedSum(Reduction):
         return [mine[start:start + count * dtype.itemsize].view(dtype) for start, count, dtype in layout]
 
     def _offset(self, array: np.ndarray) -> int:
-        mine = self._segments[self.comm.rank] if self._segments else None
-        if mine is None or not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
-            raise ValueError("SharedSum sums only the buffers it gave out (SharedSum.buffers)")
-        offset = array.__array_interface__["data"][0] - mine.__array_interface__["data"][0]
-        if offset < _CONTROL_BYTES or offset + array.nbytes > mine.size:
-            raise ValueError("SharedSum sums only the buffers it gave out (SharedSum.buffers)")
-        return offset
+        if self._segments and isinstance(array, np.ndarray) and array.flags.c_contiguous:
+            mine = self._segments[self.comm.rank]
+            offset = array.__array_interface__["data"][0] - mine.__array_interface__["data"][0]
+            if _CONTROL_BYTES <= offset and offset + array.nbytes <= mine.size:
+                return offset
+        raise ValueError("SharedSum sums only the buffers it gave out (SharedSum.buffers)")
 
     # ------------------------------------------------------------------------------ reductions
     def start(self, array):

@@ -84,7 +84,7 @@ def test_every_rank_holds_the_rank_ordered_sum(tmp_path, ranks):
     (tmp_path / "job.py").write_text(JOB)
     run = run_python(["job.py"], ranks, tmp_path, timeout=60)
     assert run.returncode == 0, run.stderr[-3000:] + run.stdout[-2000:]
-    assert sorted(run.stdout.split("sums ok")[1:]) and run.stdout.count("sums ok") == ranks
+    assert run.stdout.count("sums ok") == ranks
 
 
 def _trained(tmp_path, name, via):
