@@ -173,6 +173,27 @@ class Blob:
         self._diff_zero_pending = False
         return self._diff
 
+    @property
+    def diff_is_shared(self) -> bool:
+        """Whether another Blob holds this blob's diff array (``share_diff``): it must stay that array."""
+        return self._diff_shared
+
+    def keep_diff_in(self, home) -> None:
+        """Make ``home`` (an array of this blob's count and dtype, of its array module) the gradient's
+        array from now on, holding the gradient's values (a pending clear stays pending): the
+        gradient exchange sums the gradients where backward writes them."""
+        if self._diff_shared:
+            raise ValueError(f"blob {self.name!r}: its diff is shared with another blob and must stay where it is")
+        if home.size != self.count or home.dtype != self.dtype:
+            raise ValueError(f"blob {self.name!r}: a diff of {self.count} {self.dtype} values cannot live in "
+                             f"{home.size} {home.dtype} values")
+        home = home.reshape(self._shape)
+        if self._diff is None:
+            home[...] = 0
+        elif self._diff is not home:
+            home[...] = self._diff
+        self._diff = home
+
     def release_diff(self) -> None:
         """Free the gradient's memory; reading ``diff`` later gives zeros again."""
         self._diff = None

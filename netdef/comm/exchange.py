@@ -221,8 +221,10 @@ class ExchangeRule(GradientExchange):
 class Bucket:
     """A flat host buffer holding the gradients of ``param_ids`` back to back (``offsets``).
 
-    A bucket of one blob whose diff is a C-contiguous NumPy array of the bucket's dtype is exchanged
-    in the diff's own memory: no copy in, and the average is taken in place.
+    Where a parameter's diff lives in the bucket (``home_of``: the allreduce rules put host diffs
+    there once the layout is planned), packing and unpacking it copy nothing. Otherwise a diff is
+    copied in and the average copied out, except that a bucket of one blob whose diff is a
+    C-contiguous NumPy array of the bucket's dtype is exchanged in the diff's own memory.
     """
 
     def __init__(self, index: int, dtype, param_ids: list[int], shapes: list[tuple]):
@@ -252,9 +254,30 @@ class Bucket:
     def full(self) -> bool:
         return self.filled == len(self.param_ids)
 
+    def home_of(self, slot: int) -> np.ndarray:
+        """Where gradient ``slot`` is summed, in its shape: part of the bucket's own buffer (made now if
+        it has none), where the parameter's diff may live (``AllreduceExchange`` keeps it there)."""
+        if self._own is None:
+            self._own = np.empty(sum(self.sizes), dtype=self.dtype)
+        start = self.offsets[slot]
+        return self._own[start:start + self.sizes[slot]].reshape(self.shapes[slot])
+
+    def _is_home(self, slot: int, diff) -> bool:
+        """Whether ``diff`` is the memory ``home_of(slot)`` gives: the gradient is already in place."""
+        if self._own is None or not isinstance(diff, np.ndarray) or diff.dtype != self.dtype:
+            return False
+        start = self._own.__array_interface__["data"][0] + self.offsets[slot] * self.dtype.itemsize
+        return (diff.__array_interface__["data"][0] == start and diff.size == self.sizes[slot]
+                and diff.flags.c_contiguous)
+
     def pack(self, slot: int, diff) -> None:
-        """Put one gradient into its place (or, for a bucket of one, use the diff's memory)."""
+        """Put one gradient into its place (nothing to do where the diff lives there, ``home_of``; a
+        bucket of one may use the diff's own memory)."""
         self.filled += 1
+        if self._is_home(slot, diff):
+            self.buffer = self._own
+            self.in_place = False
+            return
         if (not self._given and len(self.param_ids) == 1 and isinstance(diff, np.ndarray) and diff.flags.c_contiguous
                 and diff.dtype == self.dtype):
             self.buffer = diff.reshape(-1)
@@ -292,10 +315,11 @@ class Bucket:
         bucket exchanged in the diff's own memory leaves the sum there; returns whether it did (the
         caller then owes the division)."""
         divisor = self.dtype.type(divisor)
-        if self.in_place:
+        if self.in_place or self._is_home(slot, diff):
             if leave_division:
                 return True
-            np.divide(self.buffer, divisor, out=self.buffer)
+            summed = self.buffer if self.in_place else self.slot_view(slot)
+            np.divide(summed, divisor, out=summed)
             return False
         values = self.slot_view(slot)
         if isinstance(diff, np.ndarray):
@@ -406,6 +430,7 @@ class AllreduceExchange(ExchangeRule):
         self._hook_order: list[int] = []
         self._active = False
         self._in_flight = 0                         # buckets started during this backward
+        self._homed: list[int] = []                 # the params whose diffs live in their buckets
 
     def describe(self) -> str:
         text = f"{self.name} ({self.schedule_text()})"
@@ -578,12 +603,42 @@ class AllreduceExchange(ExchangeRule):
             for bucket, buffer in zip(self.buckets, buffers):
                 bucket.give_buffer(buffer)
         self._slot = {pid: (b, slot) for b in self.buckets for slot, pid in enumerate(b.param_ids)}
+        self._keep_gradients_in_buckets()
         self._hook_order = [pid for pid in order if pid in self._slot]
         if self.transport is not None:
             if not self.transport.chunk_bytes:
                 raise RuntimeError("the priority schedule has no chunk size yet: call broadcast_initial() before "
                                    "the first iteration")
             self.transport.plan(self.buckets, self._priorities())
+
+    def _keep_gradients_in_buckets(self) -> None:
+        """Move each host parameter's diff into its place in its bucket (``Bucket.home_of``), so that
+        backward writes every gradient where it is summed: no copy into the bucket before the exchange
+        and none back after it (one of each per iteration over every gradient: for a net of 88 MB of
+        gradients, a quarter of what the exchange itself costs on this machine's 2 ranks; PyTorch's
+        DDP calls it gradient_as_bucket_view). A diff another blob shares stays where it is, and is
+        copied as before; a GPU's gradients travel by ``gradient_staging``."""
+        if self.gradients.asynchronous:
+            return
+        self._homed = []
+        for bucket in self.buckets:
+            for slot, pid in enumerate(bucket.param_ids):
+                blob = self.params[pid]
+                if blob.diff_is_shared or blob.array_module is not np or blob.dtype != bucket.dtype:
+                    continue
+                blob.keep_diff_in(bucket.home_of(slot))
+                self._homed.append(pid)
+
+    def _take_gradients_home(self) -> None:
+        """Give every diff kept in a bucket memory of its own again (before the reduction frees what
+        it gave out), and forget the bucket plan: a later iteration plans it anew."""
+        for pid in self._homed:
+            blob = self.params[pid]
+            blob.keep_diff_in(np.empty(blob.shape, dtype=blob.dtype))
+        self._homed = []
+        self.buckets = None
+        self._slot = {}
+        self._hook_order = []
 
     def _priorities(self) -> list[int]:
         """By bucket: the forward position of the first layer that uses one of its parameters."""
@@ -671,6 +726,7 @@ class AllreduceExchange(ExchangeRule):
             self.transport.close()
 
     def release(self) -> None:
+        self._take_gradients_home()
         if self.reduction is not None:
             self.reduction.release()
 

@@ -200,6 +200,10 @@ class SharedSum(Reduction):
             self._segments, self._counters = [], []
             self.memory.free()
             self.memory = None
+        # Buffers given out later are new memory, whose counters start from zero.
+        self._started = 0
+        self._to_push.clear()
+        self._incomplete.clear()
 
 
 class SharedSumOperation(Operation):

@@ -225,7 +225,8 @@ def test_an_in_place_sum_can_be_left_to_the_update():
 def test_the_rule_hands_the_division_of_in_place_sums_to_the_update():
     net = make_net()
     expected = reference_gradients(net)
-    # ip1.w (120 bytes) in a bucket of its own, exchanged in its diff; the small blobs fused.
+    # ip1.w (120 bytes) in a bucket of its own, the small blobs fused: every diff lives in its bucket
+    # once the first iteration has planned them, so every sum is left in place for the update.
     options = ex.ExchangeOptions(schedule="fifo", bucket_bytes=100, progress="POLL")
     rule = hooked(net, ex.AllreduceExchange(ScriptedComm(4), net, options))
     rule.leave_division_to_update()
@@ -234,14 +235,77 @@ def test_the_rule_hands_the_division_of_in_place_sums_to_the_update():
         for pid in range(len(net.learnable_params)):
             rule.take_divisor(pid)
         run_iteration(net, rule, iteration, [])
-    in_place = {b.param_ids[0] for b in rule.buckets if b.in_place}
-    assert in_place and in_place != set(range(len(net.learnable_params)))
+    assert len(rule.buckets) > 1 and any(len(b.param_ids) > 1 for b in rule.buckets)
     for pid, blob in enumerate(net.learnable_params):
-        divisor = rule.take_divisor(pid)
-        assert divisor == (4 if pid in in_place else 1)
+        assert rule.take_divisor(pid) == 4
         assert rule.take_divisor(pid) == 1  # taken
         # ScriptedComm's average of g is g + 1/size.
-        np.testing.assert_allclose(blob.diff / np.float32(divisor), expected[pid] + 0.25, rtol=1e-6)
+        np.testing.assert_allclose(blob.diff / np.float32(4), expected[pid] + 0.25, rtol=1e-6)
+
+
+def test_the_diffs_live_in_the_buckets_and_leave_them_at_release():
+    net = make_net()
+    expected = reference_gradients(net)
+    options = ex.ExchangeOptions(schedule="fifo", bucket_bytes=100, progress="POLL")
+    rule = hooked(net, ex.AllreduceExchange(ScriptedComm(4), net, options))
+    net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
+    for iteration in range(3):
+        run_iteration(net, rule, iteration, [])
+        assert_averaged(net, expected)
+        # Backward wrote every gradient into its bucket, where it was summed and averaged.
+        for bucket in rule.buckets:
+            for slot, pid in enumerate(bucket.param_ids):
+                assert np.shares_memory(net.learnable_params[pid].diff, bucket.buffer)
+                assert net.learnable_params[pid].diff.shape == bucket.shapes[slot]
+    buffers = [bucket.buffer for bucket in rule.buckets]
+    averaged = [blob.diff.copy() for blob in net.learnable_params]
+    rule.release()
+    # Each diff has memory of its own again, with its values; the next iteration plans anew.
+    assert rule.buckets is None
+    for blob, values in zip(net.learnable_params, averaged):
+        assert not any(np.shares_memory(blob.diff, buffer) for buffer in buffers)
+        np.testing.assert_array_equal(blob.diff, values)
+    run_iteration(net, rule, 3, [])
+    assert_averaged(net, expected)
+    assert all(np.shares_memory(net.learnable_params[b.param_ids[0]].diff, b.buffer) for b in rule.buckets)
+
+
+def test_a_shared_diff_stays_where_it_is_and_is_copied():
+    bucket = ex.Bucket(0, np.float32, [0, 1], [(2, 3), (4,)])
+    home = bucket.home_of(0)
+    home[...] = np.arange(6, dtype=np.float32).reshape(2, 3)
+    other = np.arange(4, dtype=np.float32) + 10
+    bucket.pack(0, home)   # already in place
+    bucket.pack(1, other)  # copied in
+    assert bucket.full and np.shares_memory(bucket.buffer, home)
+    np.testing.assert_array_equal(bucket.buffer, [0, 1, 2, 3, 4, 5, 10, 11, 12, 13])
+    bucket.buffer *= 2  # "summed over 2 ranks"
+    out = np.empty(4, dtype=np.float32)
+    assert bucket.unpack(0, home, 2, leave_division=True)  # left in place to the update
+    assert not bucket.unpack(1, out, 2, leave_division=True)  # a copy is divided on its way out
+    np.testing.assert_array_equal(home, np.arange(6).reshape(2, 3) * 2)
+    np.testing.assert_array_equal(out, np.arange(4) + 10)
+    assert not bucket.unpack(0, home, 2)
+    np.testing.assert_array_equal(home, np.arange(6).reshape(2, 3))
+
+
+def test_a_blob_keeps_its_diff_in_given_memory():
+    blob = Blob(2, 3, name="w")
+    blob.diff[...] = 7
+    home = np.zeros(6, dtype=np.float32)
+    blob.keep_diff_in(home)
+    assert np.shares_memory(blob.diff, home) and blob.diff.shape == (2, 3)
+    np.testing.assert_array_equal(home, 7)
+    blob.defer_zero_diff()
+    blob.keep_diff_in(np.empty(6, dtype=np.float32))  # the pending clear stays pending
+    np.testing.assert_array_equal(blob.diff, 0)
+    with pytest.raises(ValueError, match="cannot live in"):
+        blob.keep_diff_in(np.zeros(5, dtype=np.float32))
+    sharer = Blob(6, name="view")
+    sharer.share_diff(blob)
+    assert blob.diff_is_shared and sharer.diff_is_shared
+    with pytest.raises(ValueError, match="shared with another blob"):
+        blob.keep_diff_in(np.zeros(6, dtype=np.float32))
 
 
 # ============================================================================================ allreduce rule
