@@ -614,10 +614,11 @@ class AllreduceExchange(ExchangeRule):
     def _keep_gradients_in_buckets(self) -> None:
         """Move each host parameter's diff into its place in its bucket (``Bucket.home_of``), so that
         backward writes every gradient where it is summed: no copy into the bucket before the exchange
-        and none back after it (one of each per iteration over every gradient: for a net of 88 MB of
-        gradients, a quarter of what the exchange itself costs on this machine's 2 ranks; PyTorch's
-        DDP calls it gradient_as_bucket_view). A diff another blob shares stays where it is, and is
-        copied as before; a GPU's gradients travel by ``gradient_staging``."""
+        and none back after it (PyTorch's DDP calls it gradient_as_bucket_view). It matters most for
+        the shared-memory sums, whose buckets are memory the ranks map, so that every gradient was
+        copied in and out, big ones too (benchmarks/README.md, "Gradients where they are summed").
+        A diff another blob shares stays where it is, and is copied as before; a GPU's gradients
+        travel by ``gradient_staging``."""
         if self.gradients.asynchronous:
             return
         self._homed = []
