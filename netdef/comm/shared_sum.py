@@ -29,7 +29,9 @@ and writes into another's segment only in the part it owns, which no other rank 
 (the segment's owner wrote it before starting s and waits for s to complete); a segment is written
 again by its own rank (the next iteration's gradients) only after reduction s has completed there,
 i.e. after every rank has pushed, so no push of s can land later. ``fence`` orders the data against
-the counters (``SharedMemory.fence``).
+the counters (``SharedMemory.fence``). With the allreduce rule a segment holds the parameters' diffs
+themselves (``AllreduceExchange._keep_gradients_in_buckets``): backward writes them, and an update may,
+both only once the reduction that read them has completed on this rank.
 
 A blocked ``wait`` spins on the counters for a moment, then yields its core, then sleeps in short
 steps: a rank far ahead of the others (one is saving a snapshot) does not hold a core they need.
