@@ -188,10 +188,7 @@ class Blob:
             raise ValueError(f"blob {self.name!r}: a diff of {self.count} {self.dtype} values cannot live in "
                              f"{home.size} {home.dtype} values")
         home = home.reshape(self._shape)
-        if self._diff is None:
-            home[...] = 0
-        elif self._diff is not home:
-            home[...] = self._diff
+        home[...] = 0 if self._diff is None else self._diff
         self._diff = home
 
     def release_diff(self) -> None:

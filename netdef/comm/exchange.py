@@ -257,10 +257,14 @@ class Bucket:
     def home_of(self, slot: int) -> np.ndarray:
         """Where gradient ``slot`` is summed, in its shape: part of the bucket's own buffer (made now if
         it has none), where the parameter's diff may live (``AllreduceExchange`` keeps it there)."""
+        start = self.offsets[slot]
+        return self._own_buffer()[start:start + self.sizes[slot]].reshape(self.shapes[slot])
+
+    def _own_buffer(self) -> np.ndarray:
+        """The bucket's own buffer (given, or made on first need)."""
         if self._own is None:
             self._own = np.empty(sum(self.sizes), dtype=self.dtype)
-        start = self.offsets[slot]
-        return self._own[start:start + self.sizes[slot]].reshape(self.shapes[slot])
+        return self._own
 
     def _is_home(self, slot: int, diff) -> bool:
         """Whether ``diff`` is the memory ``home_of(slot)`` gives: the gradient is already in place."""
@@ -283,9 +287,7 @@ class Bucket:
             self.buffer = diff.reshape(-1)
             self.in_place = True
             return
-        if self._own is None:
-            self._own = np.empty(sum(self.sizes), dtype=self.dtype)
-        self.buffer = self._own
+        self.buffer = self._own_buffer()
         self.in_place = False
         self.slot_view(slot)[...] = diff if isinstance(diff, np.ndarray) else backend.to_host(diff)
 
@@ -618,14 +620,14 @@ class AllreduceExchange(ExchangeRule):
         the shared-memory sums, whose buckets are memory the ranks map, so that every gradient was
         copied in and out, big ones too (benchmarks/README.md, "Gradients where they are summed").
         A diff another blob shares stays where it is, and is copied as before; a GPU's gradients
-        travel by ``gradient_staging``."""
+        travel by ``gradient_staging``. (Every bucket holds diffs of its own dtype: ``plan_buckets``.)"""
         if self.gradients.asynchronous:
             return
         self._homed = []
         for bucket in self.buckets:
             for slot, pid in enumerate(bucket.param_ids):
                 blob = self.params[pid]
-                if blob.diff_is_shared or blob.array_module is not np or blob.dtype != bucket.dtype:
+                if blob.diff_is_shared:
                     continue
                 blob.keep_diff_in(bucket.home_of(slot))
                 self._homed.append(pid)
