@@ -5,11 +5,11 @@
 # log and table under $OUT.
 #
 # The GPU machines this project measures on have no network: they get the checkout, and in .device/
-# (ignored by git, carried with the checkout) the wheels they lack and a copy of ../shared/fixtures:
+# (ignored by git, carried with the checkout; `bash benchmarks/gpu_prepare.sh` makes it on the development
+# machine) the wheels they lack and a copy of ../shared/fixtures:
 #   .device/whl/     nvidia-cudnn-frontend, protobuf (>= the gencode of netdef_pb2), lmdb, simplejpeg, for Python 3.12
 #   .device/shared/  fixtures/caffe-ref and fixtures/caffe-models, as ../shared holds them
-#   .device/mpi/     the mpich wheel (pip download --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 mpich)
-# (benchmarks/README.md, "GPU training against PyTorch", says how they were fetched).
+#   .device/mpi/     the mpich wheel
 #
 # Usage: bash benchmarks/gpu_check.sh [BENCH_SECONDS] [EXTRA gpu_train.py FLAGS...]
 # Environment: GPU_CHECK_STAGES (which of: tests profile time train data overlap; default all but profile),
