@@ -233,6 +233,16 @@ class SharedMemory:
     def fence(self) -> None:
         """A full memory barrier between this rank's loads and stores before and after it."""
 
+    def compare_and_swap(self, rank: int, offset: int, expected: int, new: int) -> int:
+        """Atomically: where the int64 at byte ``offset`` of ``segments[rank]`` is ``expected``, make it
+        ``new``; return what it was. A word changed this way is read by plain loads at most (as a hint),
+        and changed by nothing else. One process: nothing runs beside it."""
+        word = self.segments[rank][offset:offset + 8].view(np.int64)
+        old = int(word[0])
+        if old == expected:
+            word[0] = new
+        return old
+
     def free(self) -> None:
         """Release the memory (collective for MPI)."""
 
@@ -251,9 +261,19 @@ class MPISharedMemory(SharedMemory):
             segments.append(np.frombuffer(memory, dtype=np.uint8, count=int(nbytes)))
         super().__init__(segments)
         self._win.Lock_all(MPI.MODE_NOCHECK)
+        self._swap = np.zeros(3, dtype=np.int64)   # new, expected, the old value read back
 
     def fence(self) -> None:
         self._win.Sync()
+
+    def compare_and_swap(self, rank: int, offset: int, expected: int, new: int) -> int:
+        # MPI's atomic on the window: done in the shared memory itself (MPICH, Open MPI), so it returns
+        # at once even while the rank that owns the segment is busy elsewhere and makes no MPI call.
+        swap = self._swap
+        swap[0], swap[1] = new, expected
+        self._win.Compare_and_swap(swap[0:1], swap[1:2], swap[2:3], rank, offset)
+        self._win.Flush(rank)
+        return int(swap[2])
 
     def free(self) -> None:
         self.segments = []

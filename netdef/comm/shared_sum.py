@@ -7,31 +7,39 @@ call. Backprop makes no MPI calls, so a bucket started during backward mostly wa
 
 Here the buckets' buffers live in memory every rank maps (``Communicator.shared_memory``; one
 segment per rank, bucket by bucket at the same offsets), so no rank needs another's help to read its
-data. Each rank owns one part of every sum (``part_bounds``: 1/N of each buffer, by rank):
+data. Every sum is cut into one part per rank (``part_bounds``: 1/N of each buffer), and each part is
+summed by one rank, whichever claims it first:
 
 1. ``start``: the rank's gradients are in its own segment; it publishes how many reductions it has
    started (its ``READY`` counter).
-2. Once every rank has started reduction s, a rank adds up its own part of s from every segment,
-   in rank order, and stores the result into its part of every segment; then it publishes how many
-   reductions it has pushed (``PUSHED``).
-3. Once every rank has pushed s, every segment holds the whole sum: reduction s is complete here.
+2. Once every rank has started reduction s, a rank claims its own part of s, and, while it waits for
+   s (nothing else to do), any other part no rank has claimed yet: a claim is an atomic
+   compare-and-swap of the part's ``CLAIMED`` counter (in the segment of the rank the part is named
+   after) from s to s + 1, so exactly one rank wins each. The winner adds up the part from every
+   segment, in rank order, stores the result into that part of every segment, and then publishes
+   that the part is summed (the part's ``DONE`` counter, s + 1). Between layers a rank claims only
+   its own parts, so that ranks that keep up each do their share of the work.
+3. Once every part of s is done, every segment holds the whole sum: reduction s is complete here.
 
 Nothing waits for the other ranks to be inside a call: a rank that tests between layers (the
-``POLL`` driver, which this reduction asks for: a test reads a few counters) does its part as soon as
-the others' data is there, so a bucket finished early in backward is summed during backward. Every
-part is computed by one rank and copied to the others, so every rank holds the same bits (with two
-ranks, the bits of MPI's sum: float addition is commutative).
+``POLL`` driver, which this reduction asks for: a test reads a few counters) does what it can as soon
+as the others' data is there, so a bucket finished early in backward is summed during backward. And
+nothing waits for another rank to do work once its data is there: a rank that falls behind after
+starting s (another process took its core) has its part summed by a rank that is waiting, as MPI's
+allreduce of two ranks needs only the other's data. Every part is computed by one rank, in rank order
+whoever it is, and copied to the others, so every rank holds the same bits (with two ranks, the bits of
+MPI's sum: float addition is commutative).
 
 Why the memory stays consistent without locks: reductions start in the same order on every rank
-(the transports guarantee it), and each rank steps them through 2 in that order, so both counters
-only grow. A rank reads another's part of s only after that rank has started s (its data is there),
-and writes into another's segment only in the part it owns, which no other rank reads or writes
-(the segment's owner wrote it before starting s and waits for s to complete); a segment is written
-again by its own rank (the next iteration's gradients) only after reduction s has completed there,
-i.e. after every rank has pushed, so no push of s can land later. ``fence`` orders the data against
-the counters (``SharedMemory.fence``). With the allreduce rule a segment holds the parameters' diffs
-themselves (``AllreduceExchange._keep_gradients_in_buckets``): backward writes them, and an update may,
-both only once the reduction that read them has completed on this rank.
+(the transports guarantee it), and a part's claims and ``DONE`` go in that order too (a part of s is
+claimed only once the same part of s - 1 is done), so every counter only grows. A part is read only
+by the rank that claimed it, only after every rank has started s (their data is there), and written
+(in every segment) only by that rank; a segment is written again by its own rank (the next
+iteration's gradients) only after reduction s has completed there, i.e. after every part of s is done,
+so no sum of s can land later. ``fence`` orders the data against the counters
+(``SharedMemory.fence``). With the allreduce rule a segment holds the parameters' diffs themselves
+(``AllreduceExchange._keep_gradients_in_buckets``): backward writes them, and an update may, both only
+once the reduction that read them has completed on this rank.
 
 A blocked ``wait`` spins on the counters for a moment, then yields its core, then sleeps in short
 steps: a rank far ahead of the others (one is saving a snapshot) does not hold a core they need.
@@ -51,8 +59,11 @@ import numpy as np
 from .communicator import Operation
 from .reduction import Reduction
 
-READY, PUSHED = 0, 1
-_CONTROL_BYTES = 64      # the two counters, alone on their cache line
+# The int64 counters at the start of each rank's segment: READY is the rank's own (reductions it has
+# started); CLAIMED and DONE belong to the part named after the rank (reductions whose part has been
+# claimed, and summed), written by whichever rank claims it.
+READY, CLAIMED, DONE = 0, 1, 2
+_CONTROL_BYTES = 64      # the counters, alone on their cache line
 _ALIGN = 64              # every bucket's buffer starts on a cache line of its own
 
 
@@ -85,13 +96,15 @@ class SharedSum(Reduction):
         self._segments: list[np.ndarray] = []
         self._counters: list[np.ndarray] = []
         self._started = 0
-        self._to_push: collections.deque = collections.deque()
+        self._to_claim: collections.deque = collections.deque()
         self._incomplete: collections.deque = collections.deque()
         self._scratch = np.empty(0, dtype=np.uint8)
+        # This rank's part first (when every rank keeps up, each sums its own), then the others'.
+        self._part_order = [(comm.rank + k) % comm.size for k in range(comm.size)]
 
     def describe(self) -> str:
         return (f"summed in memory shared by the {self.comm.size} ranks of this machine (each rank adds up 1/"
-                f"{self.comm.size} of every bucket)")
+                f"{self.comm.size} of every bucket, and a waiting rank the parts of any rank behind)")
 
     # ------------------------------------------------------------------------------ memory
     def buffers(self, sizes_and_dtypes) -> list[np.ndarray]:
@@ -107,7 +120,7 @@ class SharedSum(Reduction):
             offset += _aligned(int(count) * dtype.itemsize)
         self.memory = self.comm.shared_memory(offset)
         self._segments = self.memory.segments
-        self._counters = [segment[:16].view(np.int64) for segment in self._segments]
+        self._counters = [segment[:_CONTROL_BYTES].view(np.int64) for segment in self._segments]
         self._counters[self.comm.rank][:] = 0
         self.memory.fence()
         self.comm.barrier()  # every rank's counters are zero before any rank reads them
@@ -127,23 +140,34 @@ class SharedSum(Reduction):
         operation = SharedSumOperation(self, self._started, self._offset(array), array.size, array.dtype)
         self._started += 1
         self._publish(READY, self._started)
-        self._to_push.append(operation)
+        self._to_claim.append(operation)
         self._incomplete.append(operation)
         return operation
 
     def run(self, array) -> None:
         self.start(array).wait()
 
-    def progress(self) -> None:
-        """Push every reduction whose data every rank has, then mark complete every one every rank
-        has pushed (steps 2 and 3 of the module docstring), without waiting."""
-        if self._to_push:
+    def progress(self, take_over: bool = False) -> None:
+        """Sum the parts of the started reductions that this rank may claim, then mark complete every
+        reduction whose parts are all done (steps 2 and 3 of the module docstring), without waiting.
+        A test between layers claims only this rank's own parts: with every rank keeping up, each does
+        its share. ``take_over`` (a rank that waits, with nothing else to do) claims the others' too."""
+        if self._to_claim:
             ready = self._least(READY)
-            while self._to_push and self._to_push[0].sequence < ready:
-                self._push(self._to_push.popleft())
+            parts = self._part_order if take_over else self._part_order[:1]
+            settled, leading = 0, True
+            for operation in self._to_claim:
+                if operation.sequence >= ready:
+                    break
+                every_part_claimed = self._claim(operation, parts)
+                leading = leading and every_part_claimed
+                if leading:
+                    settled += 1  # the reductions at the front with nothing left to claim leave the queue
+            for _ in range(settled):
+                self._to_claim.popleft()
         if self._incomplete:
-            pushed = self._least(PUSHED)
-            while self._incomplete and self._incomplete[0].sequence < pushed:
+            done = self._least(DONE)
+            while self._incomplete and self._incomplete[0].sequence < done:
                 self._incomplete.popleft().done = True
 
     def _least(self, counter: int) -> int:
@@ -151,26 +175,45 @@ class SharedSum(Reduction):
         self.memory.fence()  # what the others stored before their counters is seen from here on
         return least
 
-    def _publish(self, counter: int, value: int) -> None:
+    def _publish(self, counter: int, value: int, part: int | None = None) -> None:
+        """Store ``value`` into ``counter`` of this rank's segment, or of ``part``'s."""
         self.memory.fence()  # what this rank stored is seen by whoever sees the counter
-        self._counters[self.comm.rank][counter] = value
+        self._counters[self.comm.rank if part is None else part][counter] = value
 
-    def _push(self, operation: "SharedSumOperation") -> None:
-        rank, size = self.comm.rank, self.comm.size
-        start, stop = part_bounds(operation.count, size, rank)
-        if stop > start and size > 1:
-            itemsize = operation.dtype.itemsize
-            first = operation.offset + start * itemsize
-            views = [segment[first:first + (stop - start) * itemsize].view(operation.dtype)
-                     for segment in self._segments]
-            total = views[rank] if rank < 2 else self._scratch_for(stop - start, operation.dtype)
-            np.add(views[0], views[1], out=total)  # in rank order: the same bits whoever computes them
-            for other in views[2:]:
-                np.add(total, other, out=total)
-            for view in views:
-                if view is not total:
-                    view[...] = total
-        self._publish(PUSHED, operation.sequence + 1)
+    def _claim(self, operation: "SharedSumOperation", parts) -> bool:
+        """Claim and sum each of ``parts`` of ``operation`` that no rank has claimed; whether every part
+        of it is claimed now (by this rank or another)."""
+        sequence = operation.sequence
+        for part in parts:
+            counters = self._counters[part]
+            done = int(counters[DONE])
+            if done > sequence or int(counters[CLAIMED]) > sequence:
+                continue  # summed, or being summed by the rank that claimed it
+            if done < sequence:
+                continue  # the same part of the reduction before is still being summed: later
+            if self.memory.compare_and_swap(part, CLAIMED * 8, sequence, sequence + 1) == sequence:
+                self._sum_part(operation, part)
+                self._publish(DONE, sequence + 1, part)
+        # CLAIMED only grows, so a stale read can only keep the reduction queued for one more try.
+        return all(int(self._counters[part][CLAIMED]) > sequence for part in self._part_order)
+
+    def _sum_part(self, operation: "SharedSumOperation", part: int) -> None:
+        size = self.comm.size
+        start, stop = part_bounds(operation.count, size, part)
+        if stop <= start or size == 1:
+            return
+        rank = self.comm.rank
+        itemsize = operation.dtype.itemsize
+        first = operation.offset + start * itemsize
+        views = [segment[first:first + (stop - start) * itemsize].view(operation.dtype)
+                 for segment in self._segments]
+        total = views[rank] if rank < 2 else self._scratch_for(stop - start, operation.dtype)
+        np.add(views[0], views[1], out=total)  # in rank order: the same bits whoever computes them
+        for other in views[2:]:
+            np.add(total, other, out=total)
+        for view in views:
+            if view is not total:
+                view[...] = total
 
     def _scratch_for(self, count: int, dtype) -> np.ndarray:
         nbytes = count * np.dtype(dtype).itemsize
@@ -180,10 +223,13 @@ class SharedSum(Reduction):
 
     def wait(self, operation: "SharedSumOperation") -> None:
         # The others may be blocked inside MPI (a priority schedule's mark) on this rank's part of an
-        # MPI operation, and push their parts only once it completes: keep MPI moving while waiting.
+        # MPI operation, and start their reductions only once it completes: keep MPI moving while waiting.
         tests = 0
         yielding_since = None
-        while not operation.test():
+        while True:
+            self.progress(take_over=True)
+            if operation.done:
+                return
             tests += 1
             if tests % 16 == 0 or tests >= self.spin_tests:
                 self._progress_comm.make_progress()
@@ -204,7 +250,7 @@ class SharedSum(Reduction):
             self.memory = None
         # Buffers given out later are new memory, whose counters start from zero.
         self._started = 0
-        self._to_push.clear()
+        self._to_claim.clear()
         self._incomplete.clear()
 
 

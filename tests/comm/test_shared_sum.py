@@ -3,7 +3,8 @@
 Real MPI processes (``mpiexec``): every rank's sums equal the sum of every rank's values in rank
 order, bit for bit, with reductions started in one order and tested in another, buffers reused over
 iterations while one rank lags, and pieces of buckets summed as the priority schedule's chunks are;
-and a 2-rank training run gives the same weights, bit for bit, as MPI's allreduce."""
+a rank that falls behind after starting a sum has its part summed by the ranks that wait; and a
+2-rank training run gives the same weights, bit for bit, as MPI's allreduce."""
 from __future__ import annotations
 
 import numpy as np
@@ -85,6 +86,60 @@ def test_every_rank_holds_the_rank_ordered_sum(tmp_path, ranks):
     run = run_python(["job.py"], ranks, tmp_path, timeout=60)
     assert run.returncode == 0, run.stderr[-3000:] + run.stdout[-2000:]
     assert run.stdout.count("sums ok") == ranks
+
+
+LATE_RANK_JOB = r"""
+import pathlib
+import time
+import numpy as np
+from netdef.comm.communicator import create_communicator
+from netdef.comm.shared_sum import SharedSum
+
+comm = create_communicator()
+rank, size = comm.rank, comm.size
+late = size - 1
+reduction = SharedSum(comm)
+(buffer,) = reduction.buffers([(1001, np.float32)])
+buffer[:] = np.arange(1001, dtype=np.float32) * (rank + 1)
+operation = reduction.start(buffer)
+if rank == late:
+    # Started, then busy elsewhere: no test, no wait, no MPI call until every other rank is done.
+    deadline = time.monotonic() + 30
+    others = [pathlib.Path(f"done_{r}") for r in range(size) if r != late]
+    while not all(p.exists() for p in others) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert all(p.exists() for p in others), "the other ranks waited for the late rank's part"
+    assert operation.test()  # its part was summed for it
+else:
+    operation.wait()
+    pathlib.Path(f"done_{rank}").write_text("")
+expected = np.arange(1001, dtype=np.float32)
+total = expected.copy()
+for r in range(1, size):
+    total = total + expected * np.float32(r + 1)  # rank order, in float32
+assert buffer.tobytes() == total.tobytes(), rank
+print("late ok", rank, flush=True)
+comm.barrier()
+reduction.release()
+"""
+
+
+@pytest.mark.skipif(not AVAILABLE, reason=WHY_NOT)
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_ranks_that_wait_sum_the_part_of_a_rank_that_fell_behind(tmp_path, ranks):
+    """A rank that has started a reduction and then does nothing more (another process took its core)
+    holds up no one: the waiting ranks claim and sum its part, as MPI's allreduce needs only its data."""
+    (tmp_path / "job.py").write_text(LATE_RANK_JOB)
+    run = run_python(["job.py"], ranks, tmp_path, timeout=60)
+    assert run.returncode == 0, run.stderr[-3000:] + run.stdout[-2000:]
+    assert run.stdout.count("late ok") == ranks
+
+
+def test_one_process_claims_through_plain_memory():
+    memory = Communicator().shared_memory(64)
+    assert memory.compare_and_swap(0, 8, 0, 1) == 0
+    assert memory.compare_and_swap(0, 8, 0, 5) == 1  # not what was expected: unchanged
+    assert memory.segments[0][8:16].view(np.int64)[0] == 1
 
 
 def _trained(tmp_path, name, via):
