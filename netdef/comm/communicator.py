@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from .. import backend
+from . import atomics
 from ..threads import own_cores
 from .launch import LaunchInfo, detect_launch
 from .watchdog import (ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, GATHER, NO_WATCHDOG, REQUESTS, NoWatchdog,
@@ -225,23 +226,24 @@ class SharedMemory:
     """Each rank's segment of memory that every rank of a machine maps (``segments[rank]``, flat
     uint8 arrays, the same size on every rank). Plain loads and stores reach the others; ``fence()``
     orders them: what a rank stored before its fence is seen by a rank that, after its own fence, has
-    seen a value stored after that fence (a flag). This one is a single process's own memory."""
+    seen a value stored after that fence (a flag). Both ``fence`` and ``compare_and_swap`` are the
+    processor's instructions (``atomics.py``: MPI's own would let go of the GIL). This one is a single
+    process's own memory."""
 
     def __init__(self, segments: list):
         self.segments = segments
+        self._addresses = [atomics.address_of(segment) for segment in segments]
 
     def fence(self) -> None:
         """A full memory barrier between this rank's loads and stores before and after it."""
+        atomics.full_fence()
 
     def compare_and_swap(self, rank: int, offset: int, expected: int, new: int) -> int:
         """Atomically: where the int64 at byte ``offset`` of ``segments[rank]`` is ``expected``, make it
-        ``new``; return what it was. A word changed this way is read by plain loads at most (as a hint),
-        and changed by nothing else. One process: nothing runs beside it."""
-        word = self.segments[rank][offset:offset + 8].view(np.int64)
-        old = int(word[0])
-        if old == expected:
-            word[0] = new
-        return old
+        ``new``; return what it was. It works whether or not the rank that owns the segment is running."""
+        if not 0 <= offset <= self.segments[rank].size - 8:
+            raise ValueError(f"offset {offset} is outside rank {rank}'s segment of {self.segments[rank].size} bytes")
+        return atomics.compare_and_swap(self._addresses[rank] + offset, expected, new)
 
     def free(self) -> None:
         """Release the memory (collective for MPI)."""
@@ -249,35 +251,20 @@ class SharedMemory:
 
 class MPISharedMemory(SharedMemory):
     """``Win.Allocate_shared``: the MPI library maps every rank's segment into every process of the
-    machine. One passive-target epoch over all ranks lasts the window's life, so that ``Win.Sync``
-    (MPI's memory barrier for a shared window) may be called at any time."""
+    machine. No MPI call touches the window after that but ``free``: the barrier and the
+    compare-and-swap are the processor's (``SharedMemory``), valid on memory that several processes map."""
 
     def __init__(self, MPI, comm, nbytes: int):
-        self._MPI = MPI
         self._win = MPI.Win.Allocate_shared(max(int(nbytes), 1), 1, comm=comm)
         segments = []
         for rank in range(comm.Get_size()):
             memory, _ = self._win.Shared_query(rank)
             segments.append(np.frombuffer(memory, dtype=np.uint8, count=int(nbytes)))
         super().__init__(segments)
-        self._win.Lock_all(MPI.MODE_NOCHECK)
-        self._swap = np.zeros(3, dtype=np.int64)   # new, expected, the old value read back
-
-    def fence(self) -> None:
-        self._win.Sync()
-
-    def compare_and_swap(self, rank: int, offset: int, expected: int, new: int) -> int:
-        # MPI's atomic on the window: done in the shared memory itself (MPICH, Open MPI), so it returns
-        # at once even while the rank that owns the segment is busy elsewhere and makes no MPI call.
-        swap = self._swap
-        swap[0], swap[1] = new, expected
-        self._win.Compare_and_swap(swap[0:1], swap[1:2], swap[2:3], rank, offset)
-        self._win.Flush(rank)
-        return int(swap[2])
 
     def free(self) -> None:
         self.segments = []
-        self._win.Unlock_all()
+        self._addresses = []
         self._win.Free()
 
 

@@ -12,13 +12,13 @@ summed by one rank, whichever claims it first:
 
 1. ``start``: the rank's gradients are in its own segment; it publishes how many reductions it has
    started (its ``READY`` counter).
-2. Once every rank has started reduction s, a rank claims its own part of s, and, while it waits for
-   s (nothing else to do), any other part no rank has claimed yet: a claim is an atomic
-   compare-and-swap of the part's ``CLAIMED`` counter (in the segment of the rank the part is named
-   after) from s to s + 1, so exactly one rank wins each. The winner adds up the part from every
-   segment, in rank order, stores the result into that part of every segment, and then publishes
-   that the part is summed (the part's ``DONE`` counter, s + 1). Between layers a rank claims only
-   its own parts, so that ranks that keep up each do their share of the work.
+2. Once every rank has started reduction s, a rank claims its own part of s, and, once it has waited
+   for s a while (spun on the counters with nothing else to do), any other part no rank has claimed
+   yet: a claim is an atomic compare-and-swap of the part's ``CLAIMED`` counter (in the segment of the
+   rank the part is named after) from s to s + 1, so exactly one rank wins each. The winner adds up
+   the part from every segment, in rank order, stores the result into that part of every segment, and
+   then publishes that the part is summed (the part's ``DONE`` counter, s + 1). Ranks that keep up
+   claim their own parts first, so each sums its share, in parallel.
 3. Once every part of s is done, every segment holds the whole sum: reduction s is complete here.
 
 Nothing waits for the other ranks to be inside a call: a rank that tests between layers (the
@@ -227,7 +227,9 @@ class SharedSum(Reduction):
         tests = 0
         yielding_since = None
         while True:
-            self.progress(take_over=True)
+            # Past its spins a rank takes over the parts no rank has claimed: a rank that keeps up claims
+            # its own within them, so ranks in step each sum their share, in parallel.
+            self.progress(take_over=tests >= self.spin_tests)
             if operation.done:
                 return
             tests += 1

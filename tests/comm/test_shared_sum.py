@@ -135,6 +135,35 @@ def test_ranks_that_wait_sum_the_part_of_a_rank_that_fell_behind(tmp_path, ranks
     assert run.stdout.count("late ok") == ranks
 
 
+COUNTING_JOB = r"""
+from netdef.comm.communicator import create_communicator
+
+comm = create_communicator()
+memory = comm.shared_memory(64)
+memory.segments[comm.rank][:] = 0
+memory.fence()
+comm.barrier()
+for _ in range(20000):  # every rank adds 1 to rank 0's word, each addition a compare-and-swap
+    seen = int(memory.segments[0][8:16].view("int64")[0])
+    while (before := memory.compare_and_swap(0, 8, seen, seen + 1)) != seen:
+        seen = before
+comm.barrier()
+print("count", int(memory.segments[0][8:16].view("int64")[0]), flush=True)
+comm.barrier()
+memory.free()
+"""
+
+
+@pytest.mark.skipif(not AVAILABLE, reason=WHY_NOT)
+def test_compare_and_swap_loses_no_update_between_processes(tmp_path):
+    """Ranks that add to one word of shared memory at once, each addition a compare-and-swap: none is
+    lost (a read, an add and a store would lose some)."""
+    (tmp_path / "job.py").write_text(COUNTING_JOB)
+    run = run_python(["job.py"], 3, tmp_path, timeout=60)
+    assert run.returncode == 0, run.stderr[-3000:] + run.stdout[-2000:]
+    assert run.stdout.count("count 60000") == 3, run.stdout
+
+
 def test_one_process_claims_through_plain_memory():
     memory = Communicator().shared_memory(64)
     assert memory.compare_and_swap(0, 8, 0, 1) == 0
