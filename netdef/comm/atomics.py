@@ -5,9 +5,9 @@ MPI offers both on a shared window (``Win.Sync``, ``Win.Compare_and_swap`` + ``W
 mpi4py lets go of the GIL around every MPI call. A rank's training thread polls the shared-memory sums
 between layers, several barriers a poll, while its data thread decodes the next batch: after each
 call the training thread must take the GIL back, and where the data thread holds it, that waits for
-the data thread's switch interval. In a 2-rank training run of the digits example a compare-and-swap
-through MPI took 79 microseconds on average against 2.5 alone (benchmarks/README.md, "A rank that falls
-behind holds up no one").
+the data thread's switch interval: in a 2-rank training run of the digits example a compare-and-swap
+through MPI took some thirty times as long as alone (benchmarks/README.md, "A rank that falls behind
+holds up no one").
 
 On shared memory these are plain instructions (``mfence``, ``lock cmpxchg`` on x86-64; ``dmb`` and
 exclusive loads and stores on Arm), valid between processes that map the same pages, so they need
