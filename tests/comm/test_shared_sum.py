@@ -82,10 +82,15 @@ reduction.release()
 @pytest.mark.skipif(not AVAILABLE, reason=WHY_NOT)
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_every_rank_holds_the_rank_ordered_sum(tmp_path, ranks):
-    (tmp_path / "job.py").write_text(JOB)
+    assert _run_job(tmp_path, JOB, ranks).count("sums ok") == ranks
+
+
+def _run_job(tmp_path, job: str, ranks: int) -> str:
+    """The standard output of ``job`` run on ``ranks`` real MPI ranks, which must succeed."""
+    (tmp_path / "job.py").write_text(job)
     run = run_python(["job.py"], ranks, tmp_path, timeout=60)
     assert run.returncode == 0, run.stderr[-3000:] + run.stdout[-2000:]
-    assert run.stdout.count("sums ok") == ranks
+    return run.stdout
 
 
 LATE_RANK_JOB = r"""
@@ -129,10 +134,7 @@ reduction.release()
 def test_ranks_that_wait_sum_the_part_of_a_rank_that_fell_behind(tmp_path, ranks):
     """A rank that has started a reduction and then does nothing more (another process took its core)
     holds up no one: the waiting ranks claim and sum its part, as MPI's allreduce needs only its data."""
-    (tmp_path / "job.py").write_text(LATE_RANK_JOB)
-    run = run_python(["job.py"], ranks, tmp_path, timeout=60)
-    assert run.returncode == 0, run.stderr[-3000:] + run.stdout[-2000:]
-    assert run.stdout.count("late ok") == ranks
+    assert _run_job(tmp_path, LATE_RANK_JOB, ranks).count("late ok") == ranks
 
 
 COUNTING_JOB = r"""
@@ -158,10 +160,8 @@ memory.free()
 def test_compare_and_swap_loses_no_update_between_processes(tmp_path):
     """Ranks that add to one word of shared memory at once, each addition a compare-and-swap: none is
     lost (a read, an add and a store would lose some)."""
-    (tmp_path / "job.py").write_text(COUNTING_JOB)
-    run = run_python(["job.py"], 3, tmp_path, timeout=60)
-    assert run.returncode == 0, run.stderr[-3000:] + run.stdout[-2000:]
-    assert run.stdout.count("count 60000") == 3, run.stdout
+    out = _run_job(tmp_path, COUNTING_JOB, 3)
+    assert out.count("count 60000") == 3, out
 
 
 def test_one_process_claims_through_plain_memory():
