@@ -151,7 +151,8 @@ class SharedSum(Reduction):
         """Sum the parts of the started reductions that this rank may claim, then mark complete every
         reduction whose parts are all done (steps 2 and 3 of the module docstring), without waiting.
         A test between layers claims only this rank's own parts: with every rank keeping up, each does
-        its share. ``take_over`` (a rank that waits, with nothing else to do) claims the others' too."""
+        its share. ``take_over`` (a rank that has waited through its spins, with nothing else to do)
+        claims the parts no rank has claimed too."""
         if self._to_claim:
             ready = self._least(READY)
             parts = self._part_order if take_over else self._part_order[:1]
