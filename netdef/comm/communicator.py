@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from .. import backend
+from . import atomics
 from ..threads import own_cores
 from .launch import LaunchInfo, detect_launch
 from .watchdog import (ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, GATHER, NO_WATCHDOG, REQUESTS, NoWatchdog,
@@ -230,25 +231,19 @@ class SharedMemory:
     process's own memory."""
 
     def __init__(self, segments: list):
-        # Imported here, not with this module: atomics.py loads numba, which must come after the
-        # process has planned its compute threads (netdef/threads.py), and a plain netdef train
-        # imports this module before that.
-        from . import atomics
-
-        self._atomics = atomics
         self.segments = segments
         self._addresses = [atomics.address_of(segment) for segment in segments]
 
     def fence(self) -> None:
         """A full memory barrier between this rank's loads and stores before and after it."""
-        self._atomics.full_fence()
+        atomics.full_fence()
 
     def compare_and_swap(self, rank: int, offset: int, expected: int, new: int) -> int:
         """Atomically: where the int64 at byte ``offset`` of ``segments[rank]`` is ``expected``, make it
         ``new``; return what it was. It works whether or not the rank that owns the segment is running."""
         if not 0 <= offset <= self.segments[rank].size - 8:
             raise ValueError(f"offset {offset} is outside rank {rank}'s segment of {self.segments[rank].size} bytes")
-        return self._atomics.compare_and_swap(self._addresses[rank] + offset, expected, new)
+        return atomics.compare_and_swap(self._addresses[rank] + offset, expected, new)
 
     def free(self) -> None:
         """Release the memory (collective for MPI)."""
