@@ -42,17 +42,15 @@ def _quoted_accuracy() -> float:
     return float(re.search(r"The first command ends with `Test net output #0: accuracy = ([\d.]+)`", README).group(1))
 
 
-# OpenBLAS's kernel sets (threadpoolctl's "architecture") that compute with AVX-512.
+# OpenBLAS's kernel sets (``blas.kernel_set()``) that compute with AVX-512.
 AVX512_KERNELS = {"skylakex", "cooperlake", "sapphirerapids"}
 
 
 def _accuracy_quoted_for_this_cpu() -> float:
     """README's accuracy for the kernel set NumPy's OpenBLAS runs here: its AVX-512 one, or the first."""
-    from threadpoolctl import threadpool_info
+    from netdef.layers.jit.blas import kernel_set
 
-    kernels = {str(pool.get("architecture", "")).lower() for pool in threadpool_info()
-               if pool.get("internal_api") == "openblas"}
-    if kernels & AVX512_KERNELS:
+    if kernel_set() in AVX512_KERNELS:
         return float(re.search(r"AVX-512 kernels \(SkylakeX and later\), it ends with\s+`accuracy = ([\d.]+)`",
                                README).group(1))
     return _quoted_accuracy()

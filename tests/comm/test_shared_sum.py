@@ -167,7 +167,7 @@ def test_compare_and_swap_loses_no_update_between_processes(tmp_path):
     assert out.count("count 60000") == 1, out
 
 
-def test_one_process_claims_through_plain_memory():
+def test_one_process_s_compare_and_swap_changes_the_word_only_where_expected():
     memory = Communicator().shared_memory(64)
     assert memory.compare_and_swap(0, 8, 0, 1) == 0
     assert memory.compare_and_swap(0, 8, 0, 5) == 1  # not what was expected: unchanged

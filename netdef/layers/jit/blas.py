@@ -89,11 +89,17 @@ _ARCHITECTURE = _bind()
 AVAILABLE = _ARCHITECTURE is not None
 
 
+def kernel_set() -> str:
+    """The kernel set NumPy's OpenBLAS chose for this CPU, lower case ("haswell", "skylakex", ...); ""
+    where NumPy's BLAS is not one these kernels bind."""
+    return (_ARCHITECTURE or "").lower()
+
+
 def row_alignment() -> int:
     """Row panels begin on multiples of this many rows of C: whole row tiles of OpenBLAS's kernels here.
     An argument of the kernels, not a constant in them: their compiled code is cached on disk, and a
     cache may move to another CPU."""
-    return _ROW_TILES.get((_ARCHITECTURE or "").lower(), _UNKNOWN_ROW_TILE)
+    return _ROW_TILES.get(kernel_set(), _UNKNOWN_ROW_TILE)
 
 _i32, _i64, _ptr = types.int32, types.int64, types.intp
 
