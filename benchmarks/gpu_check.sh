@@ -12,8 +12,9 @@
 #   .device/mpi/     the mpich wheel
 #
 # Usage: bash benchmarks/gpu_check.sh [BENCH_SECONDS] [EXTRA gpu_train.py FLAGS...]
-# Environment: GPU_CHECK_STAGES (which of: tests profile time train data overlap; default all but profile),
-# GPU_CHECK_TESTS_BESIDE=1 (tests beside the benchmarks, see below), GPU_CHECK_PROFILE_NETS, OVERLAP_SECONDS (120).
+# Environment: GPU_CHECK_STAGES (which of: tests profile time train graphs data overlap; default all but profile),
+# GPU_CHECK_TESTS_BESIDE=1 (tests beside the benchmarks, see below), GPU_CHECK_PROFILE_NETS, OVERLAP_SECONDS (120),
+# GPU_CHECK_GRAPH_NETS and GRAPHS_SECONDS (120): the nets and time of the CUDA-graph stage.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/netdef-gpu-check}"
@@ -65,7 +66,8 @@ rm -rf "$WORK"; mkdir -p "$WORK"
 # are disturbed by the tests and are not reported); by default they run first, alone.
 run_tests() {
   timeout 200 python3 -m pytest -q -p no:cacheprovider -n 6 --dist load --timeout 90 \
-    tests/test_gpu.py tests/test_gpu_cudnn.py tests/test_gpu_chains.py tests/test_gpu_ranks.py tests/test_gpu_data.py \
+    tests/test_gpu.py tests/test_gpu_cudnn.py tests/test_gpu_chains.py tests/test_gpu_graphs.py tests/test_gpu_ranks.py \
+    tests/test_gpu_data.py \
     > "$OUT/tests.log" 2>&1
   echo "== tests (GPU): $(tail -1 "$OUT/tests.log")"
 }
@@ -93,6 +95,16 @@ train_benchmark() {
   timeout $((BENCH_SECONDS + 60)) python3 benchmarks/gpu_train.py --time-budget "$BENCH_SECONDS" \
     --json "$WORK/gpu_train.json" "$@" > "$OUT/gpu_train.log" 2>&1
   tail -40 "$OUT/gpu_train.log"
+}
+
+graphs_benchmark() {
+  # The nets the host held back in the first runs, with their replayable stretches replayed from CUDA
+  # graphs (Net.cuda_graphs); the train stage's table is the same nets without.
+  echo "== gpu_train.py --cuda-graphs (${GPU_CHECK_GRAPH_NETS:-resnet50,resnet152,googlenet}) =="
+  timeout $((GRAPHS_SECONDS + 60)) python3 benchmarks/gpu_train.py --cuda-graphs --time-budget "$GRAPHS_SECONDS" \
+    --nets "${GPU_CHECK_GRAPH_NETS:-resnet50,resnet152,googlenet}" --json "$WORK/gpu_train_graphs.json" "$@" \
+    > "$WORK/gpu_train_graphs.log" 2>&1
+  tail -30 "$WORK/gpu_train_graphs.log"
 }
 
 overlap_benchmark() {
@@ -123,7 +135,8 @@ profile() {
 }
 
 # The stages run in this order, those named in GPU_CHECK_STAGES (default: all but profile).
-STAGES=" ${GPU_CHECK_STAGES:-tests time train data overlap} "
+STAGES=" ${GPU_CHECK_STAGES:-tests time train graphs data overlap} "
+GRAPHS_SECONDS="${GRAPHS_SECONDS:-120}"
 stage() { [[ "$STAGES" == *" $1 "* ]]; }
 tests_pid=
 if stage tests; then
@@ -132,6 +145,7 @@ fi
 stage profile && profile
 stage time && time_and_simulate
 stage train && train_benchmark "$@"
+stage graphs && graphs_benchmark "$@"
 stage data && data_benchmark
 [ -n "$tests_pid" ] && wait $tests_pid
 stage overlap && overlap_benchmark

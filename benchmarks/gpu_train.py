@@ -3,7 +3,7 @@ netdef against PyTorch on the same nets, weights and batch, in the same run.
 
     python benchmarks/gpu_train.py [--nets alexnet,resnet50,...] [--precision float32,tf32]
                                    [--batch-scale 1] [--warmup 3] [--iters 10] [--rounds 3]
-                                   [--time-budget SECONDS] [--json FILE]
+                                   [--time-budget SECONDS] [--json FILE] [--cuda-graphs]
     python benchmarks/gpu_train.py --device cpu --nets squeezenet,mobilenet_v2 --batch-scale 0.02 \\
                                    --iters 1 --warmup 1 --rounds 1      # smoke test of the script
 
@@ -13,7 +13,8 @@ random batch that is already on the device (random images, labels drawn from the
 - netdef: the zoo's train_val.prototxt, TRAIN phase, its Data layer replaced by an Input holding that
   batch, trained by the solver ``netdef train`` builds (``create_solver`` on this process's
   communicator, ``keep_blob_diffs`` off, ``solver_mode: GPU``); timed as ``solver.step(iters)``.
-  ``netdef.backend.set_precision`` is set before the nets are built.
+  ``netdef.backend.set_precision`` is set before the nets are built. ``--cuda-graphs``: the net replays
+  its stretches of replayable layers from CUDA graphs (``Net.cuda_graphs``), recorded in the warm-up.
 - PyTorch: the same net run by torch_mirror.py on the same device with a copy of netdef's initial
   weights (the prototxt's fillers), its own operators and ``torch.optim.SGD(params, lr, momentum=0.9,
   weight_decay=5e-4)``; ``zero_grad()``, forward, ``backward()``, ``step()``, as a PyTorch user writes
@@ -29,12 +30,14 @@ time counts as it does in training. Figures are the medians of the rounds; image
 time; the ratio is netdef's images/s over PyTorch's (above 1: netdef faster).
 
 Peak device memory: PyTorch's ``torch.cuda.max_memory_allocated()`` since ``reset_peak_memory_stats()``
-before its warm-up (its weights included). CuPy has no peak counter: netdef's figure is
-``cupy.get_default_memory_pool().total_bytes()``, the bytes its pool holds (freed blocks it keeps
-included), read after the warm-up and at the end, the pool emptied before the net is built: an upper
-bound of netdef's peak, closer to PyTorch's ``max_memory_reserved()`` (in the JSON) than to its
-allocated peak. Memory that netdef's libraries allocate outside CuPy's pool is not counted. The two
-frameworks keep separate pools; both are emptied between nets.
+before its warm-up (its weights included). CuPy has no peak counter: during netdef's warm-up every
+allocation goes through a wrapper of its pool's ``malloc`` that records the most bytes handed out at
+once (``used_bytes``, the weights and whatever netdef keeps from earlier nets, such as cuDNN's
+workspace, included), the figure comparable to PyTorch's; the CUDA graphs' own pools (``--cuda-graphs``)
+are added whole. The timed rounds run without the wrapper. The bytes CuPy's pool holds (freed blocks
+it keeps included, closer to PyTorch's ``max_memory_reserved()``) are in the JSON
+(``netdef_pool_mib``). Memory that netdef's libraries allocate outside CuPy's pool is not counted. The
+two frameworks keep separate pools; both are emptied between nets.
 
 A net that fails (an exception, out of memory) prints its error in its row and the others still run.
 ``--time-budget`` stops starting new nets once that many seconds have passed. ``--device cpu`` runs
@@ -43,6 +46,7 @@ the same code on the CPU (no CuPy imported, no memory figures): a check of the s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import collections
 import gc
 import json
@@ -59,7 +63,7 @@ sys.path.insert(0, str(HERE))
 
 import netdef  # noqa: E402
 import netdef.cudnn  # noqa: E402
-from netdef import backend  # noqa: E402
+from netdef import backend, net_graphs  # noqa: E402
 from netdef.proto import netdef_pb2 as pb  # noqa: E402
 
 MODELS = HERE.parent / "models"
@@ -218,6 +222,11 @@ class CpuDevice:
     def netdef_pool_bytes(self) -> float:
         return float("nan")
 
+    @contextlib.contextmanager
+    def netdef_peak(self):
+        """Nothing measured on the CPU: the peak stays NaN."""
+        yield [float("nan")]
+
     def reset_torch_peak(self) -> None:
         """Nothing to reset."""
 
@@ -258,6 +267,28 @@ class GpuDevice:
 
     def netdef_pool_bytes(self) -> float:
         return float(self.pool.total_bytes())
+
+    @contextlib.contextmanager
+    def netdef_peak(self):
+        """For the block, the most bytes CuPy's pool had handed out and not got back at once (what
+        PyTorch's ``max_memory_allocated`` counts), in the one-element list it yields: every
+        allocation goes through a wrapper of the pool's own, which is why only the warm-up runs under
+        it (the timed rounds keep the pool's allocator)."""
+        peak = [float(self.pool.used_bytes())]
+        pool = self.pool
+
+        def malloc(size):
+            memory = pool.malloc(size)
+            used = pool.used_bytes()
+            if used > peak[0]:
+                peak[0] = float(used)
+            return memory
+
+        self.cupy.cuda.set_allocator(malloc)
+        try:
+            yield peak
+        finally:
+            self.cupy.cuda.set_allocator(pool.malloc)
 
     def reset_torch_peak(self) -> None:
         import torch
@@ -309,6 +340,7 @@ def measure(row: dict, torch, device, args) -> None:
     device.free()
     row["netdef_pool_before_mib"] = device.netdef_pool_bytes() / MIB
     solver = build_solver(solver_param(train_net_param(row["key"], row["batch"]), device.name == "gpu"))
+    solver.net.cuda_graphs = args.cuda_graphs
     if backend.device() != device.name:
         raise RuntimeError(f"netdef's solver runs on the {backend.device()}, not the {device.name}")
     fill_batch(solver.net)
@@ -319,10 +351,15 @@ def measure(row: dict, torch, device, args) -> None:
             torch_iteration()
 
     run_netdef = solver.step
-    run_netdef(args.warmup)
+    with device.netdef_peak() as peak:
+        # With graphs, the warm-up ends with every stretch recorded: the timed rounds replay.
+        run_netdef(max(args.warmup, net_graphs.WARM_UP_PASSES + 1) if args.cuda_graphs else args.warmup)
+    # A recording's memory pool is its own (net_graphs.py): held throughout, on top of the default pool's peak.
+    row["netdef_peak_mib"] = (peak[0] + (solver.net.cuda_graphs.pool_bytes() if solver.net.cuda_graphs else 0)) / MIB
     device.synchronize()
     netdef_pool = device.netdef_pool_bytes()
     row["conv_algorithms"] = convolution_algorithms(solver.net)
+    row["cuda_graph_runs"] = solver.net.cuda_graphs.replayed() if solver.net.cuda_graphs else []
     device.reset_torch_peak()
     run_torch(args.warmup)
     runs = {"netdef": run_netdef, "torch": run_torch}
@@ -363,7 +400,7 @@ def print_table(rows: list[dict], environment: list[str], command: str, memory_n
         head = f"{row['label']:<16}{row['batch']:>6}  {row['precision']:<9} | "
         if "ratio" in row:
             print(head + f"{row['netdef_img_s']:>12.1f}{row['torch_img_s']:>14.1f}{row['ratio']:>7.2f} | "
-                  f"{_mib(row['netdef_pool_mib']):>11}{_mib(row['torch_peak_mib']):>12}")
+                  f"{_mib(row['netdef_peak_mib']):>11}{_mib(row['torch_peak_mib']):>12}")
         if "error" in row:
             print(head + f"error: {row['error']}")
     print(f"# {memory_note}")
@@ -371,6 +408,11 @@ def print_table(rows: list[dict], environment: list[str], command: str, memory_n
         if row.get("netdef_pool_before_mib", 0) > 0:  # NaN on the CPU: no line
             print(f"#   {row['label']} {row['precision']}: CuPy's pool already held "
                   f"{row['netdef_pool_before_mib']:.0f} MiB before the net was built (in its figure)")
+    for row in rows:
+        if "cuda_graph_runs" in row:
+            runs = row["cuda_graph_runs"]
+            print(f"#   {row['label']} {row['precision']}: {len(runs)} stretches replayed from CUDA graphs"
+                  + (f" ({', '.join(f'{d} {a}..{b}' for d, a, b in runs)})" if 0 < len(runs) <= 6 else ""))
     print("# netdef's convolution algorithms (layers per choice):")
     for row in rows:
         if row.get("conv_algorithms"):
@@ -401,6 +443,9 @@ def parse_args(argv):
     parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                         help="start no new net once this many seconds have passed (the first always runs)")
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="netdef replays its stretches of replayable layers from CUDA graphs (Net.cuda_graphs, "
+                             "netdef train --cuda_graphs); the table says how many stretches each net replayed")
     args = parser.parse_args(argv)
     args.nets = [k.strip() for k in args.nets.split(",") if k.strip()]
     for key in args.nets:
@@ -425,7 +470,8 @@ def main(argv=None) -> list[dict]:
     device = GpuDevice(0) if args.device == "gpu" else CpuDevice()
     device.use_for_netdef()
     environment = device.describe(torch) + [time.strftime("%Y-%m-%d %H:%M")]
-    memory_note = ("memory: netdef = bytes CuPy's pool holds (an upper bound of its peak), PyTorch = "
+    memory_note = ("memory: netdef = the most bytes CuPy's pool had handed out at once in the warm-up (plus the CUDA "
+                   "graphs' own pools), PyTorch = "
                    "torch.cuda.max_memory_allocated()" if args.device == "gpu" else "memory: not measured on the CPU")
     for line in environment:
         print(f"# {line}", flush=True)

@@ -191,6 +191,16 @@ class Blob:
         home[...] = 0 if self._diff is None else self._diff
         self._diff = home
 
+    def bound_arrays(self) -> tuple:
+        """(data array, diff array, whether the diff's clear is pending) as the blob holds them now,
+        None for an array not made yet: what ``rebind`` puts back (a replayed CUDA graph wrote into
+        these arrays, netdef/net_graphs.py)."""
+        return self._data, self._diff, self._diff_zero_pending
+
+    def rebind(self, arrays: tuple) -> None:
+        """Hold the arrays ``bound_arrays`` returned again, as they are (no check, no copy)."""
+        self._data, self._diff, self._diff_zero_pending = arrays
+
     def release_diff(self) -> None:
         """Free the gradient's memory; reading ``diff`` later gives zeros again."""
         self._diff = None

@@ -19,7 +19,7 @@ import collections
 import os
 import numpy as np
 
-from . import backend, net_backward, net_batches, net_memory, net_params, weights as _weights
+from . import backend, net_backward, net_batches, net_graphs, net_memory, net_params, weights as _weights
 from .blob import Blob
 from .memory import BlobTooLargeError
 from .layers import batchnorm_chain, fusion, relu_chain, sum_chain
@@ -27,62 +27,15 @@ from .layers.base import TEST, TRAIN, DataSource, LayerError, layer_class
 from .layers.data import MemoryDataLayer
 from .layers.python import PythonLayerPolicy
 from .layers.scratch import Scratch
+from .net_errors import NetError
 from .net_hooks import GradientHook, NetHooks
+from .net_state import layer_included, parse_phase
 from .proto import io as proto_io
 from .proto import netdef_pb2 as pb
 from .splits import insert_splits
 from .upgrade import upgrade_net
 
 BackwardHook = GradientHook
-
-
-class NetError(ValueError):
-    """A net definition that cannot be built; the message names the file, line, layer and blob.
-
-    ``layer_type``: the type of the layer whose set-up failed (``"Data"`` when its DB is missing),
-    None when the fault is not one layer's set-up."""
-
-    def __init__(self, message: str, *, layer_type: str | None = None):
-        super().__init__(message)
-        self.layer_type = layer_type
-
-
-def state_matches_rule(state: pb.NetState, rule: pb.NetStateRule) -> bool:
-    """Caffe's StateMeetsRule: every condition the rule sets must hold."""
-    if rule.HasField("phase") and rule.phase != state.phase:
-        return False
-    if rule.HasField("min_level") and state.level < rule.min_level:
-        return False
-    if rule.HasField("max_level") and state.level > rule.max_level:
-        return False
-    stages = set(state.stage)
-    if any(s not in stages for s in rule.stage):
-        return False
-    if any(s in stages for s in rule.not_stage):
-        return False
-    return True
-
-
-def layer_included(layer: pb.LayerParameter, state: pb.NetState) -> bool:
-    """Caffe's FilterNet for one layer: include rules need one match, exclude rules none."""
-    if layer.include and layer.exclude:
-        raise NetError(f"layer {layer.name!r} specifies both include and exclude rules; use one of them")
-    if layer.include:
-        return any(state_matches_rule(state, r) for r in layer.include)
-    return not any(state_matches_rule(state, r) for r in layer.exclude)
-
-
-def _parse_phase(phase) -> int:
-    if phase is None:
-        return TEST
-    if isinstance(phase, str):
-        upper = phase.upper()
-        if upper not in ("TRAIN", "TEST"):
-            raise ValueError(f"phase must be TRAIN or TEST, not {phase!r}")
-        return TRAIN if upper == "TRAIN" else TEST
-    if phase not in (TRAIN, TEST):
-        raise ValueError(f"phase must be netdef.TRAIN (0) or netdef.TEST (1), not {phase!r}")
-    return int(phase)
 
 
 class Net:
@@ -154,7 +107,7 @@ class Net:
             raise NetError(str(exc)) from None
         state = pb.NetState()
         state.CopyFrom(param.state)
-        state.phase = _parse_phase(phase if phase is not None else (param.state.phase if param.HasField("state") else None))
+        state.phase = parse_phase(phase if phase is not None else (param.state.phase if param.HasField("state") else None))
         if stages:
             del state.stage[:]
             state.stage.extend(stages)
@@ -166,6 +119,7 @@ class Net:
         self.force_backward = param.force_backward
         self.param_def = param
         self._hooks = NetHooks()
+        self._graphs: net_graphs.PassGraphs | None = None  # see cuda_graphs
         self._build(param)
         if weights is not None:
             self.copy_from(weights)
@@ -459,6 +413,12 @@ class Net:
     def forward_range(self, start: int = 0, end: int | None = None) -> float:
         """Run layers start..end inclusive; return the weighted loss they produced."""
         end = len(self.layers) - 1 if end is None else end
+        if self._graphs is not None and self._graphs.apply():
+            return self._graphs.forward(start, end)
+        return self.forward_eagerly(start, end)
+
+    def forward_eagerly(self, start: int, end: int) -> float:
+        """``forward_range`` layer by layer, without CUDA graphs."""
         loss = 0.0
         li = start
         hooks = self._hooks
@@ -642,6 +602,26 @@ class Net:
         """pycaffe's batcher: {name: rows} in the net's batch size, the last batch padded with zeros."""
         yield from net_batches.batches(self, blobs)
 
+    # ====================================================================================== CUDA graphs
+    @property
+    def cuda_graphs(self) -> "net_graphs.PassGraphs | None":
+        """On a GPU, stretches of layers run as CUDA graphs, recorded once and replayed (the host
+        launches one graph instead of every kernel of those layers; the same bits): the net's
+        ``net_graphs.PassGraphs`` while on (set True), None while off (the default). Where graphs do
+        not apply (the CPU, a net with hooks) the net runs eagerly and the log says why, once."""
+        return self._graphs
+
+    @cuda_graphs.setter
+    def cuda_graphs(self, enabled: bool) -> None:
+        if not enabled:
+            self._graphs = None
+        elif self._graphs is None:
+            self._graphs = net_graphs.PassGraphs(self)
+
+    def has_hooks(self) -> bool:
+        """Whether any layer or gradient hook is registered on this net."""
+        return self._hooks.any()
+
     # ====================================================================================== backward
     def register_backward_hook(self, hook: BackwardHook) -> None:
         """Call ``hook(layer_index, param_ids)`` during backward each time the gradients of the
@@ -671,38 +651,48 @@ class Net:
             raise NetError(f"net {self.name!r} is forward_only (as netdef test and Classifier run nets): its "
                            f"forward fuses layers and keeps nothing for backward; set forward_only = False")
         start = len(self.layers) - 1 if start is None else start
-        li = start
+        if self._graphs is not None and self._graphs.apply():
+            self._graphs.backward(start, end)
+        else:
+            self.backward_eagerly(start, end)
+
+    def backward_steps(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The (highest, lowest) layer ranges ``backward_range(start, end)`` runs, each as one step: a
+        chain that ran forward as one step, or a single layer. Raises NetError where the range cuts
+        such a chain."""
+        steps, li = [], start
         while li >= end:
             chain = self._training_chain_of.get(li)
             if chain is not None and chain.ran_fused and self.layer_need_backward[li]:
                 if li != chain.last or chain.first < end:
-                    raise NetError(f"backward from layer {self._layer_names[start]!r} to layer "
-                                   f"{self._layer_names[end]!r} cuts the chain "
-                                   f"{self._layer_names[chain.first]!r}..{self._layer_names[chain.last]!r}, "
-                                   f"which ran forward as one step; set net.fuse_layers = False to run "
-                                   f"its layers one by one")
-                members = range(chain.last, chain.first - 1, -1)
-                for lj in members:
-                    for before in self._hooks.before_backward:
-                        before(lj)
-                try:
-                    chain.backward(self._top_vecs[chain.last], self._bottom_vecs[chain.first],
-                                   self.bottom_need_backward[chain.first])
-                except BlobTooLargeError as exc:
-                    raise self.layers[chain.first].error(str(exc)) from None
+                    names = self._layer_names
+                    raise NetError(f"backward from layer {names[start]!r} to layer {names[end]!r} cuts the chain "
+                                   f"{names[chain.first]!r}..{names[chain.last]!r}, which ran forward as one step; "
+                                   f"set net.fuse_layers = False to run its layers one by one")
+                steps.append((li, chain.first))
             else:
-                members = [li]
+                steps.append((li, li))
+            li = steps[-1][1] - 1
+        return steps
+
+    def backward_eagerly(self, start: int, end: int) -> None:
+        """``backward_range`` step by step, without CUDA graphs."""
+        for high, low in self.backward_steps(start, end):
+            members = range(high, low - 1, -1)
+            for lj in members:
                 for before in self._hooks.before_backward:
-                    before(li)
-                if self.layer_need_backward[li]:
-                    layer = self.layers[li]
-                    try:
-                        layer.backward(self._top_vecs[li], self.bottom_need_backward[li], self._bottom_vecs[li])
-                    except BlobTooLargeError as exc:
-                        raise layer.error(str(exc)) from None
+                    before(lj)
+            try:
+                if high != low:  # a chain trained as one step
+                    self._training_chain_of[high].backward(self._top_vecs[high], self._bottom_vecs[low],
+                                                           self.bottom_need_backward[low])
+                elif self.layer_need_backward[high]:
+                    self.layers[high].backward(self._top_vecs[high], self.bottom_need_backward[high],
+                                               self._bottom_vecs[high])
+            except BlobTooLargeError as exc:
+                raise self.layers[low].error(str(exc)) from None
             for lj in members:
                 self._after_backward(lj)
-            li = members[-1] - 1
 
     def _after_backward(self, li: int) -> None:
         """What follows layer ``li``'s backward: the layer hooks, the release of the gradients no

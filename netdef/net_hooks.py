@@ -30,6 +30,10 @@ class NetHooks:
         self.after_backward: list[LayerHook] = []
         self.gradients_final: list[GradientHook] = []
 
+    def any(self) -> bool:
+        """Whether any hook of any kind is registered."""
+        return bool(self._handles or self.gradients_final)
+
     def add_layer_hooks(self, before_forward=None, after_forward=None, before_backward=None,
                         after_backward=None) -> tuple:
         """Register up to four layer hooks at once; returns the handle that removes them."""

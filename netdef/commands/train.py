@@ -26,6 +26,9 @@ def add_parser(verbs, common) -> None:
     caffe_flag(train, "gpu", help="GPU id to run on, or a list (0,1) or all; under MPI each rank of a machine takes the "
                                   "next of them in turn (default: the solver's solver_mode/device_id)")
     precision_flag(train)
+    caffe_flag(train, "cuda_graphs", action="store_true",
+               help="on a GPU, replay stretches of layers from CUDA graphs recorded once (the host launches "
+                    "one graph instead of every kernel; the same bits); one process only")
     caffe_flag(train, "sigint_effect", default="stop", choices=["stop", "snapshot", "none"],
                help="what Ctrl-C (SIGINT) does: stop (snapshot if enabled, then exit), snapshot, none")
     caffe_flag(train, "sighup_effect", default="snapshot", choices=["stop", "snapshot", "none"],
@@ -91,6 +94,7 @@ def _train(args, param, path, comm, options, load) -> int:
         param.precision = args.precision  # as --gpu, the flag wins over the solver file
     solver = create_solver(param, comm=comm, options=options, solver_file=path)
     solver.net.keep_blob_diffs = False  # no one can read them here (see Net)
+    solver.net.cuda_graphs = args.cuda_graphs
     if args.weights:
         for weights in args.weights.split(","):
             log.info("Finetuning from %s", weights)

@@ -91,6 +91,7 @@ class _Device:
         self.cupy = cupy
         self.handle = cudnn.create_handle()
         self._workspace = cupy.empty(0, dtype=cupy.uint8)
+        self._retired: list = []
 
     def bound_handle(self):
         self.cudnn.set_stream(self.handle, self.cupy.cuda.get_current_stream().ptr)
@@ -98,6 +99,9 @@ class _Device:
 
     def workspace(self, nbytes: int):
         if self._workspace.size < nbytes:
+            # The smaller one stays allocated: a CUDA graph recorded with it (netdef/net_graphs.py)
+            # still runs its plans there.
+            self._retired.append(self._workspace)
             self._workspace = self.cupy.empty(nbytes, dtype=self.cupy.uint8)
         return self._workspace
 

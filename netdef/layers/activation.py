@@ -58,6 +58,9 @@ class ReLULayer(NeuronLayer):
         self.negative_slope = float(self.layer_param.relu_param.negative_slope)
         self._outputs = ReusedArrays()
 
+    def replayable(self) -> bool:
+        return True
+
     def forward(self, bottom, top):
         x = bottom[0].data
         out = self._outputs.get("top", like=x, avoid=(x,))

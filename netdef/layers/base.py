@@ -136,6 +136,17 @@ class Layer:
     def backward(self, top: list[Blob], propagate_down: list[bool], bottom: list[Blob]) -> None:
         """Default: no gradient (layers that cannot back-propagate, e.g. data layers)."""
 
+    # ------------------------------------------------------------------ CUDA graphs (net_graphs.py)
+    def replayable(self) -> bool:
+        """Whether this layer's passes on a GPU may be recorded once into a CUDA graph and replayed
+        instead of run: for the same shapes, every forward and backward launches the same device work
+        on CuPy's current stream, reads no device value on the host, draws no random numbers, changes
+        no host state that a later pass depends on, and writes its results into the blobs' arrays
+        (in place, or into arrays it keeps or makes anew; a replay puts back the ones the recording
+        left). False by default: a layer type says True once its GPU passes are known to keep this
+        (a user's layer runs as written)."""
+        return False
+
     # ------------------------------------------------------------------ fusion (layers/fusion.py)
     def channel_map(self, bottom: list[Blob], top: list[Blob]):
         """What ``forward`` computes, when it is a per-channel element-wise map of its one bottom

@@ -73,6 +73,9 @@ class InnerProductLayer(Layer):
         self.M = bottom[0].count_range(0, axis)
         top[0].reshape(tuple(bottom[0].shape[:axis]) + (self.num_output,))
 
+    def replayable(self) -> bool:
+        return True
+
     def forward(self, bottom, top):
         x = bottom[0].data.reshape(self.M, self.K)
         w = self.blobs[0].data

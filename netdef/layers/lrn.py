@@ -147,6 +147,9 @@ class LRNLayer(Layer):
     exact_num_bottom = 1
     exact_num_top = 1
 
+    def replayable(self) -> bool:
+        return True
+
     def setup(self, bottom, top):
         lp = self.layer_param.lrn_param
         self.size = int(lp.local_size)

@@ -72,6 +72,10 @@ class BatchNormLayer(Layer):
         """``a`` (this layer's input or output shape) as N x C x M, M the spatial size (1 for N x C)."""
         return a.reshape(a.shape[0], self.channels, -1)
 
+    def replayable(self) -> bool:
+        # The global statistics' scale factor is read on the host.
+        return not self.use_global_stats
+
     def forward(self, bottom, top):
         x = bottom[0].data
         out = self._outputs.get("top", like=x, avoid=(x,))
@@ -187,6 +191,9 @@ class ScaleLayer(Layer):
     max_bottom = 2
     exact_num_top = 1
 
+    def replayable(self) -> bool:
+        return True
+
     def setup(self, bottom, top):
         p = self.layer_param.scale_param
         shapes = []
@@ -296,6 +303,9 @@ class BiasLayer(Layer):
     min_bottom = 1
     max_bottom = 2
     exact_num_top = 1
+
+    def replayable(self) -> bool:
+        return True
 
     def setup(self, bottom, top):
         p = self.layer_param.bias_param

@@ -86,6 +86,10 @@ class PoolingLayer(Layer):
         for t in top:
             t.reshape(n, c, *out)
 
+    def replayable(self) -> bool:
+        # A stochastic pooling in training draws its cells from the host's generator.
+        return self.method != _Pool.STOCHASTIC or self.phase != TRAIN
+
     def forward(self, bottom, top):
         y = top[0].data if top[0].has_data else None
         top[0].data = self.pool.forward(bottom[0].data, train=self.phase == TRAIN, out=y)

@@ -44,6 +44,9 @@ class EltwiseLayer(Layer):
     min_bottom = 2
     exact_num_top = 1
 
+    def replayable(self) -> bool:
+        return True
+
     def setup(self, bottom, top):
         p = self.layer_param.eltwise_param
         self.op = p.operation
@@ -130,6 +133,9 @@ class ConcatLayer(Layer):
 
     min_bottom = 1
     exact_num_top = 1
+
+    def replayable(self) -> bool:
+        return True
 
     def _axis(self, bottom):
         return _axis_or_legacy_dim(self, self.layer_param.concat_param, "concat_dim", bottom[0].num_axes)
@@ -247,6 +253,9 @@ class SplitLayer(Layer):
     exact_num_bottom = 1
     min_top = 1
 
+    def replayable(self) -> bool:
+        return True
+
     def setup(self, bottom, top):
         self._outputs = ReusedArrays()
 
@@ -282,6 +291,9 @@ class FlattenLayer(Layer):
 
     exact_num_bottom = 1
     exact_num_top = 1
+
+    def replayable(self) -> bool:
+        return True
 
     def reshape(self, bottom, top):
         _no_in_place(self, bottom, top)

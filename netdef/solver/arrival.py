@@ -97,12 +97,18 @@ class ArrivalUpdates:
         self._pending: _Pending | None = None
         self._exchanging = False  # the last pass's backward is running: its final gradients go out
         self._layer_param_ids = [net.layer_learnable_ids(li) for li in range(len(net.layers))]
-        net.register_backward_hook(self._gradients_final)
-        net.register_layer_hooks(before_forward=self._before_forward)
+        self._hooked = False
 
     def connect(self, exchange: GradientExchange) -> None:
-        """Take the gradients from ``exchange`` from now on."""
+        """Take the gradients from ``exchange`` from now on. Its gradients may arrive during backward
+        and after it, so the net's hooks hand them over and make a forward wait for its own: one
+        process's exchange needs neither (every update is applied in ``apply``), and a net without
+        hooks may replay its passes from CUDA graphs."""
         self.exchange = exchange
+        if not self._hooked:
+            self.net.register_backward_hook(self._gradients_final)
+            self.net.register_layer_hooks(before_forward=self._before_forward)
+            self._hooked = True
 
     def observe(self, observer: UpdateObserver) -> None:
         self._observers.append(observer)

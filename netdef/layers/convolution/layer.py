@@ -42,6 +42,9 @@ class ConvolutionLayer(ConvolutionBase):
             self.strategy = planner.plan(self, xp, bottom[0].dtype)
             self._planned_for = key
 
+    def replayable(self) -> bool:
+        return True
+
     @property
     def algorithm(self) -> str:
         """The algorithm's name: "columns", "rows", "direct", "pointwise", "depthwise" or "cudnn"."""

@@ -1,0 +1,239 @@
+"""A net's passes on a GPU recorded once as CUDA graphs and replayed: the host's Python out of the way.
+
+On a GPU every layer's forward and backward is a few kernel launches, and on deep nets the host takes
+longer to launch them through Python than the device takes to run them (benchmarks/README.md, "The
+first GPU figures"). A CUDA graph is a recording of the launches of a stretch of layers; replaying it
+is one launch, whatever the stretch holds.
+
+``PassGraphs`` splits each pass into runs of consecutive steps (a layer, or a chain run as one step)
+that may be replayed and runs that may not, and runs each replayable run so:
+
+1. the first ``WARM_UP_PASSES`` times eagerly, as without graphs (convolution plans are timed, kernels
+   compiled, the arrays layers keep are made);
+2. then once under stream capture (the launches are recorded, not run) with a memory pool of its own,
+   so that what the recording allocates is never handed to anyone else while the graph lives; the
+   graph is then launched, and that is the pass;
+3. from then on by launching the graph. The arrays each blob held when the recording began (which the
+   graph reads) and when it ended (which the graph wrote) are kept: before a launch, an input that
+   the eager code around the graph has put in another array is copied into the recorded one; after
+   it, the blobs hold the arrays the recording left them with.
+
+A run keeps a recording per key: its blobs' shapes, its parameters' arrays and the pending clears of
+its gradients (weights loaded into new arrays, the passes of ``iter_size`` after the first, which add
+to the gradients the first wrote, each get their own). New shapes (a reshaped input) forget every
+recording of the net, since the eager passes that follow may replace arrays the layers keep and the
+recordings read. A recording that fails (a layer that reads the device from the
+host, a library call that cannot be captured) leaves that run eager for good, and the log says why,
+once.
+
+A step may be replayed when every layer of it says so (``Layer.replayable``: the layers whose GPU
+passes launch the same work every pass and read nothing back) and none of its tops is weighted into
+the loss (the loss is read on the host). Graphs apply to a net on a GPU with no hooks registered: a
+hook is host code between layers, which a replay would skip (the distributed exchange, ``netdef time``,
+a timeline); the net then runs eagerly.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from . import backend
+
+log = logging.getLogger("netdef")
+
+#: Eager passes of a run before it is recorded: the first plans and allocates, the second runs as
+#: every later pass will.
+WARM_UP_PASSES = 2
+#: Recordings kept per run, one per key: passes of iter_size (the first overwrites the gradients, the
+#: others add to them) need two; a net whose input shape keeps changing runs eagerly beyond this.
+MAX_RECORDINGS = 4
+
+
+class _Recording:
+    """One graph of a run, for one key (see ``_Run.key``), and the arrays it was recorded with."""
+
+    def __init__(self, graph, pool, recorded: list, left: list):
+        self.graph = graph
+        self.pool = pool          # the recording's own memory pool, alive with the graph
+        self.recorded = recorded  # per blob: the arrays when the recording began (the graph reads them)
+        self.left = left          # per blob: the arrays when it ended (the graph wrote them)
+
+    def replay(self, blobs, cupy) -> None:
+        for blob, recorded in zip(blobs, self.recorded):
+            now = blob.bound_arrays()
+            for held, wanted in zip(now[:2], recorded[:2]):
+                if held is not wanted and held is not None and wanted is not None and held.data.ptr != wanted.data.ptr:
+                    wanted[...] = held  # an input the eager code around the graph put elsewhere
+        self.graph.launch(cupy.cuda.get_current_stream())
+        for blob, left in zip(blobs, self.left):
+            blob.rebind(left)
+
+
+class _Run:
+    """One run of replayable steps: its layers, the blobs they touch, and its recordings by key."""
+
+    def __init__(self, layers, blobs):
+        self.layers = layers
+        self.blobs = blobs
+        self.parameters = [blob for layer in layers for blob in layer.blobs]
+        self.recordings: dict[tuple, _Recording] = {}
+        self.eager_passes: dict[tuple, int] = {}
+        self.refused: str | None = None
+
+    def key(self) -> tuple:
+        """What a recording depends on: (the shapes of every blob and the precision; every blob's
+        pending clear and the parameters' arrays, by identity: a recording keeps them alive, so no
+        other array can take their id)."""
+        pending = tuple(blob.bound_arrays()[2] for blob in self.blobs)
+        parameters = tuple(id(blob.bound_arrays()[0]) for blob in self.parameters)
+        return (tuple(blob.shape for blob in self.blobs), backend.precision()), (pending, parameters)
+
+    def record(self, run_eagerly, cupy) -> _Recording:
+        """Record ``run_eagerly()`` and launch the graph; raises where recording fails, every blob
+        then holding what it held before, nothing having run."""
+        recorded = [blob.bound_arrays() for blob in self.blobs]
+        pool = cupy.cuda.MemoryPool()
+        stream = cupy.cuda.Stream(non_blocking=True)  # the legacy stream cannot be captured
+        try:
+            with cupy.cuda.using_allocator(pool.malloc), stream:
+                stream.begin_capture()
+                try:
+                    run_eagerly()
+                finally:
+                    graph = stream.end_capture()
+        except Exception:
+            for blob, arrays in zip(self.blobs, recorded):
+                blob.rebind(arrays)
+            raise
+        recording = _Recording(graph, pool, recorded, [blob.bound_arrays() for blob in self.blobs])
+        graph.launch(cupy.cuda.get_current_stream())
+        return recording
+
+
+class PassGraphs:
+    """The CUDA graphs of ``net``'s passes (see the module docstring). ``net`` provides its steps and
+    runs a range of them eagerly; this class decides which ranges are replayed."""
+
+    def __init__(self, net):
+        self.net = net
+        self._runs: dict[tuple, _Run] = {}
+        self._said_why_not = False
+        blobs, loss_weights = net._blobs, net._blob_loss_weights  # pycaffe's numbering of the blobs
+        layers = range(len(net.layers))
+        # Per layer: whether a top is weighted into the loss (read on the host: never replayed), and
+        # every blob it reads or writes.
+        self._weighted = [any(loss_weights[i] for i in net._top_ids(li)) for li in layers]
+        self._blobs = [[blobs[i] for i in net._bottom_ids(li) + net._top_ids(li)] + list(net.layers[li].blobs)
+                       for li in layers]
+        self._on_cpu = not blobs or blobs[0].array_module is np  # where the net was built
+
+    def apply(self) -> bool:
+        """Whether the net's passes run through graphs now (a GPU, no hooks); the log says once why
+        not where the net asked for them."""
+        why_not = None
+        if self._on_cpu:
+            why_not = "they need a GPU (the net runs on the CPU)"
+        elif self.net.has_hooks():
+            why_not = ("hooks run host code between the layers (a distributed exchange, netdef time, a "
+                       "timeline), which a replay would skip")
+        if why_not is not None and not self._said_why_not:
+            log.info("Net %s: CUDA graphs not used: %s", self.net.name, why_not)
+            self._said_why_not = True
+        return why_not is None
+
+    def forward_runs(self, start: int, end: int) -> list[tuple[int, int, bool]]:
+        """(first layer, last layer, replayable) of each run of ``forward_range(start, end)``."""
+        return _runs(self.net.forward_steps(start, end), self._forward_step_replayable)
+
+    def backward_runs(self, start: int, end: int) -> list[tuple[int, int, bool]]:
+        """(highest layer, lowest layer, replayable) of each run of ``backward_range(start, end)``."""
+        return _runs(self.net.backward_steps(start, end), self._backward_step_replayable)
+
+    def _forward_step_replayable(self, first: int, last: int) -> bool:
+        layers = self.net.layers
+        return all(layers[li].replayable() and not self._weighted[li] for li in range(first, last + 1))
+
+    def _backward_step_replayable(self, high: int, low: int) -> bool:
+        layers, runs_backward = self.net.layers, self.net.layer_need_backward
+        return all(layers[li].replayable() or not runs_backward[li] for li in range(low, high + 1))
+
+    def forward(self, start: int, end: int) -> float:
+        loss = 0.0
+        for first, last, replayable in self.forward_runs(start, end):
+            if replayable:
+                self._run(("forward", first, last), range(first, last + 1),
+                          lambda first=first, last=last: self.net.forward_eagerly(first, last))
+            else:
+                loss += self.net.forward_eagerly(first, last)
+        return loss
+
+    def backward(self, start: int, end: int) -> None:
+        for high, low, replayable in self.backward_runs(start, end):
+            run_eagerly = lambda high=high, low=low: self.net.backward_eagerly(high, low)  # noqa: E731
+            if replayable:
+                self._run(("backward", high, low), range(low, high + 1), run_eagerly)
+            else:
+                run_eagerly()
+
+    def _run(self, which: tuple, layer_indices, run_eagerly) -> None:
+        run = self._runs.get(which)
+        if run is None:
+            touched = {id(blob): blob for li in layer_indices for blob in self._blobs[li]}
+            run = self._runs[which] = _Run([self.net.layers[li] for li in layer_indices], list(touched.values()))
+        if run.refused is not None:
+            run_eagerly()
+            return
+        import cupy
+
+        key = run.key()
+        recording = run.recordings.get(key)
+        if recording is not None:
+            recording.replay(run.blobs, cupy)
+            return
+        if any(recorded[0] != key[0] for recorded in run.recordings):
+            # New shapes or precision: the eager passes ahead may replace arrays that layers keep and
+            # every recording reads (scratch, kept outputs), so none of them can be replayed again.
+            self._forget_recordings()
+        warmed = run.eager_passes.get(key, 0)
+        if warmed < WARM_UP_PASSES or len(run.recordings) >= MAX_RECORDINGS:
+            run.eager_passes[key] = warmed + 1
+            run_eagerly()
+            return
+        try:
+            run.recordings[key] = run.record(run_eagerly, cupy)
+        except Exception as exc:  # noqa: BLE001 - any failure to record leaves the run eager
+            run.refused = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            first, last = (self.net.layers[li].name for li in (layer_indices[0], layer_indices[-1]))
+            log.warning("Net %s: layers %s..%s run %s without a CUDA graph: recording them failed (%s)",
+                        self.net.name, first, last, which[0], run.refused)
+            run_eagerly()
+
+    def _forget_recordings(self) -> None:
+        for run in self._runs.values():
+            run.recordings.clear()
+            run.eager_passes.clear()
+
+    def pool_bytes(self) -> int:
+        """The device memory the recordings' own pools hold (their graphs' temporaries)."""
+        return sum(recording.pool.total_bytes() for run in self._runs.values() for recording in run.recordings.values())
+
+    def replayed(self) -> list[tuple[str, str, str]]:
+        """("forward" or "backward", its first layer's name, its last layer's name) of every stretch of
+        layers replayed from a CUDA graph now (none before the warm-up passes)."""
+        names = [layer.name for layer in self.net.layers]
+        return sorted((direction, names[first], names[last])
+                      for (direction, first, last), run in self._runs.items() if run.recordings)
+
+
+def _runs(steps, replayable) -> list[tuple[int, int, bool]]:
+    """Consecutive ``steps`` ((a, b) layer ranges in the pass's order) merged while ``replayable``
+    (of a step) stays the same: (the first step's a, the last step's b, replayable)."""
+    runs: list[list] = []
+    for a, b in steps:
+        can = replayable(a, b)
+        if runs and runs[-1][2] == can:
+            runs[-1][1] = b
+        else:
+            runs.append([a, b, can])
+    return [tuple(run) for run in runs]
