@@ -73,9 +73,11 @@ class _Recording:
 class _Run:
     """One run of replayable steps: its layers, the blobs they touch, and its recordings by key."""
 
-    def __init__(self, layers, blobs):
+    def __init__(self, layers, blobs, direction: str, made: list):
         self.layers = layers
         self.blobs = blobs
+        self.direction = direction
+        self.made = made  # the blobs whose values (forward) or gradients (backward) the run makes
         self.parameters = [blob for layer in layers for blob in layer.blobs]
         self.recordings: dict[tuple, _Recording] = {}
         self.eager_passes: dict[tuple, int] = {}
@@ -91,7 +93,15 @@ class _Run:
 
     def record(self, run_eagerly, cupy) -> _Recording:
         """Record ``run_eagerly()`` and launch the graph; raises where recording fails, every blob
-        then holding what it held before, nothing having run."""
+        then holding what it held before, nothing having run.
+
+        The arrays of what the run makes are let go first: the recording allocates its own, and
+        keeping the eager passes' ones alive beside them (a recording keeps what it starts from)
+        would hold a second copy of every activation the run writes."""
+        before = [blob.bound_arrays() for blob in self.blobs]
+        for blob in self.made:
+            data, diff, pending = blob.bound_arrays()
+            blob.rebind((None, diff, pending) if self.direction == "forward" else (data, None, False))
         recorded = [blob.bound_arrays() for blob in self.blobs]
         pool = cupy.cuda.MemoryPool()
         stream = cupy.cuda.Stream(non_blocking=True)  # the legacy stream cannot be captured
@@ -103,11 +113,14 @@ class _Run:
                 finally:
                     graph = stream.end_capture()
         except Exception:
-            for blob, arrays in zip(self.blobs, recorded):
+            for blob, arrays in zip(self.blobs, before):
                 blob.rebind(arrays)
             raise
         recording = _Recording(graph, pool, recorded, [blob.bound_arrays() for blob in self.blobs])
         graph.launch(cupy.cuda.get_current_stream())
+        # What the eager passes held and the recording let go goes back to the device, rather than
+        # staying cached in the default pool, which the graphs never draw from.
+        cupy.get_default_memory_pool().free_all_blocks()
         return recording
 
 
@@ -124,8 +137,9 @@ class PassGraphs:
         # Per layer: whether a top is weighted into the loss (read on the host: never replayed), and
         # every blob it reads or writes.
         self._weighted = [any(loss_weights[i] for i in net._top_ids(li)) for li in layers]
-        self._blobs = [[blobs[i] for i in net._bottom_ids(li) + net._top_ids(li)] + list(net.layers[li].blobs)
-                       for li in layers]
+        self._bottoms = [[blobs[i] for i in net._bottom_ids(li)] for li in layers]
+        self._tops = [[blobs[i] for i in net._top_ids(li)] for li in layers]
+        self._blobs = [self._bottoms[li] + self._tops[li] + list(net.layers[li].blobs) for li in layers]
         self._on_cpu = not blobs or blobs[0].array_module is np  # where the net was built
 
     def apply(self) -> bool:
@@ -176,11 +190,29 @@ class PassGraphs:
             else:
                 run_eagerly()
 
+    def _written_first(self, direction: str, layer_indices) -> list:
+        """The blobs whose values (forward) or gradients (backward) the layers ``layer_indices``, in the
+        pass's order, write before any of them reads them: what the run makes, not what it is given."""
+        read, written = set(), {}
+        order = layer_indices if direction == "forward" else reversed(layer_indices)
+        for li in order:
+            if direction == "forward":
+                reads, writes = self._bottoms[li], self._tops[li]
+            elif self.net.layer_need_backward[li]:
+                reads = self._tops[li]
+                writes = [b for b, wanted in zip(self._bottoms[li], self.net.bottom_need_backward[li]) if wanted]
+            else:
+                continue
+            read.update(id(blob) for blob in reads if id(blob) not in written)
+            written.update((id(blob), blob) for blob in writes)
+        return [blob for key, blob in written.items() if key not in read]
+
     def _run(self, which: tuple, layer_indices, run_eagerly) -> None:
         run = self._runs.get(which)
         if run is None:
             touched = {id(blob): blob for li in layer_indices for blob in self._blobs[li]}
-            run = self._runs[which] = _Run([self.net.layers[li] for li in layer_indices], list(touched.values()))
+            run = self._runs[which] = _Run([self.net.layers[li] for li in layer_indices], list(touched.values()),
+                                           which[0], self._written_first(which[0], layer_indices))
         if run.refused is not None:
             run_eagerly()
             return

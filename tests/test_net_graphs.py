@@ -53,6 +53,24 @@ def test_a_pass_splits_into_replayable_stretches_between_the_layers_that_are_not
         ("loss", "loss", False), ("ip2", "ip1", True), ("drop", "drop", False), ("pool", "data", True)]
 
 
+def test_a_recording_lets_go_of_what_its_run_makes_and_keeps_what_it_is_given():
+    net = netdef.Net(NET, netdef.TRAIN)
+    graphs = net_graphs.PassGraphs(net)
+    index = {layer.name: li for li, layer in enumerate(net.layers)}
+
+    def made(direction, first, last):
+        return sorted(blob.name for blob in graphs._written_first(direction, range(index[first], index[last] + 1)))
+
+    # Forward, conv..pool reads the data layer's top and makes conv (ReLU works on it in place) and
+    # pool; backward, it is given pool's gradient and makes conv's (the data gets none).
+    assert made("forward", "conv", "pool") == ["conv", "pool"]
+    assert made("backward", "conv", "pool") == ["conv"]
+    # ip1..ip2 is given the dropout's output (pool, in place) and makes ip1 and ip2; backward it is
+    # given ip2's gradient and makes ip1's and pool's.
+    assert made("forward", "ip1", "ip2") == ["ip1", "ip2"]
+    assert made("backward", "ip1", "ip2") == ["ip1", "pool"]
+
+
 def test_a_top_weighted_into_the_loss_keeps_its_forward_eager():
     # ip1's top both feeds relu1 and counts in the loss: the Split that Caffe inserts holds the
     # weighted copy, and the loss it adds up is read on the host.
