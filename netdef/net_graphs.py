@@ -131,6 +131,7 @@ class PassGraphs:
     def __init__(self, net):
         self.net = net
         self._runs: dict[tuple, _Run] = {}
+        self._planned: dict[tuple, list] = {}  # forward_runs' and backward_runs' answers
         self._said_why_not = False
         blobs, loss_weights = net._blobs, net._blob_loss_weights  # pycaffe's numbering of the blobs
         layers = range(len(net.layers))
@@ -158,11 +159,19 @@ class PassGraphs:
 
     def forward_runs(self, start: int, end: int) -> list[tuple[int, int, bool]]:
         """(first layer, last layer, replayable) of each run of ``forward_range(start, end)``."""
-        return _runs(self.net.forward_steps(start, end), self._forward_step_replayable)
+        # The steps follow from the net's structure and fuse_layers alone.
+        key = ("forward", start, end, self.net.fuse_layers)
+        if key not in self._planned:
+            self._planned[key] = _runs(self.net.forward_steps(start, end), self._forward_step_replayable)
+        return self._planned[key]
 
     def backward_runs(self, start: int, end: int) -> list[tuple[int, int, bool]]:
         """(highest layer, lowest layer, replayable) of each run of ``backward_range(start, end)``."""
-        return _runs(self.net.backward_steps(start, end), self._backward_step_replayable)
+        # The steps depend on which chains ran forward as one step: planned once per set of steps.
+        key = ("backward", tuple(self.net.backward_steps(start, end)))
+        if key not in self._planned:
+            self._planned[key] = _runs(key[1], self._backward_step_replayable)
+        return self._planned[key]
 
     def _forward_step_replayable(self, first: int, last: int) -> bool:
         layers = self.net.layers
