@@ -14,7 +14,8 @@
 # Usage: bash benchmarks/gpu_check.sh [BENCH_SECONDS] [EXTRA gpu_train.py FLAGS...]
 # Environment: GPU_CHECK_STAGES (which of: tests profile time train graphs data overlap; default all but profile),
 # GPU_CHECK_TESTS_BESIDE=1 (tests beside the benchmarks, see below), GPU_CHECK_PROFILE_NETS, OVERLAP_SECONDS (120),
-# GPU_CHECK_GRAPH_NETS and GRAPHS_SECONDS (120): the nets and time of the CUDA-graph stage.
+# GPU_CHECK_GRAPH_NETS and GRAPHS_SECONDS (120): the nets and time of the CUDA-graph stage, GPU_CHECK_PROFILE_FLAGS
+# (e.g. --cuda-graphs --precision tf32): more flags for gpu_profile.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/netdef-gpu-check}"
@@ -130,7 +131,7 @@ data_benchmark() {
 profile() {
   echo "== gpu_profile.py: where the iteration's time goes (${GPU_CHECK_PROFILE_NETS:-resnet50,googlenet}) =="
   timeout 200 python3 benchmarks/gpu_profile.py --nets "${GPU_CHECK_PROFILE_NETS:-resnet50,googlenet}" --iters 5 \
-    > "$OUT/profile.log" 2>&1
+    ${GPU_CHECK_PROFILE_FLAGS:-} > "$OUT/profile.log" 2>&1
   grep -A 14 "^## " "$OUT/profile.log" | head -80
 }
 

@@ -11,7 +11,7 @@
 - the host functions with the most time of their own over a few iterations (cProfile).
 
     python benchmarks/gpu_profile.py [--nets resnet50,googlenet] [--precision float32] [--batch-scale 1]
-                                     [--iters 5] [--top 25]
+                                     [--iters 5] [--top 25] [--cuda-graphs]
 """
 from __future__ import annotations
 
@@ -50,8 +50,9 @@ def profile_net(key: str, precision: str, args, device, torch) -> None:
     device.configure_torch(torch, precision)
     device.free()
     solver = gpu_train.build_solver(gpu_train.solver_param(gpu_train.train_net_param(key, batch), True))
+    solver.net.cuda_graphs = args.cuda_graphs
     gpu_train.fill_batch(solver.net)
-    solver.step(3)
+    solver.step(3)  # with graphs, the third iteration records them
     iteration_ms = gpu_train.timed_ms(solver.step, args.iters, device)
     forward_backward_ms = gpu_train.timed_ms(lambda n: [solver.net.forward_backward() for _ in range(n)],
                                              args.iters, device)
@@ -71,14 +72,6 @@ def profile_net(key: str, precision: str, args, device, torch) -> None:
           f"update {iteration_ms - forward_backward_ms:.1f} ms; host CPU {host_ms:.1f} ms of {queued_ms:.1f} ms "
           f"until step() returned; PyTorch {torch_ms:.1f} ms ({batch / torch_ms * 1000:.0f} img/s)", flush=True)
 
-    times = layer_type_times(solver.net, args.iters)
-    total = sum(f + b for f, b, _ in times.values())
-    print(f"{'layer type':<22}{'layers':>7}{'forward ms':>12}{'backward ms':>13}{'share':>7}")
-    for kind, (fwd, bwd, count) in sorted(times.items(), key=lambda kv: -(kv[1][0] + kv[1][1])):
-        print(f"{kind:<22}{count:>7}{fwd:>12.2f}{bwd:>13.2f}{(fwd + bwd) / total:>7.0%}")
-    print(f"{'all (events)':<22}{len(solver.net.layers):>7}{sum(f for f, _, _ in times.values()):>12.2f}"
-          f"{sum(b for _, b, _ in times.values()):>13.2f}")
-
     profiler = cProfile.Profile()
     device.synchronize()
     profiler.enable()
@@ -91,6 +84,16 @@ def profile_net(key: str, precision: str, args, device, torch) -> None:
     print(f"# host functions by own time over {args.iters} iterations (cProfile adds its own overhead):")
     print("\n".join(line for line in text.getvalue().splitlines()[4:] if line.strip()), flush=True)
 
+    # Step by step, each step's own forward_range: without graphs, which would record each step alone.
+    solver.net.cuda_graphs = False
+    times = layer_type_times(solver.net, args.iters)
+    total = sum(f + b for f, b, _ in times.values())
+    print(f"{'layer type':<22}{'layers':>7}{'forward ms':>12}{'backward ms':>13}{'share':>7}")
+    for kind, (fwd, bwd, count) in sorted(times.items(), key=lambda kv: -(kv[1][0] + kv[1][1])):
+        print(f"{kind:<22}{count:>7}{fwd:>12.2f}{bwd:>13.2f}{(fwd + bwd) / total:>7.0%}")
+    print(f"{'all (events)':<22}{len(solver.net.layers):>7}{sum(f for f, _, _ in times.values()):>12.2f}"
+          f"{sum(b for _, b, _ in times.values()):>13.2f}")
+
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -99,6 +102,9 @@ def main(argv=None) -> None:
     parser.add_argument("--batch-scale", type=float, default=1.0)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--top", type=int, default=25, help="host functions listed per net (default 25)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="the iterations replay the net's stretches from CUDA graphs (the per-layer device "
+                             "times are still taken layer by layer, without)")
     args = parser.parse_args(argv)
     import torch
 
