@@ -8,10 +8,12 @@
 - each layer type's device time forward and backward (CUDA events around each step, as
   ``netdef time --gpu``: a chain the net runs as one step counts under its first layer's type forward
   and its last's backward);
-- the host functions with the most time of their own over a few iterations (cProfile).
+- the host functions with the most time of their own over a few iterations (cProfile);
+- the CUDA kernels of an iteration of each framework, the longest first, with the share of the
+  iteration the device was busy (PyTorch's profiler, which records every kernel of the process).
 
     python benchmarks/gpu_profile.py [--nets resnet50,googlenet] [--precision float32] [--batch-scale 1]
-                                     [--iters 5] [--top 25] [--cuda-graphs]
+                                     [--iters 5] [--top 25] [--kernels 15] [--cuda-graphs]
 """
 from __future__ import annotations
 
@@ -41,6 +43,29 @@ def layer_type_times(net, iterations: int) -> dict:
         entry[1] += timer.backward_ms[li] / iterations
         entry[2] += 1
     return dict(by_type)
+
+
+def kernel_table(torch, run, iterations: int) -> list[tuple[str, float, float]]:
+    """[(kernel name, launches per iteration, device ms per iteration)] of every CUDA kernel launched
+    while ``run(iterations)`` ran, the longest first, as PyTorch's profiler (CUPTI) records them: every
+    kernel of the process, CuPy's and cuDNN's for netdef as much as PyTorch's own."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as recorded:
+        run(iterations)
+        torch.cuda.synchronize()
+    rows = [(event.key, event.count / iterations, event.self_device_time_total / 1000 / iterations)
+            for event in recorded.key_averages() if event.self_device_time_total > 0]
+    return sorted(rows, key=lambda row: -row[2])
+
+
+def print_kernels(title: str, rows, wall_ms: float, top: int) -> None:
+    busy = sum(ms for _, _, ms in rows)
+    print(f"# {title}: kernels {busy:.1f} ms of a {wall_ms:.1f} ms iteration ({busy / wall_ms:.0%} busy), "
+          f"{sum(calls for _, calls, _ in rows):.0f} launches; the {top} longest:")
+    for name, calls, ms in rows[:top]:
+        print(f"#   {ms:8.2f} ms {calls:6.0f} x  {name[:110]}")
 
 
 def profile_net(key: str, precision: str, args, device, torch) -> None:
@@ -84,6 +109,12 @@ def profile_net(key: str, precision: str, args, device, torch) -> None:
     print(f"# host functions by own time over {args.iters} iterations (cProfile adds its own overhead):")
     print("\n".join(line for line in text.getvalue().splitlines()[4:] if line.strip()), flush=True)
 
+    if args.kernels:
+        netdef_kernels = kernel_table(torch, solver.step, args.iters)
+        torch_kernels = kernel_table(torch, lambda n: [torch_iteration() for _ in range(n)], args.iters)
+        print_kernels("netdef", netdef_kernels, iteration_ms, args.kernels)
+        print_kernels("PyTorch", torch_kernels, torch_ms, args.kernels)
+
     # Step by step, each step's own forward_range: without graphs, which would record each step alone.
     solver.net.cuda_graphs = False
     times = layer_type_times(solver.net, args.iters)
@@ -102,6 +133,9 @@ def main(argv=None) -> None:
     parser.add_argument("--batch-scale", type=float, default=1.0)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--top", type=int, default=25, help="host functions listed per net (default 25)")
+    parser.add_argument("--kernels", type=int, default=15, metavar="N",
+                        help="list the N longest CUDA kernels of an iteration of each framework (PyTorch's "
+                             "profiler; 0: none)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="the iterations replay the net's stretches from CUDA graphs (the per-layer device "
                              "times are still taken layer by layer, without)")

@@ -101,7 +101,10 @@ class _Run:
         before = [blob.bound_arrays() for blob in self.blobs]
         for blob in self.made:
             data, diff, pending = blob.bound_arrays()
-            blob.rebind((None, diff, pending) if self.direction == "forward" else (data, None, False))
+            if self.direction == "forward":
+                blob.rebind((None, diff, pending))
+            elif not blob.diff_is_shared:  # a shared diff must stay the array the other blob holds
+                blob.rebind((data, None, False))
         recorded = [blob.bound_arrays() for blob in self.blobs]
         pool = cupy.cuda.MemoryPool()
         stream = cupy.cuda.Stream(non_blocking=True)  # the legacy stream cannot be captured
@@ -236,6 +239,10 @@ class PassGraphs:
             # New shapes or precision: the eager passes ahead may replace arrays that layers keep and
             # every recording reads (scratch, kept outputs), so none of them can be replayed again.
             self._forget_recordings()
+        # Recordings of parameters since replaced (weights loaded into new arrays) will not be
+        # replayed again: they go, and the old arrays they kept with them.
+        run.recordings = {recorded: recording for recorded, recording in run.recordings.items()
+                          if recorded[1][1] == key[1][1]}
         warmed = run.eager_passes.get(key, 0)
         if warmed < WARM_UP_PASSES or len(run.recordings) >= MAX_RECORDINGS:
             run.eager_passes[key] = warmed + 1
