@@ -14,6 +14,7 @@
 # Usage: bash benchmarks/gpu_check.sh [BENCH_SECONDS] [EXTRA gpu_train.py FLAGS...]
 # Environment: GPU_CHECK_STAGES (which of: tests profile time train graphs data overlap; default all but profile),
 # GPU_CHECK_TESTS_BESIDE=1 (tests beside the benchmarks, see below), GPU_CHECK_PROFILE_NETS, OVERLAP_SECONDS (120),
+# OVERLAP_ZOO (resnet50) and OVERLAP_BATCH (32): the overlap stage's net and batch per rank,
 # GPU_CHECK_GRAPH_NETS and GRAPHS_SECONDS (120): the nets and time of the CUDA-graph stage, GPU_CHECK_PROFILE_FLAGS
 # (e.g. --cuda-graphs --precision tf32): more flags for gpu_profile.py.
 set -uo pipefail
@@ -111,11 +112,13 @@ graphs_benchmark() {
 overlap_benchmark() {
   # Staged through pinned host buffers and MPI, then over NCCL with both ranks on the one GPU (NCCL
   # 2.30+ allows it experimentally: NCCL_MULTI_RANK_GPU_ENABLE=1, its channels capped by NCCL_MAX_CTAS).
+  # The net: a zoo net (OVERLAP_ZOO, default ResNet-50, issue 30's case) at OVERLAP_BATCH images per rank.
   local seconds=$(( ${OVERLAP_SECONDS:-120} / 2 ))
   for via in mpi nccl; do
-    echo "== overlap.py --gpu --exchange-via $via: two ranks on the GPU, the exchange hidden behind backward (issue 30) =="
+    echo "== overlap.py --gpu --exchange-via $via --zoo ${OVERLAP_ZOO:-resnet50}: two ranks on the GPU, the exchange hidden behind backward (issue 30) =="
     NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_MAX_CTAS=8 timeout "$seconds" python3 benchmarks/overlap.py --gpu --exchange-via $via \
-      --ranks 2 --batch 256 --buckets 4 --modes THREAD --rounds 2 --iters 3 --warmup 2 --no-single \
+      --zoo "${OVERLAP_ZOO:-resnet50}" --ranks 2 --batch "${OVERLAP_BATCH:-32}" --buckets 4 --modes THREAD --rounds 2 \
+      --iters 3 --warmup 2 --no-single \
       --timeout "$(( seconds - 5 ))" --json "$WORK/overlap_gpu_$via.json" > "$WORK/overlap_gpu_$via.txt" 2>&1
     tail -15 "$WORK/overlap_gpu_$via.txt"
   done

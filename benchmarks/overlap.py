@@ -15,6 +15,10 @@ compute) is there to hide them behind; batch 128 per rank makes that backward (~
 than the 1 Gbit/s exchange (~0.38 s), and one iteration 0.75-1.2 s (2026-11-22, with the
 convolution code of that day: faster layers need a larger ``--batch`` to stay in that regime).
 
+``--zoo NET`` trains a zoo net instead (models/NET/train_val.prototxt's TRAIN layers, its data layer
+replaced by DummyData of ``--batch`` constant images; ``--fc6``/``--fc7`` then do not apply): issue 30's
+GPU case is ResNet-50's exchange.
+
 What runs (every figure is a median over ``--rounds`` x ``--iters`` timed iterations; the rounds
 interleave the configurations, so that load from other work on the machine hits them alike):
 
@@ -109,6 +113,32 @@ def model_text(batch: int, fc6: int = 1024, fc7: int = 1024) -> str:
     return text
 
 
+def zoo_model_text(key: str, batch: int) -> str:
+    """The TRAIN layers of models/<key>/train_val.prototxt (``--zoo``), its data layer replaced by
+    DummyData of ``batch`` images of the net's input size, as the small model's: constant values, so
+    that no filler draws and every iteration costs the same."""
+    from google.protobuf import text_format
+
+    import gpu_train
+
+    param = gpu_train.train_net_param(key, batch)
+    data = next(layer for layer in param.layer if layer.type == "Input")
+    shapes = list(data.input_param.shape)
+    data.ClearField("input_param")
+    data.type = "DummyData"
+    data.dummy_data_param.shape.extend(shapes)
+    data.dummy_data_param.data_filler.add(type="constant", value=0.5)
+    data.dummy_data_param.data_filler.add(type="constant", value=3)
+    return text_format.MessageToString(param)
+
+
+def net_text(spec: dict) -> str:
+    """The benchmark's net for a launch's ``spec``: the small model or a zoo net, at its batch."""
+    if spec.get("zoo"):
+        return zoo_model_text(spec["zoo"], spec["batch"])
+    return model_text(spec["batch"], spec["fc6"], spec["fc7"])
+
+
 def solver_text(net: str, mode: str = "CPU") -> str:
     # A small learning rate and momentum: the loss stays finite for any number of iterations.
     return (f'net_param {{ {net} }}\nbase_lr: 0.0001\nmomentum: 0.9\nweight_decay: 0.0005\nlr_policy: "fixed"\n'
@@ -145,7 +175,7 @@ def worker(spec_path: str) -> None:
         netdef.set_device("gpu", choose_gpu(None, count, comm.local_rank, comm.local_size).device_id)
 
     def main():
-        param_text = solver_text(model_text(spec["batch"], spec["fc6"], spec["fc7"]), "GPU" if spec.get("gpu") else "CPU")
+        param_text = solver_text(net_text(spec), "GPU" if spec.get("gpu") else "CPU")
         results = {c["name"]: [] for c in spec["configs"]}
         info = {"ranks": comm.size, "library": getattr(comm, "description", "single process"),
                 "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS", ""), "loadavg_start": _loadavg()}
@@ -362,7 +392,9 @@ def print_report(args, launcher, rows, infos, started, stream=sys.stdout):
                  "shared memory")
     library = next((i["library"] for i in infos.values() if i.get("ranks", 1) > 1), launcher.version)
     w(f"# transport: {transport}; MPI: {library}\n")
-    w(f"# model: 4 conv + fc6 4096x{args.fc6} + fc7 {args.fc6}x{args.fc7} + fc8 (DummyData 3x32x32); "
+    model = (f"models/{args.zoo} (TRAIN, DummyData), {args.probe_mb:.1f} MiB of gradients" if args.zoo else
+             f"4 conv + fc6 4096x{args.fc6} + fc7 {args.fc6}x{args.fc7} + fc8 (DummyData 3x32x32)")
+    w(f"# model: {model}; "
       f"{args.ranks} ranks x batch {args.batch} x 1 BLAS thread each, 1 process: batch {args.ranks * args.batch} x "
       f"{args.threads} BLAS threads\n")
     w(f"# medians over {args.rounds} rounds x {args.iters} iterations (after {args.warmup} warm-up per round)\n")
@@ -469,6 +501,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-single", action="store_true", help="skip the 1-process run")
     parser.add_argument("--timeout", type=float, default=480, help="seconds per launch (default 480)")
     parser.add_argument("--json", help="also write every measurement here")
+    parser.add_argument("--zoo", metavar="NET",
+                        help="train a zoo net (models/NET/train_val.prototxt's TRAIN layers, e.g. resnet50) instead "
+                             "of the small model, its data layer replaced by DummyData of --batch images")
     parser.add_argument("--gpu", action="store_true",
                         help="train on GPUs, one per rank of the machine in turn (two ranks may share one: the "
                              "staged path, or NCCL where NCCL_MULTI_RANK_GPU_ENABLE=1 lets it)")
@@ -485,7 +520,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(REPO))
     import netdef
 
-    net = netdef.Net(model_text(1, args.fc6, args.fc7), netdef.TRAIN)
+    net = netdef.Net(net_text({"zoo": args.zoo, "batch": 1, "fc6": args.fc6, "fc7": args.fc7}), netdef.TRAIN)
     args.probe_mb = sum(b.data.nbytes for b in net.learnable_params) / MB
     results, infos = {}, {}
     with tempfile.TemporaryDirectory(prefix="netdef-overlap-") as folder:
@@ -495,7 +530,7 @@ def main(argv=None) -> int:
                     "iters": args.iters, "warmup": args.warmup, "configs": launch["configs"],
                     "async_progress": launch.get("async_progress", False),
                     "probe_bytes": int(args.probe_mb * MB) // 4 * 4, "poll_interval": args.poll_interval,
-                    "gpu": args.gpu, "exchange_via": args.exchange_via}
+                    "gpu": args.gpu, "exchange_via": args.exchange_via, "zoo": args.zoo}
             path = os.path.join(folder, f"{launch['name'].split()[0]}-{len(infos)}.json")
             pathlib.Path(path).write_text(json.dumps(spec))
             command = launcher.command(launch["ranks"], path)
