@@ -352,8 +352,9 @@ def measure(row: dict, torch, device, args) -> None:
 
     run_netdef = solver.step
     with device.netdef_peak() as peak:
-        # With graphs, the warm-up ends with every stretch recorded: the timed rounds replay.
-        run_netdef(max(args.warmup, net_graphs.WARM_UP_PASSES + 1) if args.cuda_graphs else args.warmup)
+        # With graphs, the warm-up ends with every stretch recorded (the first iteration, which makes
+        # the gradients, is a kind of pass of its own): the timed rounds replay.
+        run_netdef(max(args.warmup, net_graphs.WARM_UP_PASSES + 2) if args.cuda_graphs else args.warmup)
     # A recording's memory pool is its own (net_graphs.py): held throughout, on top of the default pool's peak.
     row["netdef_peak_mib"] = (peak[0] + (solver.net.cuda_graphs.pool_bytes() if solver.net.cuda_graphs else 0)) / MIB
     device.synchronize()

@@ -612,8 +612,11 @@ class Net:
         return self._graphs
 
     @cuda_graphs.setter
-    def cuda_graphs(self, enabled: bool) -> None:
-        if not enabled:
+    def cuda_graphs(self, enabled) -> None:
+        # True, False, or the PassGraphs of this net to use (tests give one recording through a stand-in).
+        if isinstance(enabled, net_graphs.PassGraphs):
+            self._graphs = enabled
+        elif not enabled:
             self._graphs = None
         elif self._graphs is None:
             self._graphs = net_graphs.PassGraphs(self)

@@ -8,8 +8,9 @@ is one launch, whatever the stretch holds.
 ``PassGraphs`` splits each pass into runs of consecutive steps (a layer, or a chain run as one step)
 that may be replayed and runs that may not, and runs each replayable run so:
 
-1. the first ``WARM_UP_PASSES`` times eagerly, as without graphs (convolution plans are timed, kernels
-   compiled, the arrays layers keep are made);
+1. the first ``WARM_UP_PASSES`` times of each key (below) eagerly, as without graphs (convolution
+   plans are timed, kernels compiled, the arrays layers keep are made); a solver's first iteration,
+   which makes the gradients, is a key of its own, so its runs are recorded at the fourth;
 2. then once under stream capture (the launches are recorded, not run) with a memory pool of its own,
    so that what the recording allocates is never handed to anyone else while the graph lives; the
    graph is then launched, and that is the pass;
@@ -63,11 +64,16 @@ class _Recording:
         for blob, recorded in zip(blobs, self.recorded):
             now = blob.bound_arrays()
             for held, wanted in zip(now[:2], recorded[:2]):
-                if held is not wanted and held is not None and wanted is not None and held.data.ptr != wanted.data.ptr:
+                if held is not wanted and held is not None and wanted is not None and _address(held) != _address(wanted):
                     wanted[...] = held  # an input the eager code around the graph put elsewhere
         self.graph.launch(cupy.cuda.get_current_stream())
         for blob, left in zip(blobs, self.left):
             blob.rebind(left)
+
+
+def _address(array) -> int:
+    """Where ``array``'s first element lies (device memory for CuPy; host memory for a NumPy array)."""
+    return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
 
 
 class _Run:
@@ -129,10 +135,12 @@ class _Run:
 
 class PassGraphs:
     """The CUDA graphs of ``net``'s passes (see the module docstring). ``net`` provides its steps and
-    runs a range of them eagerly; this class decides which ranges are replayed."""
+    runs a range of them eagerly; this class decides which ranges are replayed. ``cupy``: the module
+    recordings go through, CuPy (imported at the first recording) unless a test gives a stand-in."""
 
-    def __init__(self, net):
+    def __init__(self, net, cupy=None):
         self.net = net
+        self._cupy = cupy  # the CuPy module, imported at the first recording (tests give a stand-in)
         self._runs: dict[tuple, _Run] = {}
         self._planned: dict[tuple, list] = {}  # forward_runs' and backward_runs' answers
         self._said_why_not = False
@@ -144,7 +152,8 @@ class PassGraphs:
         self._bottoms = [[blobs[i] for i in net._bottom_ids(li)] for li in layers]
         self._tops = [[blobs[i] for i in net._top_ids(li)] for li in layers]
         self._blobs = [self._bottoms[li] + self._tops[li] + list(net.layers[li].blobs) for li in layers]
-        self._on_cpu = not blobs or blobs[0].array_module is np  # where the net was built
+        # Where the net was built; a stand-in for CuPy (a test of the bookkeeping) records on any device.
+        self._on_cpu = cupy is None and (not blobs or blobs[0].array_module is np)
 
     def apply(self) -> bool:
         """Whether the net's passes run through graphs now (a GPU, no hooks); the log says once why
@@ -228,8 +237,11 @@ class PassGraphs:
         if run.refused is not None:
             run_eagerly()
             return
-        import cupy
+        if self._cupy is None:
+            import cupy
 
+            self._cupy = cupy
+        cupy = self._cupy
         key = run.key()
         recording = run.recordings.get(key)
         if recording is not None:
@@ -252,7 +264,7 @@ class PassGraphs:
             run.recordings[key] = run.record(run_eagerly, cupy)
         except Exception as exc:  # noqa: BLE001 - any failure to record leaves the run eager
             run.refused = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-            first, last = (self.net.layers[li].name for li in (layer_indices[0], layer_indices[-1]))
+            first, last = (self.net.layers[li].name for li in which[1:])  # in the pass's order
             log.warning("Net %s: layers %s..%s run %s without a CUDA graph: recording them failed (%s)",
                         self.net.name, first, last, which[0], run.refused)
             run_eagerly()

@@ -5,9 +5,11 @@ apply trains exactly as without them and says why, once. The recordings and repl
 on a GPU: tests/test_gpu_graphs.py."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import subprocess
 import sys
+import types
 
 import numpy as np
 
@@ -138,3 +140,124 @@ def test_train_takes_the_cuda_graphs_flag(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "CUDA graphs not used: they need a GPU" in done.stderr
+
+
+# ------------------------------------------------------------------ recordings, through a stand-in
+class StandInCupy:
+    """The few CuPy calls a recording makes, for a test of the bookkeeping on the CPU. Its capture
+    either refuses to start (``refusal``), as CUDA does for work it cannot capture, or records nothing
+    while the pass's NumPy work runs as usual; a graph's launch is only counted. No values come from
+    it: the recordings themselves run on a GPU (tests/test_gpu_graphs.py)."""
+
+    def __init__(self, refusal: str | None = None):
+        self.refusal = refusal
+        self.captures = 0
+        self.launches = 0
+        self.cached_blocks_released = 0
+        stand_in = self
+
+        class Pool:
+            def malloc(self, size):
+                raise AssertionError("NumPy arrays are not allocated from a CuPy pool")
+
+            def total_bytes(self):
+                return 0
+
+            def free_all_blocks(self):
+                stand_in.cached_blocks_released += 1
+
+        class Graph:
+            def launch(self, stream):
+                stand_in.launches += 1
+
+        class Stream:
+            def __init__(self, non_blocking=False):
+                assert non_blocking, "the legacy stream cannot be captured"
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def begin_capture(self):
+                if stand_in.refusal:
+                    raise RuntimeError(stand_in.refusal)
+
+            def end_capture(self):
+                stand_in.captures += 1
+                return Graph()
+
+        self.cuda = types.SimpleNamespace(MemoryPool=Pool, Stream=Stream, get_current_stream=lambda: None,
+                                          using_allocator=lambda malloc: contextlib.nullcontext())
+        self.get_default_memory_pool = Pool
+
+
+def _solver_with_stand_in(stand_in, text=SOLVER):
+    solver = netdef.get_solver(text)
+    solver.net.cuda_graphs = net_graphs.PassGraphs(solver.net, cupy=stand_in)
+    return solver
+
+
+def test_a_recording_cuda_refuses_leaves_each_run_eager_for_good_and_says_why_once(caplog):
+    without = _trained(False)
+    stand_in = StandInCupy(refusal="operation not permitted when stream is capturing")
+    solver = _solver_with_stand_in(stand_in)
+    with caplog.at_level(logging.WARNING, logger="netdef"):
+        solver.step(6)
+    said = [r.getMessage() for r in caplog.records if "without a CUDA graph" in r.getMessage()]
+    # Each replayable run tried once, at its third pass, then ran eagerly.
+    why = ": recording them failed (RuntimeError: operation not permitted when stream is capturing)"
+    assert said == [f"Net graphs: layers conv..pool run forward without a CUDA graph{why}",
+                    f"Net graphs: layers ip1..ip2 run forward without a CUDA graph{why}",
+                    f"Net graphs: layers ip2..ip1 run backward without a CUDA graph{why}",
+                    f"Net graphs: layers pool..data run backward without a CUDA graph{why}"], said
+    assert stand_in.launches == 0 and solver.net.cuda_graphs.replayed() == []
+    for name, blobs in solver.net.params.items():  # every blob restored before the eager pass
+        for i, blob in enumerate(blobs):
+            np.testing.assert_array_equal(blob.data, without[f"{name}/{i}"], err_msg=f"{name}/{i}")
+
+
+def test_runs_are_recorded_at_the_third_pass_of_a_kind_and_replayed_after():
+    stand_in = StandInCupy()
+    solver = _solver_with_stand_in(stand_in)
+    net = solver.net
+    # The first iteration is a kind of its own: its gradients are made then (none to clear before).
+    solver.step(3)
+    assert stand_in.captures == 0 and net.cuda_graphs.replayed() == []
+    conv_before = net.blobs["conv"].data
+    solver.step(1)
+    assert stand_in.captures == 4 and stand_in.launches == 4  # recorded, then launched: that pass
+    assert stand_in.cached_blocks_released == 4
+    assert net.cuda_graphs.replayed() == [("backward", "ip2", "ip1"), ("backward", "pool", "data"),
+                                          ("forward", "conv", "pool"), ("forward", "ip1", "ip2")]
+    # What a run makes is let go before its recording, which allocates its own.
+    assert net.blobs["conv"].data is not conv_before
+    recorded_data = net.blobs["data"].data
+    solver.step(3)
+    assert stand_in.captures == 4 and stand_in.launches == 4 + 3 * 4
+    # The data layer refills its top eagerly each pass; before a launch its values go into the array
+    # the recording reads, which the blob holds again afterwards.
+    assert net.blobs["data"].data is recorded_data
+
+
+def test_passes_of_iter_size_get_a_recording_each_and_new_shapes_forget_them_all():
+    stand_in = StandInCupy()
+    solver = _solver_with_stand_in(stand_in, SOLVER.replace("max_iter: 6", "max_iter: 6 iter_size: 2"))
+    net = solver.net
+    solver.step(4)  # each kind of pass (the first of an iteration, the second) four times, as above
+    assert stand_in.captures == 8  # four runs, twice
+    launched = stand_in.launches
+    solver.step(1)
+    assert stand_in.captures == 8 and stand_in.launches == launched + 8  # two passes of four runs, replayed
+    net.layers[0].layer_param.dummy_data_param.shape[0].dim[0] = 6  # a larger batch from now on
+    net.layers[0].layer_param.dummy_data_param.shape[1].dim[0] = 6
+    net.layers[0].setup(net._bottom_vecs[0], net._top_vecs[0])
+    launched = stand_in.launches
+    solver.step(1)
+    assert net.blobs["data"].shape[0] == 6
+    assert stand_in.captures == 8 and stand_in.launches == launched and net.cuda_graphs.replayed() == []
+    # Three passes of each kind (the first pass of the new shapes is one of its own for the forward
+    # runs, whose key is taken before their layers reshape their tops): each recorded anew, once.
+    solver.step(3)
+    assert stand_in.captures == 16 and len(net.cuda_graphs.replayed()) == 4
