@@ -97,6 +97,15 @@ class _Run:
         parameters = tuple(id(blob.bound_arrays()[0]) for blob in self.parameters)
         return (tuple(blob.shape for blob in self.blobs), backend.precision()), (pending, parameters)
 
+    def _give_made_values_new_memory(self) -> None:
+        """Forward, each blob the run makes gets an array of the recording's own, uninitialized: its
+        layer writes every value (a convolution into its top's array), and a blob without an array
+        would be given zeros first, a pass over the values that every replay would repeat."""
+        if self.direction == "forward":
+            for blob in self.made:
+                _, diff, pending = blob.bound_arrays()
+                blob.rebind((blob.array_module.empty(blob.shape, dtype=blob.dtype), diff, pending))
+
     def record(self, run_eagerly, cupy) -> _Recording:
         """Record ``run_eagerly()`` and launch the graph; raises where recording fails, every blob
         then holding what it held before, nothing having run.
@@ -118,6 +127,7 @@ class _Run:
             with cupy.cuda.using_allocator(pool.malloc), stream:
                 stream.begin_capture()
                 try:
+                    self._give_made_values_new_memory()
                     run_eagerly()
                 finally:
                     graph = stream.end_capture()
