@@ -361,6 +361,7 @@ def measure(row: dict, torch, device, args) -> None:
     netdef_pool = device.netdef_pool_bytes()
     row["conv_algorithms"] = convolution_algorithms(solver.net)
     row["cuda_graph_runs"] = solver.net.cuda_graphs.replayed() if solver.net.cuda_graphs else []
+    row["cuda_graph_refusals"] = solver.net.cuda_graphs.refused() if solver.net.cuda_graphs else []
     device.reset_torch_peak()
     run_torch(args.warmup)
     runs = {"netdef": run_netdef, "torch": run_torch}
@@ -414,6 +415,8 @@ def print_table(rows: list[dict], environment: list[str], command: str, memory_n
             runs = row["cuda_graph_runs"]
             print(f"#   {row['label']} {row['precision']}: {len(runs)} stretches replayed from CUDA graphs"
                   + (f" ({', '.join(f'{d} {a}..{b}' for d, a, b in runs)})" if 0 < len(runs) <= 6 else ""))
+            for direction, first, last, why in row.get("cuda_graph_refusals", []):
+                print(f"#     not recorded: {direction} {first}..{last}: {why}")
     print("# netdef's convolution algorithms (layers per choice):")
     for row in rows:
         if row.get("conv_algorithms"):

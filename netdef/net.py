@@ -11,7 +11,10 @@ and around every layer its layer hooks (``net_hooks.py``).
 
 Where no backward follows, ``forward_range`` runs a layer and the per-channel maps working in place on
 its top after it (BatchNorm with global statistics, Scale, ReLU) as one pass (layers/fusion.py), with
-the same bits; ``fuse_layers`` and ``forward_only`` below say when.
+the same bits; ``fuse_layers`` and ``forward_only`` below say when. On a GPU with ``cuda_graphs`` on,
+``forward_range`` and ``backward_range`` replay stretches of layers from CUDA graphs (``net_graphs.py``)
+and run the rest eagerly (``forward_eagerly``, ``backward_eagerly``). Which layers a net state includes
+is ``net_state.py``'s business.
 """
 from __future__ import annotations
 

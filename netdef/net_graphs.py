@@ -205,21 +205,37 @@ class PassGraphs:
 
     def forward(self, start: int, end: int) -> float:
         loss = 0.0
+        recorded = self._recorded_count()
         for first, last, replayable in self.forward_runs(start, end):
             if replayable:
                 self._run(("forward", first, last), range(first, last + 1),
                           lambda first=first, last=last: self.net.forward_eagerly(first, last))
             else:
                 loss += self.net.forward_eagerly(first, last)
+        self._say_what_was_recorded("forward", recorded)
         return loss
 
     def backward(self, start: int, end: int) -> None:
+        recorded = self._recorded_count()
         for high, low, replayable in self.backward_runs(start, end):
             run_eagerly = lambda high=high, low=low: self.net.backward_eagerly(high, low)  # noqa: E731
             if replayable:
                 self._run(("backward", high, low), range(low, high + 1), run_eagerly)
             else:
                 run_eagerly()
+        self._say_what_was_recorded("backward", recorded)
+
+    def _recorded_count(self) -> int:
+        return sum(len(run.recordings) for run in self._runs.values())
+
+    def _say_what_was_recorded(self, direction: str, before: int) -> None:
+        """One log line for a pass that recorded graphs: how much of the net replays from now on."""
+        recorded = self._recorded_count() - before
+        if recorded:
+            replayed = sum(1 for which in self.replayed() if which[0] == direction)
+            eager = sum(1 for which, run in self._runs.items() if which[0] == direction and not run.recordings)
+            log.info("Net %s: %d stretch(es) of layers recorded as CUDA graphs (%s); %d replay from now on, %d "
+                     "replayable stretch(es) run eagerly", self.net.name, recorded, direction, replayed, eager)
 
     def _written_first(self, direction: str, layer_indices) -> list:
         """The blobs whose values (forward) or gradients (backward) the layers ``layer_indices``, in the
@@ -287,6 +303,13 @@ class PassGraphs:
     def pool_bytes(self) -> int:
         """The device memory the recordings' own pools hold (their graphs' temporaries)."""
         return sum(recording.pool.total_bytes() for run in self._runs.values() for recording in run.recordings.values())
+
+    def refused(self) -> list[tuple[str, str, str, str]]:
+        """("forward" or "backward", its first layer's name, its last layer's name, why) of every stretch
+        whose recording failed, and which runs eagerly for good."""
+        names = [layer.name for layer in self.net.layers]
+        return sorted((direction, names[first], names[last], run.refused)
+                      for (direction, first, last), run in self._runs.items() if run.refused is not None)
 
     def replayed(self) -> list[tuple[str, str, str]]:
         """("forward" or "backward", its first layer's name, its last layer's name) of every stretch of

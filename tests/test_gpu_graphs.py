@@ -85,6 +85,8 @@ def trained(cuda_graphs: bool, steps: int, iter_size: int = 1, batch_after: int 
         values = {f"param {name}/{i}": backend.to_host(blob.data).copy()
                   for name, blobs in solver.net.params.items() for i, blob in enumerate(blobs)}
         values.update({f"blob {name}": backend.to_host(blob.data).copy() for name, blob in solver.net.blobs.items()})
+        if cuda_graphs:  # a stretch CUDA would not record: the test says which and why
+            assert solver.net.cuda_graphs.refused() == []
         return values, solver.net.cuda_graphs.replayed() if solver.net.cuda_graphs else []
 
 

@@ -213,12 +213,14 @@ def test_a_recording_cuda_refuses_leaves_each_run_eager_for_good_and_says_why_on
                     f"Net graphs: layers ip2..ip1 run backward without a CUDA graph{why}",
                     f"Net graphs: layers pool..data run backward without a CUDA graph{why}"], said
     assert stand_in.launches == 0 and solver.net.cuda_graphs.replayed() == []
+    assert [refusal[:3] for refusal in solver.net.cuda_graphs.refused()] == [
+        ("backward", "ip2", "ip1"), ("backward", "pool", "data"), ("forward", "conv", "pool"), ("forward", "ip1", "ip2")]
     for name, blobs in solver.net.params.items():  # every blob restored before the eager pass
         for i, blob in enumerate(blobs):
             np.testing.assert_array_equal(blob.data, without[f"{name}/{i}"], err_msg=f"{name}/{i}")
 
 
-def test_runs_are_recorded_at_the_third_pass_of_a_kind_and_replayed_after():
+def test_runs_are_recorded_at_the_third_pass_of_a_kind_and_replayed_after(caplog):
     stand_in = StandInCupy()
     solver = _solver_with_stand_in(stand_in)
     net = solver.net
@@ -226,7 +228,11 @@ def test_runs_are_recorded_at_the_third_pass_of_a_kind_and_replayed_after():
     solver.step(3)
     assert stand_in.captures == 0 and net.cuda_graphs.replayed() == []
     conv_before = net.blobs["conv"].data
-    solver.step(1)
+    with caplog.at_level(logging.INFO, logger="netdef"):
+        solver.step(1)
+    said = [r.getMessage() for r in caplog.records if "recorded as CUDA graphs" in r.getMessage()]
+    assert said == [f"Net graphs: 2 stretch(es) of layers recorded as CUDA graphs ({direction}); 2 replay from now "
+                    f"on, 0 replayable stretch(es) run eagerly" for direction in ("forward", "backward")]
     assert stand_in.captures == 4 and stand_in.launches == 4  # recorded, then launched: that pass
     assert stand_in.cached_blocks_released == 4
     assert net.cuda_graphs.replayed() == [("backward", "ip2", "ip1"), ("backward", "pool", "data"),
