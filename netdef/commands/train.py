@@ -94,7 +94,8 @@ def _train(args, param, path, comm, options, load) -> int:
         param.precision = args.precision  # as --gpu, the flag wins over the solver file
     solver = create_solver(param, comm=comm, options=options, solver_file=path)
     solver.net.keep_blob_diffs = False  # no one can read them here (see Net)
-    solver.net.cuda_graphs = args.cuda_graphs
+    for net in [solver.net, *solver.test_nets]:
+        net.cuda_graphs = args.cuda_graphs
     if args.weights:
         for weights in args.weights.split(","):
             log.info("Finetuning from %s", weights)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..backend import get_array_module
 from ..blob import Blob
 from ..fillers import fill
@@ -73,8 +75,7 @@ class BatchNormLayer(Layer):
         return a.reshape(a.shape[0], self.channels, -1)
 
     def replayable(self) -> bool:
-        # The global statistics' scale factor is read on the host.
-        return not self.use_global_stats
+        return True
 
     def forward(self, bottom, top):
         x = bottom[0].data
@@ -113,12 +114,18 @@ class BatchNormLayer(Layer):
                 _variance_correction(values_per_channel))
 
     def global_statistics(self, dtype):
-        """(mean, std) per channel from the stored blobs, in ``dtype``."""
-        f = float(self.blobs[2].data.reshape(-1)[0])
-        factor = 0.0 if f == 0 else 1.0 / f
+        """(mean, std) per channel from the stored blobs, in ``dtype``. The scale factor's inverse is
+        taken where the factor lies, on the device on a GPU (nothing read back to the host, so a pass
+        can be recorded as a CUDA graph), in float64 and rounded to the blobs' type, the bits of the
+        host's ``1.0 / f`` multiplied in as a Python float."""
+        stored = self.blobs[2].data
+        xp = get_array_module(stored)
+        f = stored.reshape(-1)[:1].astype(np.float64)
+        zero = f == 0
+        factor = xp.where(zero, 0.0, 1.0 / xp.where(zero, 1.0, f)).astype(stored.dtype)
         mean = self.blobs[0].data * factor
         var = self.blobs[1].data * factor
-        std = get_array_module(mean).sqrt(var + self.eps).astype(dtype, copy=False)
+        std = xp.sqrt(var + self.eps).astype(dtype, copy=False)
         return mean, std
 
     def channel_map(self, bottom, top):
