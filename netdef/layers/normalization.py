@@ -114,15 +114,10 @@ class BatchNormLayer(Layer):
                 _variance_correction(values_per_channel))
 
     def global_statistics(self, dtype):
-        """(mean, std) per channel from the stored blobs, in ``dtype``. The scale factor's inverse is
-        taken where the factor lies, on the device on a GPU (nothing read back to the host, so a pass
-        can be recorded as a CUDA graph), in float64 and rounded to the blobs' type, the bits of the
-        host's ``1.0 / f`` multiplied in as a Python float."""
+        """(mean, std) per channel from the stored blobs, in ``dtype``."""
         stored = self.blobs[2].data
         xp = get_array_module(stored)
-        f = stored.reshape(-1)[:1].astype(np.float64)
-        zero = f == 0
-        factor = xp.where(zero, 0.0, 1.0 / xp.where(zero, 1.0, f)).astype(stored.dtype)
+        factor = inverse_factor(stored) if xp is np else inverse_factor_in_place(stored)
         mean = self.blobs[0].data * factor
         var = self.blobs[1].data * factor
         std = xp.sqrt(var + self.eps).astype(dtype, copy=False)
@@ -149,6 +144,23 @@ class BatchNormLayer(Layer):
 
 
 # ---------------------------------------------------------------------------------------------
+def inverse_factor(stored) -> float:
+    """1 / the stored moving-average factor (0 for a factor of 0), as a Python float: multiplied into
+    float32 blobs it is rounded to float32 first."""
+    f = float(stored.reshape(-1)[0])
+    return 0.0 if f == 0 else 1.0 / f
+
+
+def inverse_factor_in_place(stored):
+    """``inverse_factor`` where the factor lies, as a one-value array of its type: on a GPU nothing is
+    read back to the host (a pass can then be recorded as a CUDA graph). The same bits: the inverse
+    in float64, rounded to the blobs' type."""
+    xp = get_array_module(stored)
+    f = stored.reshape(-1)[:1].astype(np.float64)
+    zero = f == 0
+    return xp.where(zero, 0.0, 1.0 / xp.where(zero, 1.0, f)).astype(stored.dtype)
+
+
 def _variance_correction(m: int) -> float:
     """m / (m - 1): what turns the biased variance of m values into the unbiased one (1 for one value)."""
     return m / (m - 1) if m > 1 else 1.0

@@ -7,6 +7,7 @@ import pytest
 
 import tests.helpers as helpers
 from netdef.blob import Blob
+from netdef.layers import normalization
 from netdef.layers.base import TEST, TRAIN
 from tests.helpers import build, check_gradients, layer_case_names, parse_layer, run_caffe_case, shared_path
 
@@ -120,20 +121,16 @@ def test_batchnorm_global_zero_factor_means_zero_stats():
     np.testing.assert_allclose(top[0].data, x / np.sqrt(float(np.float32(1e-5))), rtol=1e-10)
 
 
-@pytest.mark.parametrize("factor", [0.0, 1.0, 0.37, 999.9841, 3e-38])
-def test_batchnorm_global_statistics_take_the_factors_inverse_as_a_host_float_would(factor):
-    """The inverse of the stored scale factor is taken beside the blobs (no host read, so that a GPU
-    pass can be recorded as a CUDA graph); its bits are those of ``1.0 / f`` in float64, multiplied in
-    as a Python float."""
-    rng = np.random.default_rng(7)
-    stored = [rng.standard_normal(5).astype(np.float32), rng.random(5).astype(np.float32) + 0.1,
-              np.array([factor], dtype=np.float32)]
-    layer, _, _ = build(parse_layer(BN_GLOBAL), [randn(2, 5)], 1, np.float32, [a.copy() for a in stored])
-    mean, std = layer.global_statistics(np.float32)
-    f = float(stored[2][0])
-    host_factor = 0.0 if f == 0 else 1.0 / f
-    np.testing.assert_array_equal(mean, stored[0] * host_factor)
-    np.testing.assert_array_equal(std, np.sqrt(stored[1] * host_factor + layer.eps).astype(np.float32))
+@pytest.mark.parametrize("factor", [0.0, 1.0, 0.37, 999.9841, 3e-38, 1.1754944e-38])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_moving_average_factors_inverse_on_the_device_has_the_hosts_bits(factor, dtype):
+    """On a GPU the inverse of BatchNorm's stored factor is taken on the device (no host read, so that
+    a pass can be recorded as a CUDA graph): the same values multiplied in as the host's Python float."""
+    stored = np.array([factor], dtype=dtype)
+    values = np.random.default_rng(7).standard_normal(64).astype(dtype)
+    in_place = normalization.inverse_factor_in_place(stored)
+    assert in_place.dtype == dtype and in_place.shape == (1,)
+    np.testing.assert_array_equal(values * in_place, values * normalization.inverse_factor(stored))
 
 
 @pytest.mark.parametrize("phase,expect_global", [(TRAIN, False), (TEST, True)])
