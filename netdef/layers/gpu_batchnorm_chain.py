@@ -16,6 +16,8 @@ value) rather than two make them differ from the CPU's in the last bits.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..backend import get_array_module
@@ -88,6 +90,23 @@ def forward_global(x, mean, std, scale, bias, negative_slope, y):
     slope = x.dtype.type(0 if negative_slope is None else negative_slope)
     kernels.launch("bn_chain_apply", x.size, (x, np.int32(channels), np.int32(spatial), mean, std, has_scale, scale,
                                               has_bias, bias, has_relu, slope, y))
+
+
+def apply_channel_map(x, mean, std, scale, bias, negative_slope, y) -> None:
+    """y = rectify(((x - mean) / std) * scale + bias) on N x C x M arrays (y may be x), each stage left
+    out where its arguments are None (``mean`` and ``std`` both, or ``bias`` alone after ``scale``),
+    in one pass: ``fusion.apply`` on a GPU, the layers' expressions as their kernels compute them.
+    Without a normalizing stage the kernel divides x - 0 by 1, which leaves every value as it was."""
+    if mean is None:
+        mean, std = _identity_statistics(get_array_module(x), x.shape[1], np.dtype(x.dtype), x.device)
+    forward_global(x, mean, std, scale, bias, negative_slope, y)
+
+
+@functools.lru_cache(maxsize=None)
+def _identity_statistics(xp, channels: int, dtype, device) -> tuple:
+    """(zeros, ones) of ``channels`` values of ``dtype`` on ``device``, the current one (where the map's
+    input is): kept, since the maps that need them recur every forward, and only ever read."""
+    return xp.zeros(channels, dtype=dtype), xp.ones(channels, dtype=dtype)
 
 
 def backward(x, y, dy, mean, std, inv_std, scale, negative_slope, dx, scratch: Scratch):

@@ -384,3 +384,40 @@ def test_relu_twins(gpu_path, slope, dtype):
     np.testing.assert_array_equal(y, ref_y)
     np.testing.assert_array_equal(np.signbit(y), np.signbit(ref_y))
     np.testing.assert_array_equal(dx, ref_dx)
+
+
+# ------------------------------------------------------------------------- channel maps (TEST-phase fusion)
+CHANNEL_MAPS = {  # which stages of fusion.ChannelMap are present: normalize, scale, bias, ReLU slope
+    "BatchNorm, Scale with bias, ReLU": (True, True, True, 0.0),
+    "BatchNorm alone": (True, False, False, None),
+    "ReLU alone (a relu chain in training)": (False, False, False, 0.0),
+    "Scale without bias, leaky ReLU": (False, True, False, 0.1),
+    "BatchNorm, Scale": (True, True, False, None),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("stages", CHANNEL_MAPS.values(), ids=list(CHANNEL_MAPS))
+def test_channel_map_on_the_kernel_path_gives_the_layers_bits(gpu_path, monkeypatch, stages, dtype):
+    """fusion.apply on a GPU: one pass of kernels/batchnorm_chain.cu's bn_chain_apply, the bits of the
+    layers' reference functions one after the other (a zero's sign aside: the kernel rectifies as the
+    ReLU layer's kernel does); in place, as the net runs it."""
+    from netdef.layers import fusion
+
+    normalize, scale, bias, slope = stages
+    rng = np.random.default_rng(8)
+    dims = (3, 5, 7)
+    x = (rng.standard_normal(dims) * 2).astype(dtype)
+    x.reshape(-1)[:3] = (0.0, -0.0, np.nan)
+    channel = lambda offset=0.0: (rng.standard_normal(5) + offset).astype(dtype)  # noqa: E731
+    m = fusion.ChannelMap(dims=dims, mean=channel() if normalize else None,
+                          std=np.abs(channel(1.0)) + dtype(0.1) if normalize else None,
+                          scale=channel(0.5) if scale else None, bias=channel() if bias else None,
+                          negative_slope=slope)
+    expected = fusion.apply_reference(m, x, np.empty_like(x))
+    monkeypatch.setattr(fusion.jit, "usable", lambda *arrays: False)  # not the CPU's compiled kernels
+    monkeypatch.setattr(kernels, "usable", lambda *arrays: True)     # NumPy arrays as the GPU's
+    got = x.copy()
+    fusion.apply(m, got, got)
+    np.testing.assert_array_equal(got, expected)
+    assert gpu_path.calls == ["bn_chain_apply"]
