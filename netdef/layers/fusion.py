@@ -15,9 +15,8 @@ The net decides where a chain may run fused (net.py: a layer followed by layers 
 its one top, none needing backward): the layers' contract has ``channel_map`` (what a layer's
 forward is, as a ChannelMap, or None) and ``forward_mapped`` (a layer that can apply a map to the
 output it has just written). ``apply`` on C-contiguous float NumPy arrays runs jit/fusion.py; on CuPy
-arrays the BatchNorm chain's CUDA kernel (gpu_batchnorm_chain.apply_channel_map: every stage but the
-convolution's shift); on any other array the layers' own reference functions in sequence, which is
-also the twin of the kernels.
+arrays the BatchNorm chain's CUDA kernel (gpu_batchnorm_chain.apply_channel_map); on any other array
+the layers' own reference functions in sequence, which is also the twin of the kernels.
 """
 from __future__ import annotations
 
@@ -126,10 +125,9 @@ def apply(m: ChannelMap, x, out):
         else:
             _kernels().channel_map(x3, m.shift, m.mean, m.std, m.scale, m.bias, slope, out3)
         return out
-    if m.shift is None and (m.scale is not None or m.bias is None) and kernels.usable(x3, out3, m.mean, m.std,
-                                                                                      m.scale, m.bias):
+    if (m.scale is not None or m.bias is None) and kernels.usable(x3, out3, m.shift, m.mean, m.std, m.scale, m.bias):
         slope = None if m.negative_slope is None else x.dtype.type(m.negative_slope)
-        gpu_batchnorm_chain.apply_channel_map(x3, m.mean, m.std, m.scale, m.bias, slope, out3)
+        gpu_batchnorm_chain.apply_channel_map(x3, m.shift, m.mean, m.std, m.scale, m.bias, slope, out3)
         return out
     return apply_reference(m, x, out)
 

@@ -81,25 +81,28 @@ def forward_batch(x, eps, scale, bias, negative_slope, y, mean, var, std, moving
     forward_global(x, mean, std, scale, bias, negative_slope, y)
 
 
-def forward_global(x, mean, std, scale, bias, negative_slope, y):
-    """y = rectify(((x - mean) / std) * scale + bias) with the given statistics."""
+def forward_global(x, mean, std, scale, bias, negative_slope, y, shift=None):
+    """y = rectify((((x + shift) - mean) / std) * scale + bias) with the given statistics (``shift``
+    None: none)."""
     _, channels, spatial = x.shape
+    has_shift, shift = _flag_and_array(shift, mean)
     has_scale, scale = _flag_and_array(scale, mean)
     has_bias, bias = _flag_and_array(bias, mean)
     has_relu = np.int32(negative_slope is not None)
     slope = x.dtype.type(0 if negative_slope is None else negative_slope)
-    kernels.launch("bn_chain_apply", x.size, (x, np.int32(channels), np.int32(spatial), mean, std, has_scale, scale,
-                                              has_bias, bias, has_relu, slope, y))
+    kernels.launch("bn_chain_apply", x.size, (x, np.int32(channels), np.int32(spatial), has_shift, shift, mean, std,
+                                              has_scale, scale, has_bias, bias, has_relu, slope, y))
 
 
-def apply_channel_map(x, mean, std, scale, bias, negative_slope, y) -> None:
-    """y = rectify(((x - mean) / std) * scale + bias) on N x C x M arrays (y may be x), each stage left
-    out where its arguments are None (``mean`` and ``std`` both, or ``bias`` alone after ``scale``),
-    in one pass: ``fusion.apply`` on a GPU, the layers' expressions as their kernels compute them.
-    Without a normalizing stage the kernel divides x - 0 by 1, which leaves every value as it was."""
+def apply_channel_map(x, shift, mean, std, scale, bias, negative_slope, y) -> None:
+    """y = rectify((((x + shift) - mean) / std) * scale + bias) on N x C x M arrays (y may be x), each
+    stage left out where its arguments are None (``mean`` and ``std`` both, or ``bias`` alone after
+    ``scale``), in one pass: ``fusion.apply`` on a GPU, the layers' expressions as their kernels
+    compute them. Without a normalizing stage the kernel divides v - 0 by 1, which leaves every value
+    as it was."""
     if mean is None:
         mean, std = _identity_statistics(get_array_module(x), x.shape[1], np.dtype(x.dtype), x.device)
-    forward_global(x, mean, std, scale, bias, negative_slope, y)
+    forward_global(x, mean, std, scale, bias, negative_slope, y, shift)
 
 
 @functools.lru_cache(maxsize=None)

@@ -387,12 +387,14 @@ def test_relu_twins(gpu_path, slope, dtype):
 
 
 # ------------------------------------------------------------------------- channel maps (TEST-phase fusion)
-CHANNEL_MAPS = {  # which stages of fusion.ChannelMap are present: normalize, scale, bias, ReLU slope
-    "BatchNorm, Scale with bias, ReLU": (True, True, True, 0.0),
-    "BatchNorm alone": (True, False, False, None),
-    "ReLU alone (a relu chain in training)": (False, False, False, 0.0),
-    "Scale without bias, leaky ReLU": (False, True, False, 0.1),
-    "BatchNorm, Scale": (True, True, False, None),
+CHANNEL_MAPS = {  # which stages of fusion.ChannelMap are present: shift, normalize, scale, bias, ReLU slope
+    "BatchNorm, Scale with bias, ReLU": (False, True, True, True, 0.0),
+    "BatchNorm alone": (False, True, False, False, None),
+    "ReLU alone": (False, False, False, False, 0.0),
+    "a convolution's bias, ReLU (a relu chain in training)": (True, False, False, False, 0.0),
+    "a convolution's bias, BatchNorm, Scale with bias, ReLU": (True, True, True, True, 0.0),
+    "Scale without bias, leaky ReLU": (False, False, True, False, 0.1),
+    "BatchNorm, Scale": (False, True, True, False, None),
 }
 
 
@@ -404,13 +406,13 @@ def test_channel_map_on_the_kernel_path_gives_the_layers_bits(gpu_path, monkeypa
     ReLU layer's kernel does); in place, as the net runs it."""
     from netdef.layers import fusion
 
-    normalize, scale, bias, slope = stages
+    shift, normalize, scale, bias, slope = stages
     rng = np.random.default_rng(8)
     dims = (3, 5, 7)
     x = (rng.standard_normal(dims) * 2).astype(dtype)
     x.reshape(-1)[:3] = (0.0, -0.0, np.nan)
     channel = lambda offset=0.0: (rng.standard_normal(5) + offset).astype(dtype)  # noqa: E731
-    m = fusion.ChannelMap(dims=dims, mean=channel() if normalize else None,
+    m = fusion.ChannelMap(dims=dims, shift=channel() if shift else None, mean=channel() if normalize else None,
                           std=np.abs(channel(1.0)) + dtype(0.1) if normalize else None,
                           scale=channel(0.5) if scale else None, bias=channel() if bias else None,
                           negative_slope=slope)

@@ -1,18 +1,21 @@
 """The GPU's path where cuDNN is there and not refused: its three products (netdef/cudnn/convolution.py),
-each planned once per shape with its fastest plan timed; the bias is the layer's own, added with CuPy."""
+each planned once per shape with its fastest plan timed; the bias is the layer's own, added with CuPy
+or by the channel map the net applies in place after the layer."""
 from __future__ import annotations
 
 from ... import backend
 from ...cudnn import convolution as cudnn_convolution
 from ...cudnn import plans as cudnn_plans
-from .algorithm import AlgorithmRefused, ConvolutionAlgorithm
+from .algorithm import AlgorithmRefused, BiasAfterProducts
 from .base import ConvolutionShape
 
 
-class CudnnAlgorithm(ConvolutionAlgorithm):
+class CudnnAlgorithm(BiasAfterProducts):
     """Forward (fprop), input gradient (dgrad) and weight gradient (wgrad) through cuDNN. Where cuDNN has
     no plan for the shapes it raises ``AlgorithmRefused`` before any gradient is added to: the layer
-    then runs netdef's own path from then on, and the log says why."""
+    then runs netdef's own path from then on, and the log says why. The bias is added in a pass of
+    its own, or, where the net maps the output in place (a ReLU, TEST-phase BatchNorm and Scale), by
+    that map's one pass (``fusion.apply``)."""
 
     name = "cudnn"
 
@@ -20,16 +23,18 @@ class CudnnAlgorithm(ConvolutionAlgorithm):
         super().__init__(shape)
         self.plans = cudnn_convolution.CudnnConvolution(shape.geom)
 
-    def forward(self, layer, bottom, top):
+    def products(self, layer, bottom, top):
         s = self.shape
         w = layer.blobs[0].data
         for b, t in zip(bottom, top):
-            y = t.data.reshape(s.y_shape)
             try:
-                self.plans.forward(b.data.reshape(s.x_shape), w, y)
+                self.plans.forward(b.data.reshape(s.x_shape), w, t.data.reshape(s.y_shape))
             except cudnn_plans.Unsupported as exc:
                 raise AlgorithmRefused(self.name, f"cuDNN has no plan: {exc}") from exc
-            layer.add_bias(y)
+
+    def mapped_products(self, layer, bottom, top, channel_map):
+        self.products(layer, bottom, top)
+        return False  # cuDNN's graph writes the products as they are: the map is a pass of its own
 
     def backward(self, layer, top, propagate_down, bottom):
         s = self.shape

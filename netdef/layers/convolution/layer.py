@@ -70,7 +70,11 @@ class ConvolutionLayer(ConvolutionBase):
             self.strategy.forward(self, bottom, top)
 
     def forward_mapped(self, bottom, top, channel_map):
-        return self.strategy.forward_mapped(self, bottom, top, channel_map)
+        try:
+            return self.strategy.forward_mapped(self, bottom, top, channel_map)
+        except AlgorithmRefused as refusal:
+            self._plan_without(refusal)
+            return self.strategy.forward_mapped(self, bottom, top, channel_map)
 
     def backward(self, top, propagate_down, bottom):
         try:

@@ -114,14 +114,18 @@ extern "C" __global__ void bn_statistics_finish(const int channels, const int sl
   }
 }
 
-// One thread per value: y = rectify(((x - mean) / std) * scale + bias), each stage where asked for.
+// One thread per value: y = rectify((((x + shift) - mean) / std) * scale + bias), each stage where asked
+// for (shift: a convolution's bias, added before the maps of the layers in place after it).
 extern "C" __global__ void bn_chain_apply(const int nthreads, const real* x, const int channels,
-                                          const int spatial, const real* mean, const real* std,
+                                          const int spatial, const int has_shift, const real* shift,
+                                          const real* mean, const real* std,
                                           const int has_scale, const real* scale, const int has_bias,
                                           const real* bias, const int has_relu, const real slope, real* y) {
   KERNEL_LOOP(i, nthreads) {
     const int c = (i / spatial) % channels;
-    real v = (x[i] - mean[c]) / std[c];
+    real v = x[i];
+    if (has_shift) v = v + shift[c];
+    v = (v - mean[c]) / std[c];
     if (has_scale) {
       v = v * scale[c];
       if (has_bias) v = v + bias[c];
