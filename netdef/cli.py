@@ -23,6 +23,7 @@ from netdef.commands import data, simulate, train
 from netdef.commands.common import (
     CommandLineError,
     caffe_flag,
+    cuda_graphs_flag,
     positive_iterations,
     precision_flag,
     set_device,
@@ -76,6 +77,7 @@ def cmd_test(args) -> int:
     set_precision(args)
     net = netdef.Net(args.model, netdef.TEST, weights=args.weights or None, stages=stages(args), level=args.level)
     net.forward_only = True  # scoring runs no backward: every chain of per-channel layers may run fused
+    net.cuda_graphs = args.cuda_graphs
     log.info("Running for %d iterations.", iterations)
     weights = net.blob_loss_weights
     totals: dict[str, np.ndarray] = {}
@@ -352,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     caffe_flag(test, "iterations", type=int, default=50, help="number of batches (default 50)")
     caffe_flag(test, "gpu", help="GPU id")
     precision_flag(test)
+    cuda_graphs_flag(test)
     caffe_flag(test, "stage", help="comma-separated stages of the net state")
     caffe_flag(test, "level", type=int, default=0, help="level of the net state")
     test.set_defaults(func=cmd_test)

@@ -134,12 +134,18 @@ def test_graphs_asked_for_on_the_cpu_train_exactly_as_without_and_the_log_says_w
     assert said == ["Net graphs: CUDA graphs not used: they need a GPU (the net runs on the CPU)"]
 
 
-def test_train_takes_the_cuda_graphs_flag(tmp_path):
-    (tmp_path / "solver.prototxt").write_text(SOLVER)
+def test_train_and_test_take_the_cuda_graphs_flag(tmp_path):
+    (tmp_path / "solver.prototxt").write_text(SOLVER.replace("max_iter: 6", "max_iter: 6 snapshot_prefix: \"snap\""))
     done = subprocess.run([sys.executable, "-m", "netdef.cli", "train", "solver.prototxt", "--cuda_graphs"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "CUDA graphs not used: they need a GPU" in done.stderr
+    (tmp_path / "net.prototxt").write_text(NET)
+    scored = subprocess.run([sys.executable, "-m", "netdef.cli", "test", "--model", "net.prototxt", "--weights",
+                             "snap_iter_6.caffemodel", "--iterations", "2", "--cuda_graphs"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert scored.returncode == 0, scored.stderr[-2000:]
+    assert "CUDA graphs not used: they need a GPU" in scored.stderr
 
 
 # ------------------------------------------------------------------ recordings, through a stand-in

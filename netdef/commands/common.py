@@ -93,6 +93,12 @@ def precision_flag(parser) -> None:
                "Caffe's; the default, or the solver file's precision) or tf32 (TensorFloat-32 tensor cores)")
 
 
+def cuda_graphs_flag(parser) -> None:
+    caffe_flag(parser, "cuda_graphs", action="store_true",
+               help="on a GPU, replay stretches of layers from CUDA graphs recorded once (the host launches one "
+                    "graph instead of every kernel; the same bits); one process only")
+
+
 def set_precision(args) -> None:
     """--precision for the verbs without a solver file (test, time)."""
     import netdef

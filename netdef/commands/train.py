@@ -6,7 +6,7 @@ import logging
 
 from netdef.progress import BarAfterFirstStep
 
-from .common import CommandLineError, caffe_flag, positive_iterations, precision_flag, set_device
+from .common import CommandLineError, caffe_flag, cuda_graphs_flag, positive_iterations, precision_flag, set_device
 
 log = logging.getLogger("netdef")
 
@@ -26,9 +26,7 @@ def add_parser(verbs, common) -> None:
     caffe_flag(train, "gpu", help="GPU id to run on, or a list (0,1) or all; under MPI each rank of a machine takes the "
                                   "next of them in turn (default: the solver's solver_mode/device_id)")
     precision_flag(train)
-    caffe_flag(train, "cuda_graphs", action="store_true",
-               help="on a GPU, replay stretches of layers from CUDA graphs recorded once (the host launches "
-                    "one graph instead of every kernel; the same bits); one process only")
+    cuda_graphs_flag(train)
     caffe_flag(train, "sigint_effect", default="stop", choices=["stop", "snapshot", "none"],
                help="what Ctrl-C (SIGINT) does: stop (snapshot if enabled, then exit), snapshot, none")
     caffe_flag(train, "sighup_effect", default="snapshot", choices=["stop", "snapshot", "none"],
