@@ -89,13 +89,15 @@ class _Run:
         self.eager_passes: dict[tuple, int] = {}
         self.refused: str | None = None
 
-    def key(self) -> tuple:
-        """What a recording depends on: (the shapes of every blob and the precision; every blob's
-        pending clear and the parameters' arrays, by identity: a recording keeps them alive, so no
-        other array can take their id)."""
+    def key(self, scratch_generation: int) -> tuple:
+        """What a recording depends on: (the shapes of every blob, the precision and the net's scratch
+        buffers, which a recording reads where they were; every blob's pending clear and the
+        parameters' arrays, by identity: a recording keeps them alive, so no other array can take
+        their id)."""
         pending = tuple(blob.bound_arrays()[2] for blob in self.blobs)
         parameters = tuple(id(blob.bound_arrays()[0]) for blob in self.parameters)
-        return (tuple(blob.shape for blob in self.blobs), backend.precision()), (pending, parameters)
+        shapes = tuple(blob.shape for blob in self.blobs)
+        return (shapes, backend.precision(), scratch_generation), (pending, parameters)
 
     def _give_made_values_new_memory(self) -> None:
         """Forward, each blob the run makes gets an array of the recording's own, uninitialized: its
@@ -268,14 +270,15 @@ class PassGraphs:
 
             self._cupy = cupy
         cupy = self._cupy
-        key = run.key()
+        key = run.key(self.net._scratch.generation)
         recording = run.recordings.get(key)
         if recording is not None:
             recording.replay(run.blobs, cupy)
             return
         if any(recorded[0] != key[0] for recorded in run.recordings):
-            # New shapes or precision: the eager passes ahead may replace arrays that layers keep and
-            # every recording reads (scratch, kept outputs), so none of them can be replayed again.
+            # New shapes or precision, or a scratch buffer replaced: the eager passes ahead may
+            # replace arrays that layers keep and every recording reads (scratch, kept outputs), and
+            # a replaced buffer is freed, so none of them can be replayed again.
             self._forget_recordings()
         # Recordings of parameters since replaced (weights loaded into new arrays) will not be
         # replayed again: they go, and the old arrays they kept with them.

@@ -273,3 +273,19 @@ def test_passes_of_iter_size_get_a_recording_each_and_new_shapes_forget_them_all
     # runs, whose key is taken before their layers reshape their tops): each recorded anew, once.
     solver.step(3)
     assert stand_in.captures == 16 and len(net.cuda_graphs.replayed()) == 4
+
+
+def test_a_scratch_buffer_replaced_after_a_recording_is_never_read_by_it_again():
+    """A recording reads the net's shared scratch buffers where they were when it was made; one replaced
+    since (freed, its memory handed to others) forgets every recording, and the runs warm up anew."""
+    stand_in = StandInCupy()
+    solver = _solver_with_stand_in(stand_in)
+    net = solver.net
+    solver.step(4)
+    assert len(net.cuda_graphs.replayed()) == 4
+    net._scratch.get("a layer's temporary", (1 << 16,), np.float32, np)  # as an eager layer might ask
+    launched = stand_in.launches
+    solver.step(1)
+    assert stand_in.launches == launched and net.cuda_graphs.replayed() == []
+    solver.step(2)
+    assert len(net.cuda_graphs.replayed()) == 4 and stand_in.captures == 8

@@ -28,6 +28,9 @@ class Scratch:
 
     def __init__(self):
         self._buffers: dict = {}
+        #: How many buffers have been made so far: a change means one was replaced (or added), and
+        #: a CUDA graph recorded before may still read the old one (netdef/net_graphs.py).
+        self.generation = 0
         # The views of each buffer handed out so far, by (shape, dtype, array module): a net asks for
         # the same ones at every forward (MobileNet v2 at batch 1: about 70 a forward), and cutting a
         # view anew took a few microseconds each. Dropped with the buffer when it is replaced, and
@@ -54,6 +57,7 @@ class Scratch:
                 memory.check_fits(nbytes, f"scratch array {key!r} of shape {sizes}")
             buffer = xp.empty(max(nbytes, 1), dtype=np.uint8)
             self._buffers[key] = buffer
+            self.generation += 1
             self._views[key] = {}
         array = buffer[:nbytes].view(dtype).reshape(sizes)
         views = self._views[key]
