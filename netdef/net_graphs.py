@@ -89,15 +89,15 @@ class _Run:
         self.eager_passes: dict[tuple, int] = {}
         self.refused: str | None = None
 
-    def key(self, scratch_generation: int) -> tuple:
-        """What a recording depends on: (the shapes of every blob, the precision and the net's scratch
-        buffers, which a recording reads where they were; every blob's pending clear and the
-        parameters' arrays, by identity: a recording keeps them alive, so no other array can take
-        their id)."""
+    def key(self, net_settings: tuple) -> tuple:
+        """What a recording depends on: (the shapes of every blob, the precision and ``net_settings``,
+        the net's own: its scratch buffers, which a recording reads where they were, and whether it
+        keeps its blobs' gradients; every blob's pending clear and the parameters' arrays, by
+        identity: a recording keeps them alive, so no other array can take their id)."""
         pending = tuple(blob.bound_arrays()[2] for blob in self.blobs)
         parameters = tuple(id(blob.bound_arrays()[0]) for blob in self.parameters)
         shapes = tuple(blob.shape for blob in self.blobs)
-        return (shapes, backend.precision(), scratch_generation), (pending, parameters)
+        return (shapes, backend.precision(), net_settings), (pending, parameters)
 
     def _give_made_values_new_memory(self) -> None:
         """Forward, each blob the run makes gets an array of the recording's own, uninitialized: its
@@ -270,13 +270,13 @@ class PassGraphs:
 
             self._cupy = cupy
         cupy = self._cupy
-        key = run.key(self.net._scratch.generation)
+        key = run.key((self.net._scratch.generation, self.net.keep_blob_diffs))
         recording = run.recordings.get(key)
         if recording is not None:
             recording.replay(run.blobs, cupy)
             return
         if any(recorded[0] != key[0] for recorded in run.recordings):
-            # New shapes or precision, or a scratch buffer replaced: the eager passes ahead may
+            # New shapes or settings, or a scratch buffer replaced: the eager passes ahead may
             # replace arrays that layers keep and every recording reads (scratch, kept outputs), and
             # a replaced buffer is freed, so none of them can be replayed again.
             self._forget_recordings()
