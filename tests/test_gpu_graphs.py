@@ -24,16 +24,16 @@ layer { name: "data" type: "DummyData" top: "data" top: "label"
         dummy_data_param { shape { dim: 8 dim: 3 dim: 12 dim: 12 } shape { dim: 8 }
                            data_filler { type: "gaussian" } data_filler { type: "constant" value: 2 } } }
 layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
-        convolution_param { num_output: 8 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+        convolution_param { num_output: 6 kernel_size: 5 pad: 2 bias_term: false weight_filler { type: "xavier" } } }
 layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }
 layer { name: "scale1" type: "Scale" bottom: "conv1" top: "conv1" scale_param { bias_term: true } }
-layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
-layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
-layer { name: "norm1" type: "LRN" bottom: "pool1" top: "norm1" lrn_param { local_size: 3 } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" relu_param { negative_slope: 0.05 } }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 3 stride: 2 } }
+layer { name: "norm1" type: "LRN" bottom: "pool1" top: "norm1" lrn_param { local_size: 3 norm_region: WITHIN_CHANNEL } }
 layer { name: "a" type: "Convolution" bottom: "norm1" top: "a"
-        convolution_param { num_output: 8 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.1 } } }
+        convolution_param { num_output: 6 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.1 } } }
 layer { name: "b" type: "Convolution" bottom: "norm1" top: "b"
-        convolution_param { num_output: 8 kernel_size: 1 weight_filler { type: "gaussian" std: 0.1 } } }
+        convolution_param { num_output: 6 kernel_size: 1 weight_filler { type: "gaussian" std: 0.1 } } }
 layer { name: "sum" type: "Eltwise" bottom: "a" bottom: "b" top: "sum" }
 layer { name: "cat" type: "Concat" bottom: "sum" bottom: "norm1" top: "cat" }
 layer { name: "pool2" type: "Pooling" bottom: "cat" top: "pool2" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
