@@ -317,7 +317,8 @@ class GpuDevice:
         lines = [f"GPU {self.device_id}: {name}, {props['totalGlobalMem'] / 2**30:.0f} GiB",
                  f"CuPy {self.cupy.__version__} (CUDA runtime {self.cupy.cuda.runtime.runtimeGetVersion()}); "
                  f"torch {torch.__version__} (CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()})"]
-        lines.append(f"netdef's cuDNN: {netdef.cudnn.status()[1]}")
+        lines.append(f"netdef's cuDNN: {netdef.cudnn.status()[1]}; workspace limit "
+                     f"{netdef.cudnn.workspace_limit() / MIB:.0f} MiB")
         return lines
 
 
@@ -360,8 +361,9 @@ def measure(row: dict, torch, device, args) -> None:
     device.synchronize()
     netdef_pool = device.netdef_pool_bytes()
     row["conv_algorithms"] = convolution_algorithms(solver.net)
-    row["cuda_graph_runs"] = solver.net.cuda_graphs.replayed() if solver.net.cuda_graphs else []
-    row["cuda_graph_refusals"] = solver.net.cuda_graphs.refused() if solver.net.cuda_graphs else []
+    if solver.net.cuda_graphs:
+        row["cuda_graph_runs"] = solver.net.cuda_graphs.replayed()
+        row["cuda_graph_refusals"] = solver.net.cuda_graphs.refused()
     device.reset_torch_peak()
     run_torch(args.warmup)
     runs = {"netdef": run_netdef, "torch": run_torch}
@@ -447,6 +449,9 @@ def parse_args(argv):
     parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                         help="start no new net once this many seconds have passed (the first always runs)")
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
+    parser.add_argument("--cudnn-workspace-mib", type=int, metavar="MIB",
+                        help="the most workspace a cuDNN plan of netdef's may use (netdef.cudnn.set_workspace_limit; "
+                             "default 1024): PyTorch's cudnn.benchmark sets itself no such limit")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="netdef replays its stretches of replayable layers from CUDA graphs (Net.cuda_graphs, "
                              "netdef train --cuda_graphs); the table says how many stretches each net replayed")
@@ -473,6 +478,9 @@ def main(argv=None) -> list[dict]:
 
     device = GpuDevice(0) if args.device == "gpu" else CpuDevice()
     device.use_for_netdef()
+    previous_workspace_limit = netdef.cudnn.workspace_limit()
+    if args.cudnn_workspace_mib is not None:
+        netdef.cudnn.set_workspace_limit(args.cudnn_workspace_mib * MIB)
     environment = device.describe(torch) + [time.strftime("%Y-%m-%d %H:%M")]
     memory_note = ("memory: netdef = the most bytes CuPy's pool had handed out at once in the warm-up (plus the CUDA "
                    "graphs' own pools), PyTorch = "
@@ -499,6 +507,7 @@ def main(argv=None) -> list[dict]:
                 write_json(args.json, rows, environment, command)
     finally:
         backend.set_precision(previous_precision)
+        netdef.cudnn.set_workspace_limit(previous_workspace_limit)
     print_table(rows, environment, command, memory_note)
     return rows
 
