@@ -62,7 +62,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import netdef  # noqa: E402
-import netdef.cudnn  # noqa: E402
+import netdef.cudnn.plans  # noqa: E402
 from netdef import backend, net_graphs  # noqa: E402
 from netdef.proto import netdef_pb2 as pb  # noqa: E402
 
@@ -393,7 +393,10 @@ def run_job(row: dict, torch, device, args) -> None:
 
 
 # -------------------------------------------------------------------------------------------- print
-def print_table(rows: list[dict], environment: list[str], command: str, memory_note: str) -> None:
+def print_table(rows: list[dict], environment: list[str], command: str, memory_note: str,
+                limited: list = ()) -> None:
+    """The table and its notes; ``limited``: the cuDNN plans whose candidates the workspace limit
+    cut (netdef.cudnn.plans.limited_by_workspace)."""
     print()
     for line in environment:
         print(f"# {line}")
@@ -419,6 +422,9 @@ def print_table(rows: list[dict], environment: list[str], command: str, memory_n
                   + (f" ({', '.join(f'{d} {a}..{b}' for d, a, b in runs)})" if 0 < len(runs) <= 6 else ""))
             for direction, first, last, why in row.get("cuda_graph_refusals", []):
                 print(f"#     not recorded: {direction} {first}..{last}: {why}")
+    if limited:
+        print(f"# cuDNN plans that left out candidates over the workspace limit: {len(limited)}; the most any "
+              f"wanted: {max(wanted for _, wanted in limited) / MIB:.0f} MiB (--cudnn-workspace-mib raises it)")
     print("# netdef's convolution algorithms (layers per choice):")
     for row in rows:
         if row.get("conv_algorithms"):
@@ -508,7 +514,8 @@ def main(argv=None) -> list[dict]:
     finally:
         backend.set_precision(previous_precision)
         netdef.cudnn.set_workspace_limit(previous_workspace_limit)
-    print_table(rows, environment, command, memory_note)
+    print_table(rows, environment, command, memory_note,
+                netdef.cudnn.plans.limited_by_workspace() if args.device == "gpu" else [])
     return rows
 
 

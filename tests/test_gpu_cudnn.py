@@ -16,6 +16,17 @@ from netdef import backend, cudnn
 from tests.helpers import build, parse_layer, skip_without_cudnn
 
 
+def test_the_plans_the_workspace_limit_cut_are_listed_with_the_most_any_candidate_wanted(monkeypatch):
+    """What gpu_train.py reports after a run (runs everywhere: plans made by hand, no GPU needed)."""
+    from netdef.cudnn import plans
+
+    built = {("conv_fprop", 1): plans.Plan(None, [], 0, 0, None, (3 << 30, 5 << 30)),
+             ("conv_wgrad", 2): plans.Plan(None, [], 1, 1 << 20, None),
+             ("conv_dgrad", 3): plans.Unsupported("no plan")}
+    monkeypatch.setattr(plans, "_plans", built)
+    assert plans.limited_by_workspace() == [("conv_fprop", 5 << 30)]
+
+
 def test_status_names_what_is_missing():
     usable, why = cudnn.status()
     try:

@@ -44,12 +44,16 @@ class Plan:
     by ``execute`` with the operands' uids in a fixed order, the frontend's cached path (``pin``).
     Where that path fails on the frontend in use, the plan keeps the indexed call."""
 
-    def __init__(self, graph, operands, index: int, workspace_bytes: int, device: "_Device"):
+    def __init__(self, graph, operands, index: int, workspace_bytes: int, device: "_Device",
+                 over_limit: tuple = ()):
         self.graph = graph
         self.operands = operands
         self.index = index
         self.workspace_bytes = workspace_bytes
         self.device = device
+        #: The workspace bytes of the candidates left out for wanting more than the limit (their
+        #: speed unknown): where the limit may have cost this operation its fastest plan.
+        self.over_limit = over_limit
         self._uids = None  # the operands' uids once the plan is pinned
 
     def pin(self, arrays) -> str | None:
@@ -171,7 +175,7 @@ def _build(key, describe, arrays) -> Plan:
         graph.check_support()
     except Exception as exc:  # noqa: BLE001 - the frontend raises several types; all mean: no plan
         raise Unsupported(f"{key[0]}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
-    timed, refusals = _time_candidates(graph, operands, arrays, device)
+    timed, refusals, over_limit = _time_candidates(graph, operands, arrays, device)
     if not timed:
         # Distinct reasons, so that a refusal seen once on a GPU can be understood from its log.
         reasons = "; ".join(dict.fromkeys(refusals)) or "none were tried"
@@ -179,7 +183,7 @@ def _build(key, describe, arrays) -> Plan:
                           f"within the workspace limit ({workspace_limit()} bytes) and precision "
                           f"{backend.precision()} ({reasons[:600]})")
     _, index, workspace_bytes = min(timed)
-    chosen = Plan(graph, operands, index, workspace_bytes, device)
+    chosen = Plan(graph, operands, index, workspace_bytes, device, tuple(over_limit))
     why_not_pinned = chosen.pin(arrays)
     if why_not_pinned is not None:
         _log_unpinned_once(why_not_pinned)
@@ -197,12 +201,13 @@ def _log_unpinned_once(why: str) -> None:
                     "failed: %s)", why)
 
 
-def _time_candidates(graph, operands, arrays, device) -> tuple[list, list]:
+def _time_candidates(graph, operands, arrays, device) -> tuple[list, list, list]:
     """(milliseconds, index, workspace bytes) of each of the first MAX_CANDIDATES plans that build,
-    and why each plan that did not was left out (its exception's type and first words)."""
+    why each plan that did not was left out (its exception's type and first words), and the
+    workspace bytes of those left out for the workspace limit."""
     cupy = device.cupy
     pack = _pointers(operands, arrays)
-    timed, refusals = [], []
+    timed, refusals, over_limit = [], [], []
     for index in range(graph.get_execution_plan_count()):
         if len(timed) == MAX_CANDIDATES:
             break
@@ -211,6 +216,7 @@ def _time_candidates(graph, operands, arrays, device) -> tuple[list, list]:
             workspace_bytes = graph.get_workspace_size_plan_at_index(index)
             if workspace_bytes > workspace_limit():
                 refusals.append(f"workspace {workspace_bytes} bytes")
+                over_limit.append(workspace_bytes)
                 continue
             workspace = device.workspace(workspace_bytes)
             handle = device.bound_handle()
@@ -225,5 +231,12 @@ def _time_candidates(graph, operands, arrays, device) -> tuple[list, list]:
             refusals.append(f"{type(exc).__name__}: {' '.join(str(exc).split())[:80]}")
             continue
         timed.append((cupy.cuda.get_elapsed_time(start, stop) / TIMED_RUNS, index, workspace_bytes))
-    return timed, refusals
+    return timed, refusals, over_limit
+
+
+def limited_by_workspace() -> list[tuple[str, int]]:
+    """(operation, the most workspace bytes a candidate left out wanted) of every plan built so far
+    in this process whose candidates included some the workspace limit left out."""
+    return [(key[0], max(found.over_limit)) for key, found in _plans.items()
+            if isinstance(found, Plan) and found.over_limit]
 
