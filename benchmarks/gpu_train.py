@@ -29,10 +29,12 @@ framework's time is the wall time between two device-wide synchronisations, so t
 time counts as it does in training. Figures are the medians of the rounds; images/s = batch / that
 time; the ratio is netdef's images/s over PyTorch's (above 1: netdef faster).
 
-Peak device memory: PyTorch's ``torch.cuda.max_memory_allocated()`` since ``reset_peak_memory_stats()``
-before its warm-up (its weights included). CuPy has no peak counter: during netdef's warm-up every
-allocation goes through a wrapper of its pool's ``malloc`` that records the most bytes handed out at
-once (``used_bytes``, the weights and whatever netdef keeps from earlier nets, such as cuDNN's
+Peak device memory, in training as it goes on (after the warm-up, whose first iterations time
+cuDNN's plans and, with ``--cuda-graphs``, record the graphs): PyTorch's ``torch.cuda.max_memory_allocated()``
+since ``reset_peak_memory_stats()`` after its warm-up (its weights included), over an untimed iteration
+and the timed rounds. CuPy has no peak counter: during one untimed iteration after netdef's warm-up
+every allocation goes through a wrapper of its pool's ``malloc`` that records the most bytes handed
+out at once (``used_bytes``, the weights and whatever netdef keeps from earlier nets, such as cuDNN's
 workspace, included), the figure comparable to PyTorch's; the CUDA graphs' own pools (``--cuda-graphs``)
 are added whole. The timed rounds run without the wrapper. The bytes CuPy's pool holds (freed blocks
 it keeps included, closer to PyTorch's ``max_memory_reserved()``) are in the JSON
@@ -352,10 +354,11 @@ def measure(row: dict, torch, device, args) -> None:
             torch_iteration()
 
     run_netdef = solver.step
+    # With graphs, the warm-up ends with every stretch recorded (the first iteration, which makes the
+    # gradients, is a kind of pass of its own): the timed rounds replay.
+    run_netdef(max(args.warmup, net_graphs.WARM_UP_PASSES + 2) if args.cuda_graphs else args.warmup)
     with device.netdef_peak() as peak:
-        # With graphs, the warm-up ends with every stretch recorded (the first iteration, which makes
-        # the gradients, is a kind of pass of its own): the timed rounds replay.
-        run_netdef(max(args.warmup, net_graphs.WARM_UP_PASSES + 2) if args.cuda_graphs else args.warmup)
+        run_netdef(1)  # a training iteration as every later one, its memory peak measured
     # A recording's memory pool is its own (net_graphs.py): held throughout, on top of the default pool's peak.
     row["netdef_peak_mib"] = (peak[0] + (solver.net.cuda_graphs.pool_bytes() if solver.net.cuda_graphs else 0)) / MIB
     device.synchronize()
@@ -364,8 +367,9 @@ def measure(row: dict, torch, device, args) -> None:
     if solver.net.cuda_graphs:
         row["cuda_graph_runs"] = solver.net.cuda_graphs.replayed()
         row["cuda_graph_refusals"] = solver.net.cuda_graphs.refused()
-    device.reset_torch_peak()
     run_torch(args.warmup)
+    device.reset_torch_peak()  # PyTorch's peak from here: the same steady iterations as netdef's
+    run_torch(1)
     runs = {"netdef": run_netdef, "torch": run_torch}
     times = {"netdef": [], "torch": []}
     for round_index in range(args.rounds):
@@ -488,9 +492,10 @@ def main(argv=None) -> list[dict]:
     if args.cudnn_workspace_mib is not None:
         netdef.cudnn.set_workspace_limit(args.cudnn_workspace_mib * MIB)
     environment = device.describe(torch) + [time.strftime("%Y-%m-%d %H:%M")]
-    memory_note = ("memory: netdef = the most bytes CuPy's pool had handed out at once in the warm-up (plus the CUDA "
-                   "graphs' own pools), PyTorch = "
-                   "torch.cuda.max_memory_allocated()" if args.device == "gpu" else "memory: not measured on the CPU")
+    memory_note = ("memory: netdef = the most bytes CuPy's pool had handed out at once in an iteration after the "
+                   "warm-up (plus the CUDA graphs' own pools), PyTorch = "
+                   "torch.cuda.max_memory_allocated() after its warm-up" if args.device == "gpu"
+                   else "memory: not measured on the CPU")
     for line in environment:
         print(f"# {line}", flush=True)
     jobs = [(key, precision) for key in args.nets for precision in args.precision]
