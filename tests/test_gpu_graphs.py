@@ -120,3 +120,32 @@ def test_a_new_batch_shape_is_recorded_anew():
     assert replayed
     assert with_graphs["blob data"].shape[0] == 12
     assert_same_bits(with_graphs, without)
+
+
+def test_a_test_net_replays_its_forward_with_the_bits_of_running_it():
+    """A TEST-phase net (BatchNorm with its stored statistics, Dropout the identity) scored with
+    graphs: each batch's outputs are those of the same net run eagerly."""
+    import cupy
+
+    def scored(cuda_graphs: bool):
+        with gpu_settings():
+            net = netdef.Net(INPUT_NET, netdef.TEST)
+            net.forward_only = True
+            rng = np.random.default_rng(4)
+            for blobs in net.params.values():
+                for blob in blobs:
+                    blob.data[...] = cupy.asarray(rng.random(blob.shape, dtype=np.float32) + 0.5)
+            net.cuda_graphs = cuda_graphs
+            outputs = []
+            for batch in range(6):
+                set_inputs(net, 8)
+                net.blobs["data"].data *= batch + 1  # a new batch each time, in a new array
+                net.forward_range()
+                outputs.append(backend.to_host(net.blobs["ip2"].data).copy())
+            return outputs, net.cuda_graphs.replayed() if net.cuda_graphs else []
+
+    without, _ = scored(False)
+    with_graphs, replayed = scored(True)
+    assert replayed, "nothing was replayed"
+    for batch, (got, want) in enumerate(zip(with_graphs, without)):
+        np.testing.assert_array_equal(got, want, err_msg=f"batch {batch}")
