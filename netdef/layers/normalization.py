@@ -117,7 +117,7 @@ class BatchNormLayer(Layer):
         """(mean, std) per channel from the stored blobs, in ``dtype``."""
         stored = self.blobs[2].data
         xp = get_array_module(stored)
-        factor = inverse_factor(stored) if xp is np else inverse_factor_in_place(stored)
+        factor = inverse_factor(stored) if xp is np else inverse_factor_as_array(stored)
         mean = self.blobs[0].data * factor
         var = self.blobs[1].data * factor
         std = xp.sqrt(var + self.eps).astype(dtype, copy=False)
@@ -151,7 +151,7 @@ def inverse_factor(stored) -> float:
     return 0.0 if f == 0 else 1.0 / f
 
 
-def inverse_factor_in_place(stored):
+def inverse_factor_as_array(stored):
     """``inverse_factor`` where the factor lies, as a one-value array of its type: on a GPU nothing is
     read back to the host (a pass can then be recorded as a CUDA graph). The same bits: the inverse
     in float64, rounded to the blobs' type."""

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from netdef.blob import Blob
+from netdef.layers import fusion
 from netdef.layers.convolution import algorithm, planner
 from netdef.layers.convolution.algorithm import AlgorithmRefused, ConvolutionAlgorithm
 from tests.helpers import build, parse_layer
@@ -65,11 +66,14 @@ class RefusingOnce(ConvolutionAlgorithm):
     def forward(self, layer, bottom, top):
         raise AlgorithmRefused(self.name, "cuDNN has no plan: none for these shapes")
 
+    def forward_mapped(self, layer, bottom, top, channel_map):
+        raise AlgorithmRefused(self.name, "cuDNN has no plan: none for these shapes")
+
     def backward(self, layer, top, propagate_down, bottom):
         raise AlgorithmRefused(self.name, "cuDNN has no plan: none for these shapes")
 
 
-@pytest.mark.parametrize("call", ["forward", "backward"])
+@pytest.mark.parametrize("call", ["forward", "forward_mapped", "backward"])
 def test_a_refused_algorithm_gives_way_and_the_call_is_repeated(call):
     layer, bottom, top = conv(num_output=4, kernel_size=3, pad=1)
     expected, _, expected_top = conv(num_output=4, kernel_size=3, pad=1)
@@ -88,6 +92,9 @@ def test_a_refused_algorithm_gives_way_and_the_call_is_repeated(call):
     if call == "forward":
         layer.forward(bottom, top)
         np.testing.assert_array_equal(top[0].data, expected_top[0].data)
+    elif call == "forward_mapped":  # the relu chain's call in training
+        assert layer.forward_mapped(bottom, top, fusion.ChannelMap(negative_slope=0.0))
+        np.testing.assert_array_equal(top[0].data, np.maximum(expected_top[0].data, 0))
     else:
         layer.backward(top, [True], bottom)
         np.testing.assert_array_equal(bottom[0].diff, expected_bottom[0].diff)

@@ -128,9 +128,9 @@ def test_the_moving_average_factors_inverse_on_the_device_has_the_hosts_bits(fac
     a pass can be recorded as a CUDA graph): the same values multiplied in as the host's Python float."""
     stored = np.array([factor], dtype=dtype)
     values = np.random.default_rng(7).standard_normal(64).astype(dtype)
-    in_place = normalization.inverse_factor_in_place(stored)
-    assert in_place.dtype == dtype and in_place.shape == (1,)
-    np.testing.assert_array_equal(values * in_place, values * normalization.inverse_factor(stored))
+    as_array = normalization.inverse_factor_as_array(stored)
+    assert as_array.dtype == dtype and as_array.shape == (1,)
+    np.testing.assert_array_equal(values * as_array, values * normalization.inverse_factor(stored))
 
 
 @pytest.mark.parametrize("phase,expect_global", [(TRAIN, False), (TEST, True)])

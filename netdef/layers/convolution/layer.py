@@ -63,25 +63,22 @@ class ConvolutionLayer(ConvolutionBase):
         return self.strategy.summary()
 
     def forward(self, bottom, top):
-        try:
-            self.strategy.forward(self, bottom, top)
-        except AlgorithmRefused as refusal:
-            self._plan_without(refusal)
-            self.strategy.forward(self, bottom, top)
+        self._by_strategy(lambda strategy: strategy.forward(self, bottom, top))
 
     def forward_mapped(self, bottom, top, channel_map):
-        try:
-            return self.strategy.forward_mapped(self, bottom, top, channel_map)
-        except AlgorithmRefused as refusal:
-            self._plan_without(refusal)
-            return self.strategy.forward_mapped(self, bottom, top, channel_map)
+        return self._by_strategy(lambda strategy: strategy.forward_mapped(self, bottom, top, channel_map))
 
     def backward(self, top, propagate_down, bottom):
+        self._by_strategy(lambda strategy: strategy.backward(self, top, propagate_down, bottom))
+
+    def _by_strategy(self, call):
+        """``call(self.strategy)``; where the algorithm refuses the shapes after all (before it has added
+        to any gradient), once more with the one planned without it."""
         try:
-            self.strategy.backward(self, top, propagate_down, bottom)
+            return call(self.strategy)
         except AlgorithmRefused as refusal:
             self._plan_without(refusal)
-            self.strategy.backward(self, top, propagate_down, bottom)
+            return call(self.strategy)
 
     def _plan_without(self, refusal: AlgorithmRefused) -> None:
         """The algorithm refused these shapes: this layer runs another from now on (the planner logs
