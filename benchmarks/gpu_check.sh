@@ -13,7 +13,7 @@
 #
 # Usage: bash benchmarks/gpu_check.sh [BENCH_SECONDS] [EXTRA gpu_train.py FLAGS...]
 # Environment: GPU_CHECK_STAGES (which of: tests profile time train graphs data overlap; default all but profile),
-# GPU_CHECK_TESTS_BESIDE=1 (tests beside the benchmarks, see below), GPU_CHECK_PROFILE_NETS, OVERLAP_SECONDS (120),
+# GPU_CHECK_TESTS_BESIDE=1 (tests beside the benchmarks, see below), GPU_CHECK_PROFILE_NETS, OVERLAP_SECONDS (150),
 # OVERLAP_ZOO (resnet50) and OVERLAP_BATCH (32): the overlap stage's net and batch per rank,
 # GPU_CHECK_GRAPH_NETS and GRAPHS_SECONDS (120): the nets and time of the CUDA-graph stage, GPU_CHECK_PROFILE_FLAGS
 # (e.g. --cuda-graphs --precision tf32): more flags for gpu_profile.py.
@@ -37,8 +37,17 @@ if ls .device/mpi/mpich-*.whl > /dev/null 2>&1; then
   export PATH="$HOME/.local/bin:$PATH"
 fi
 
+# A newer NCCL than the image's, where gpu_prepare.sh built one (.device/nccl/, NCCL 2.30+ for this
+# GPU's architecture): 2.28.9 refuses two ranks of one communicator on one GPU, so without it the
+# NCCL tests skip and the overlap stage's NCCL runs fail. It is preloaded into the stages that use
+# NCCL (CuPy takes a libnccl.so.2 already loaded before it searches the wheels).
+NCCL_PRELOAD=
+[ -f .device/nccl/libnccl.so.2 ] && NCCL_PRELOAD="$PWD/.device/nccl/libnccl.so.2"
+
 {
   date -u
+  [ -n "$NCCL_PRELOAD" ] && echo "NCCL preloaded for the tests and overlap stages: $(LD_PRELOAD=$NCCL_PRELOAD python3 -c \
+    'from cupy.cuda import nccl; print(nccl.get_version())' 2>&1 | tail -1)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   python3 - <<'EOF'
 import cupy, torch, cudnn, numpy, netdef.cudnn
@@ -67,7 +76,7 @@ rm -rf "$WORK"; mkdir -p "$WORK"
 # (a first visit, when finding what breaks matters more than clean figures; the figures of such a run
 # are disturbed by the tests and are not reported); by default they run first, alone.
 run_tests() {
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -n 6 --dist load --timeout 90 \
+  LD_PRELOAD="$NCCL_PRELOAD" timeout 200 python3 -m pytest -q -p no:cacheprovider -n 6 --dist load --timeout 90 \
     tests/test_gpu.py tests/test_gpu_cudnn.py tests/test_gpu_chains.py tests/test_gpu_graphs.py tests/test_gpu_ranks.py \
     tests/test_gpu_data.py \
     > "$OUT/tests.log" 2>&1
@@ -111,16 +120,24 @@ graphs_benchmark() {
 
 overlap_benchmark() {
   # Staged through pinned host buffers and MPI, then over NCCL with both ranks on the one GPU (NCCL
-  # 2.30+ allows it experimentally: NCCL_MULTI_RANK_GPU_ENABLE=1, its channels capped by NCCL_MAX_CTAS).
+  # 2.30+ allows it experimentally: NCCL_MULTI_RANK_GPU_ENABLE=1, its channels capped by NCCL_MAX_CTAS),
+  # under the fifo schedule (one NCCL group per layer, ordered on the device) and the priority schedule
+  # (its chunks started by the host as they become final, first what the next forward needs).
   # The net: a zoo net (OVERLAP_ZOO, default ResNet-50, issue 30's case) at OVERLAP_BATCH images per rank.
-  local seconds=$(( ${OVERLAP_SECONDS:-120} / 2 ))
-  for via in mpi nccl; do
-    echo "== overlap.py --gpu --exchange-via $via --zoo ${OVERLAP_ZOO:-resnet50}: two ranks on the GPU, the exchange hidden behind backward (issue 30) =="
-    NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_MAX_CTAS=8 timeout "$seconds" python3 benchmarks/overlap.py --gpu --exchange-via $via \
-      --zoo "${OVERLAP_ZOO:-resnet50}" --ranks 2 --batch "${OVERLAP_BATCH:-32}" --buckets 4 --modes THREAD --rounds 2 \
+  local seconds=$(( ${OVERLAP_SECONDS:-150} / 3 ))
+  # The staged path's buckets are driven by a communication thread; NCCL's by what AUTO chooses (its
+  # events test cheaply: POLL, between layers).
+  for run in mpi:fifo:THREAD nccl:fifo:AUTO nccl:priority:AUTO; do
+    local via schedule modes
+    IFS=: read -r via schedule modes <<< "$run"
+    echo "== overlap.py --gpu --exchange-via $via --schedule $schedule --zoo ${OVERLAP_ZOO:-resnet50}: two ranks on the GPU, the exchange hidden behind backward (issue 30) =="
+    LD_PRELOAD="$NCCL_PRELOAD" NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_MAX_CTAS=8 timeout "$seconds" python3 benchmarks/overlap.py \
+      --gpu --exchange-via $via --schedule $schedule \
+      --zoo "${OVERLAP_ZOO:-resnet50}" --ranks 2 --batch "${OVERLAP_BATCH:-32}" --buckets 4 --modes "$modes" --rounds 2 \
       --iters 3 --warmup 2 --no-single \
-      --timeout "$(( seconds - 5 ))" --json "$WORK/overlap_gpu_$via.json" > "$WORK/overlap_gpu_$via.txt" 2>&1
-    tail -15 "$WORK/overlap_gpu_$via.txt"
+      --timeout "$(( seconds - 5 ))" --json "$WORK/overlap_gpu_${via}_$schedule.json" \
+      > "$WORK/overlap_gpu_${via}_$schedule.txt" 2>&1
+    tail -15 "$WORK/overlap_gpu_${via}_$schedule.txt"
   done
   cat "$WORK"/overlap_gpu_*.txt > "$OUT/overlap_gpu.txt"
 }

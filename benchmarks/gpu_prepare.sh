@@ -8,6 +8,8 @@
 #                    least as new as netdef_pb2's gencode, lmdb, simplejpeg
 #   .device/mpi/     the mpich wheel (the image's mpi4py has no MPI library of its own)
 #   .device/shared/  fixtures/caffe-ref and fixtures/caffe-models, as ../shared holds them
+#   .device/nccl/    kept when there: NCCL 2.30+ for Hopper, which benchmarks/gpu_nccl.sh builds (then
+#                    two ranks on the machine's one GPU can sum over NCCL)
 #
 # Usage: bash benchmarks/gpu_prepare.sh [PATH_TO_SHARED]    (default: ../shared beside the checkout)
 set -euo pipefail
@@ -17,7 +19,9 @@ SHARED="${1:-../shared}"
 LIMIT_MIB=64
 
 grep -qxF "/.device/" .git/info/exclude 2>/dev/null || echo "/.device/" >> .git/info/exclude
-rm -rf .device
+# Everything but .device/nccl/, a build of NCCL that gpu_nccl.sh takes ten minutes to make.
+mkdir -p .device
+find .device -mindepth 1 -maxdepth 1 ! -name nccl -exec rm -rf {} +
 mkdir -p .device/whl .device/mpi .device/shared/fixtures
 
 download() {

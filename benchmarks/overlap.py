@@ -192,15 +192,19 @@ def worker(spec_path: str) -> None:
         solvers = []
         try:
             for config in spec["configs"]:
-                # FIFO: this benchmark compares progress modes of the backward-order exchange
-                # (schedule.py compares the schedules).
+                # The overlapped runs take --schedule (default fifo: this benchmark compares progress
+                # modes of the backward-order exchange; schedule.py compares the schedules on the CPU);
+                # the run without overlap, the reference T_x, is always the fifo exchange after backward.
+                schedule = spec.get("schedule", "fifo") if config["overlap"] else "fifo"
                 options = ExchangeOptions(overlap=config["overlap"], bucket_bytes=int(config["bucket_mb"] * MB),
-                                          progress=config["progress"], schedule="fifo",
+                                          progress=config["progress"], schedule=schedule,
                                           exchange_via=spec.get("exchange_via", "auto"))
                 solver = create_solver(param_text, comm=comm, options=options)
                 solvers.append(solver)
                 solver.step(spec["warmup"])
-                info.setdefault("progress_resolved", {})[config["name"]] = solver.parallel.exchange.progress_mode
+                exchange = solver.parallel.exchange
+                info.setdefault("progress_resolved", {})[config["name"]] = exchange.progress_mode
+                info.setdefault("exchange", {})[config["name"]] = exchange.describe()
             count = len(solvers)
             info["speed_probe_s"] = [_speed_probe()]
             for r in range(spec["rounds"]):
@@ -509,6 +513,10 @@ def main(argv=None) -> int:
                              "staged path, or NCCL where NCCL_MULTI_RANK_GPU_ENABLE=1 lets it)")
     parser.add_argument("--exchange-via", default="auto", choices=["auto", "shared_memory", "nccl", "mpi"],
                         help="netdef_distributed.exchange_via (default auto: on the CPU, in shared memory on one machine)")
+    parser.add_argument("--schedule", default="fifo", choices=["fifo", "priority"],
+                        help="the overlapped runs' schedule (default fifo; the run without overlap is always fifo). "
+                             "On a GPU over NCCL, fifo is one NCCL group per layer ordered on the device, priority "
+                             "the priority schedule's chunks")
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.worker)
@@ -530,7 +538,7 @@ def main(argv=None) -> int:
                     "iters": args.iters, "warmup": args.warmup, "configs": launch["configs"],
                     "async_progress": launch.get("async_progress", False),
                     "probe_bytes": int(args.probe_mb * MB) // 4 * 4, "poll_interval": args.poll_interval,
-                    "gpu": args.gpu, "exchange_via": args.exchange_via, "zoo": args.zoo}
+                    "gpu": args.gpu, "exchange_via": args.exchange_via, "zoo": args.zoo, "schedule": args.schedule}
             path = os.path.join(folder, f"{launch['name'].split()[0]}-{len(infos)}.json")
             pathlib.Path(path).write_text(json.dumps(spec))
             command = launcher.command(launch["ranks"], path)

@@ -66,19 +66,55 @@ def test_the_log_says_how_the_gradients_travel(tmp_path):
     assert refused.returncode != 0 and "exchange_via is nccl, but ranks share a GPU" in refused.stderr
 
 
-def test_nccl_on_one_gpu_where_nccl_allows_two_ranks(tmp_path, one_process):
+# NCCL's paths (netdef/comm/nccl.py, nccl_sum.py): the priority schedule's chunks, the drivers' buckets
+# without overlap, and the fifo schedule's one group per layer, as the log describes each.
+NCCL_FLAGS = [pytest.param([], "allreduce on a communication stream of its own", id="priority"),
+              pytest.param(["--chunk_bytes", "4096", "--credit_bytes", "8192"],
+                           "allreduce on a communication stream of its own", id="priority-small-chunks"),
+              pytest.param(["--schedule", "fifo", "--overlap", "off"], "allreduce on a communication stream of its own",
+                           id="fifo-no-overlap"),
+              pytest.param(["--schedule", "fifo"], "allreduce over NCCL", id="fifo")]
+
+
+@pytest.mark.parametrize("flags, described", NCCL_FLAGS)
+def test_nccl_on_one_gpu_where_nccl_allows_two_ranks(tmp_path, one_process, flags, described):
     """NCCL 2.30 and later let two ranks share a GPU (experimentally, NCCL_MULTI_RANK_GPU_ENABLE=1,
     channels limited by NCCL_MAX_CTAS): the NCCL exchange then runs here too. An older NCCL refuses,
     and the test says so rather than pass."""
     pair = write_case(tmp_path, "pair", BATCH, ITERATIONS, records=RECORDS)
-    two = run_netdef(["train", str(pair), "--gpu", "all", "--exchange_via", "nccl"], 2, tmp_path, timeout=180,
+    two = run_netdef(["train", str(pair), "--gpu", "all", "--exchange_via", "nccl"] + flags, 2, tmp_path, timeout=180,
                      env={"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_MAX_CTAS": "4"})
     if two.returncode != 0 and re.search(r"Duplicate GPU|ncclInvalidUsage|invalid usage|which NCCL [\d.]+ refuses",
                                          two.stderr):
         pytest.skip("this machine's NCCL refuses two ranks on one GPU: " + two.stderr.strip().splitlines()[-1][:300])
     assert two.returncode == 0, two.stderr[-3000:]
-    assert "summed through NCCL" in two.stderr and "allreduce over NCCL" in two.stderr, two.stderr[-3000:]
+    assert "summed through NCCL" in two.stderr and described in two.stderr, two.stderr[-3000:]
     assert_trained_as(one_process, pair.with_name("pair_net.prototxt"), tmp_path / f"pair_iter_{ITERATIONS}.caffemodel")
+
+
+def test_hybrid_sums_over_nccl_inside_its_group(tmp_path):
+    """hybrid with one group of both ranks over NCCL: its allreduce inside the group is NCCL's, and it
+    trains as the same rule through the host does."""
+    flags = ["--exchange", "hybrid", "--group_size", "2", "--tau", "2", "--chunk_bytes", "4096",
+             "--credit_bytes", "8192"]
+    env = {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_MAX_CTAS": "4"}
+    staged = write_case(tmp_path, "staged", BATCH, ITERATIONS, records=RECORDS)
+    via_host = run_netdef(["train", str(staged), "--gpu", "all", "--exchange_via", "mpi"] + flags, 2, tmp_path,
+                          timeout=180)
+    assert via_host.returncode == 0, via_host.stderr[-3000:]
+    nccl = write_case(tmp_path, "nccl", BATCH, ITERATIONS, records=RECORDS)
+    two = run_netdef(["train", str(nccl), "--gpu", "all", "--exchange_via", "nccl"] + flags, 2, tmp_path,
+                     timeout=180, env=env)
+    if two.returncode != 0 and re.search(r"Duplicate GPU|ncclInvalidUsage|invalid usage|which NCCL [\d.]+ refuses",
+                                         two.stderr):
+        pytest.skip("this machine's NCCL refuses two ranks on one GPU: " + two.stderr.strip().splitlines()[-1][:300])
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "hybrid (" in two.stderr and "allreduce on a communication stream of its own" in two.stderr
+    a = weights(staged.with_name("staged_net.prototxt"), tmp_path / f"staged_iter_{ITERATIONS}.caffemodel")
+    b = weights(nccl.with_name("nccl_net.prototxt"), tmp_path / f"nccl_iter_{ITERATIONS}.caffemodel")
+    for name in a:
+        for x, y in zip(a[name], b[name]):
+            assert relative_error(np.asarray(y), np.asarray(x)) < 1e-5, name
 
 
 def test_a_two_rank_gpu_snapshot_resumes_exactly(tmp_path):

@@ -58,7 +58,7 @@ from .agreement import agree, startup_facts
 from .communicator import Communicator, create_communicator
 from .watchdog import REQUESTS
 from .exchange import ExchangeOptions, exchange_class
-from .nccl import NcclAllreduceExchange, nccl_choice
+from .nccl import nccl_choice, over_nccl
 from .timeline import IterationClock, Measurements, Timeline, instrument_net, write_chrome_trace
 
 logger = logging.getLogger("netdef")
@@ -127,13 +127,13 @@ class DataParallel(Parallel):
                     seen.add(id(layer))
                     if layer.set_shard(self.rank, self.size):
                         sharded.add(id(layer))
-        rule = exchange_class(self.options.exchange)
+        rule, options = exchange_class(self.options.exchange), self.options
         via_nccl, route = nccl_choice(self.comm, net.learnable_params, self.options)
         if route != "MPI":  # a GPU run: say how its gradients travel
             logger.info("Gradients on the GPU are summed through %s", route)
         if via_nccl:
-            rule = NcclAllreduceExchange
-        self.exchange = rule(self.comm, net, self.options, self.measurements, seed=self._seed or 0)
+            rule, options = over_nccl(rule, options)
+        self.exchange = rule(self.comm, net, options, self.measurements, seed=self._seed or 0)
         if self.size > 1:
             self._requests_comm = self.comm.duplicate()
         self.exchange.leave_division_to_update()  # the updates divide (GradientExchange.take_divisor)

@@ -61,7 +61,8 @@ from .. import backend
 from ..registry import Registry, UnknownNameError
 from ..solver.arrival import GradientExchange
 from .options import DEFAULT_BUCKET_BYTES, ExchangeOptions, check  # noqa: F401  (DEFAULT_BUCKET_BYTES: simulate)
-from .gradient_staging import gradients_for
+from .gradient_staging import gradients_for, on_device
+from .nccl_sum import NcclReduction
 from .progress import choose_mode, make_driver, shared_memory_only
 from .reduction import Reduction
 from .shared_sum import SharedSum
@@ -115,9 +116,12 @@ class ExchangeRule(GradientExchange):
     a rule's own random choices).
 
     ``trains_own_weights``: whether each rank trains weights of its own, which then differ from the
-    model that is tested and saved (``model_description`` says what that is, for the log)."""
+    model that is tested and saved (``model_description`` says what that is, for the log);
+    ``progress_mode``: what moves its non-blocking exchanges along (a mode of ``progress.py``; NONE where
+    nothing needs to), for the log and the benchmarks."""
 
     name = ""
+    progress_mode = "NONE"
     trains_own_weights = False
     model_description = "the weights (the same on every rank)"
 
@@ -258,9 +262,9 @@ class Bucket:
         """Where gradient ``slot`` is summed, in its shape: part of the bucket's own buffer (made now if
         it has none), where the parameter's diff may live (``AllreduceExchange`` keeps it there)."""
         start = self.offsets[slot]
-        return self._own_buffer()[start:start + self.sizes[slot]].reshape(self.shapes[slot])
+        return self.own_buffer()[start:start + self.sizes[slot]].reshape(self.shapes[slot])
 
-    def _own_buffer(self) -> np.ndarray:
+    def own_buffer(self) -> np.ndarray:
         """The bucket's own buffer (given, or made on first need)."""
         if self._own is None:
             self._own = np.empty(sum(self.sizes), dtype=self.dtype)
@@ -287,7 +291,7 @@ class Bucket:
             self.buffer = diff.reshape(-1)
             self.in_place = True
             return
-        self.buffer = self._own_buffer()
+        self.buffer = self.own_buffer()
         self.in_place = False
         self.slot_view(slot)[...] = diff if isinstance(diff, np.ndarray) else backend.to_host(diff)
 
@@ -407,11 +411,12 @@ class AllreduceExchange(ExchangeRule):
     def __init__(self, comm, net, options=None, measurements=None, clock=time.perf_counter, seed: int = 0):
         super().__init__(comm, net, options, measurements, clock, seed)
         comm = self.comm  # the ranks this rule combines the gradients of
-        # How gradients reach the buckets: in place on the CPU, through pinned buffers from a GPU,
-        # whose buckets wait in _copying (in order) until their copies are done.
-        self.gradients = gradients_for(self.params)
-        self._copying: list[Bucket] = []
         self.reduction = self.make_reduction() if comm.size > 1 else None
+        # How gradients reach the buckets, which the reduction decides: in place on the CPU, through
+        # pinned buffers from a GPU, or into device buckets for a GPU collective; asynchronous ones
+        # wait in _copying (in order) until their copies are done.
+        self.gradients = self.reduction.gradients_for(self.params) if self.reduction else gradients_for(self.params)
+        self._copying: list[Bucket] = []
         self.progress_mode = (choose_mode(comm, self.options.progress, cheap_polls=self.reduction.polls_cheaply)
                               if comm.size > 1 else "NONE")
         prioritized = comm.size > 1 and self.options.schedule == "priority"
@@ -435,13 +440,12 @@ class AllreduceExchange(ExchangeRule):
         self._homed: list[int] = []                 # the params whose diffs live in their buckets
 
     def describe(self) -> str:
-        text = f"{self.name} ({self.schedule_text()})"
-        if isinstance(self.reduction, SharedSum):
-            text += f"; {self.reduction.describe()}"
-        return text
+        return f"{self.name} ({self.schedule_text()})"
 
     def trace_to(self, timeline) -> None:
         self.gradients.trace_to(timeline.device)
+        if self.reduction is not None and timeline.device is not None:
+            self.reduction.trace_to(timeline.device)
 
     def schedule_text(self) -> str:
         """How the buckets go, for the log: overlap, bucket size, progress, schedule, chunks."""
@@ -449,6 +453,8 @@ class AllreduceExchange(ExchangeRule):
                 f"{self.options.bucket_bytes} bytes, progress {self.progress_mode}, schedule {self.options.schedule}")
         if self.transport is not None and self.transport.chunk_bytes:
             text += f": chunks of {self.transport.chunk_bytes} bytes, {self.transport.credit_bytes} bytes in flight"
+        if isinstance(self.reduction, (SharedSum, NcclReduction)):  # MPI's and the trees' rules say their own
+            text += f"; {self.reduction.describe()}"
         return text
 
     def layer_hooks(self) -> dict:
@@ -736,13 +742,18 @@ class AllreduceExchange(ExchangeRule):
     # ------------------------------------------------------------------------------ overridable steps
     def make_reduction(self) -> Reduction:
         """The algorithm that sums a bucket or chunk over the ranks (built once, with two ranks or
-        more): in memory the ranks share where every rank runs on this machine and the gradients are
-        host arrays (``shared_sum.py``; ``exchange_via: mpi`` declines it), else MPI's allreduce."""
+        more): NCCL on the device where the gradients are on a GPU and ``exchange_via`` is nccl
+        (``DataParallel`` resolves auto to it where every rank can use NCCL: ``nccl.nccl_choice``); in
+        memory the ranks share where every rank runs on this machine and the gradients are host arrays
+        (``shared_sum.py``; ``exchange_via: mpi`` declines it); else MPI's allreduce."""
         via = self.options.exchange_via
-        shared = shared_memory_only(self.comm) and not self.gradients.asynchronous
+        gpu = on_device(self.params)
+        if gpu and via == "nccl":
+            return NcclReduction(self.comm)
+        shared = shared_memory_only(self.comm) and not gpu
         if via == "shared_memory" and not shared:
             raise ValueError("netdef_distributed.exchange_via is shared_memory, but "
-                             + ("the gradients are on a GPU (use nccl or mpi)" if self.gradients.asynchronous else
+                             + ("the gradients are on a GPU (use nccl or mpi)" if gpu else
                                 f"the ranks do not all share this machine's memory ({self.comm.local_size} of the "
                                 f"{self.comm.size} reach this rank's; MPIR_CVAR_NOLOCAL=1, or Open MPI's btl without "
                                 f"vader or sm, keeps them apart too)"))

@@ -19,6 +19,13 @@ this iteration's device-to-host copies, then (after the host's MPI sum) its host
 then the next iteration's copies, so a pinned buffer is never written while a copy still reads it;
 the compute stream waits for the host-to-device copy before anything it queues later (the next
 backward writing the diff among it), and the next device-to-host copy waits for the compute stream.
+
+On a GPU whose reduction sums device memory (NCCL: ``nccl_sum.NcclReduction``; ``DeviceBuckets``) the
+buckets are device arrays the reduction gave: packing copies a gradient into its bucket on the compute
+stream and records an event, and a bucket is ``copied`` once that event has completed, so the
+transports start a sum only once its gradients are final on the device. Unpacking copies the average
+back on the compute stream; nothing waits there, because a bucket is unpacked only once the host has
+seen its reduction's events complete.
 """
 from __future__ import annotations
 
@@ -49,18 +56,35 @@ class HostGradients:
         return bucket.unpack(slot, diff, divisor, leave_division)
 
 
-class PinnedDeviceGradients:
-    """Diffs on a GPU, staged through pinned host buffers on a copy stream (module docstring).
-    ``compute_stream``: the stream the layers and the updates run on."""
+class _DeviceGradients:
+    """What the GPU's stagings share: a bucket is ``copied`` once the event recorded after its last
+    gradient's copy (``_copied``, by bucket index) has completed. ``compute_stream``: the stream the
+    layers and the updates run on."""
 
     asynchronous = True
 
     def __init__(self, cupy, compute_stream):
         self.cupy = cupy
         self.compute_stream = compute_stream
+        self._copied: dict[int, object] = {}
+
+    def copied(self, bucket) -> bool:
+        event = self._copied.get(bucket.index)
+        return event is None or event.done
+
+    def wait_copied(self, bucket) -> None:
+        event = self._copied.get(bucket.index)
+        if event is not None:
+            event.synchronize()
+
+
+class PinnedDeviceGradients(_DeviceGradients):
+    """Diffs on a GPU, staged through pinned host buffers on a copy stream (module docstring)."""
+
+    def __init__(self, cupy, compute_stream):
+        super().__init__(cupy, compute_stream)
         self.copy_stream = cupy.cuda.Stream(non_blocking=True)
         self._buffers: dict[int, np.ndarray] = {}   # bucket index -> its pinned flat buffer
-        self._copied: dict[int, object] = {}        # bucket index -> event after its last copy out
         self._spans = None                          # a timeline's DeviceSpans, when one is written
 
     def trace_to(self, spans) -> None:
@@ -85,15 +109,6 @@ class PinnedDeviceGradients:
                             category="exchange")
         self._copied[bucket.index] = self.copy_stream.record()
 
-    def copied(self, bucket) -> bool:
-        event = self._copied.get(bucket.index)
-        return event is None or event.done
-
-    def wait_copied(self, bucket) -> None:
-        event = self._copied.get(bucket.index)
-        if event is not None:
-            event.synchronize()
-
     def unpack(self, bucket, slot: int, diff, divisor, leave_division: bool) -> bool:
         cupy = self.cupy
         started = self._spans.begin(self.copy_stream) if self._spans is not None else None
@@ -106,6 +121,33 @@ class PinnedDeviceGradients:
                             category="exchange")
         self.compute_stream.wait_event(self.copy_stream.record())
         return False
+
+
+class DeviceBuckets(_DeviceGradients):
+    """Diffs on a GPU, summed in device buckets by a GPU collective (module docstring)."""
+
+    def trace_to(self, spans) -> None:
+        """The copies are on the compute stream, among the layers' own spans."""
+
+    def pack(self, bucket, slot: int, diff) -> None:
+        bucket.take_buffer(bucket.own_buffer())
+        with self.compute_stream:
+            bucket.slot_view(slot)[...] = diff
+        self._copied[bucket.index] = self.compute_stream.record()
+
+    def unpack(self, bucket, slot: int, diff, divisor, leave_division: bool) -> bool:
+        summed = bucket.slot_view(slot)
+        with self.compute_stream:
+            if leave_division:
+                diff[...] = summed
+                return True
+            self.cupy.divide(summed, diff.dtype.type(divisor), out=diff)
+        return False
+
+
+def on_device(params) -> bool:
+    """Whether parameter Blobs ``params`` live on a GPU."""
+    return not {blob.array_module for blob in params} <= {np}
 
 
 def gradients_for(params) -> HostGradients | PinnedDeviceGradients:

@@ -1,4 +1,15 @@
-"""The allreduce rule on GPUs over NCCL: the gradients never leave the device, and the host never waits.
+"""NCCL on GPUs: when the allreduce family sums over NCCL, and the fifo schedule's NCCL path.
+
+When NCCL is used (``exchange_via``): on a GPU, for the allreduce and hybrid rules (hybrid inside each
+group), when CuPy has NCCL on every rank and every rank drives a GPU of its own (NCCL refuses two ranks
+of one communicator on a device unless ``NCCL_MULTI_RANK_GPU_ENABLE=1`` lets NCCL 2.30 or later allow
+it); ``auto`` falls back to the staged path through pinned host buffers and MPI
+(``gradient_staging.py``) and says why, ``nccl`` ends the job instead. The other rules always use MPI.
+
+How (``over_nccl``): the priority schedule (the default), and the drivers without overlap, keep the
+rule and start its buckets and chunks through ``nccl_sum.NcclReduction``, so the next forward's first
+layers leave first. The fifo schedule with overlap is ``NcclAllreduceExchange`` below, where the
+host never waits:
 
 NCCL (through CuPy's ``cupy.cuda.nccl``; rank 0's unique id is broadcast over MPI) sums on a
 communication stream of its own. When a layer's gradients are final (the net's backward hook hands
@@ -12,15 +23,10 @@ stream wait for the events of the blobs asked for (no host wait), so that the up
 and the next forward of the layer that uses the blob, run after the sum and after nothing else. The
 division by the rank count is left to the update's own kernel (``take_divisor``), one pass fewer.
 Layers hand their gradients over in the same order on every rank, so the NCCL calls match.
-
-When NCCL is used (``exchange_via``): on a GPU, for the allreduce rule, when CuPy has NCCL on every
-rank and every rank drives a GPU of its own (NCCL refuses two ranks of one communicator on a device
-unless ``NCCL_MULTI_RANK_GPU_ENABLE=1`` lets NCCL 2.30 or later allow it); ``auto`` falls back to the staged
-path through pinned host buffers and MPI (``gradient_staging.py``) and says why, ``nccl`` ends the
-job instead. The other rules always use MPI.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -29,9 +35,11 @@ import time
 import numpy as np
 
 from .exchange import ExchangeRule
+from .nccl_sum import communicator, nccl_types, unique_id, version_text
 
 MULTI_RANK_VARIABLE = "NCCL_MULTI_RANK_GPU_ENABLE"
-UNIQUE_ID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES
+# The rules whose gradients NCCL can sum: the allreduce family's plain sum (hybrid's inside a group).
+NCCL_RULES = ("allreduce", "hybrid")
 
 
 class NcclUnavailable(RuntimeError):
@@ -80,13 +88,19 @@ def _multi_rank_refusal(problem: str | None) -> str | None:
 
     version = nccl.get_version()
     if version < MULTI_RANK_MIN_VERSION:
-        return f"NCCL {_version_text(version)} refuses ({MULTI_RANK_VARIABLE}=1 takes NCCL 2.30 or later)"
+        return f"NCCL {version_text(version)} refuses ({MULTI_RANK_VARIABLE}=1 takes NCCL 2.30 or later)"
     return None
 
 
-def _version_text(code: int) -> str:
-    """NCCL's version code as major.minor.patch (2.28.9 is 22809)."""
-    return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+def over_nccl(rule: type, options) -> tuple[type, object]:
+    """The rule class and options that sum over NCCL, for the registered ``rule`` and its ``options``,
+    once ``nccl_choice`` has chosen NCCL: allreduce under the fifo schedule with overlap is
+    ``NcclAllreduceExchange`` (one group per layer, ordered on the device, no host wait); every other
+    allreduce-family case keeps its rule, whose transports (the priority schedule, or the drivers) start
+    buckets and chunks through ``nccl_sum.NcclReduction``: the options then say ``exchange_via: nccl``."""
+    if options.exchange == "allreduce" and options.schedule == "fifo" and options.overlap:
+        return NcclAllreduceExchange, options
+    return rule, dataclasses.replace(options, exchange_via="nccl")
 
 
 def route_for(facts, exchange: str, exchange_via: str, multi_rank_refusal: str | None) -> tuple[bool, str]:
@@ -96,7 +110,7 @@ def route_for(facts, exchange: str, exchange_via: str, multi_rank_refusal: str |
     places = [(host, bus) for host, bus, _ in facts]
     if problems:
         reason = "; ".join(problems)
-    elif exchange != "allreduce":
+    elif exchange not in NCCL_RULES:
         reason = f"the {exchange} rule exchanges through MPI"
     elif len(set(places)) < len(places) and multi_rank_refusal is not None:
         reason = f"ranks share a GPU, which {multi_rank_refusal}"
@@ -107,45 +121,13 @@ def route_for(facts, exchange: str, exchange_via: str, multi_rank_refusal: str |
     return False, f"pinned host buffers and MPI ({reason})"
 
 
-def _unique_id(comm) -> bytes:
-    """Rank 0's NCCL unique id, its 128 raw bytes, on every rank."""
-    from cupy.cuda import nccl
-
-    buffer = np.zeros(UNIQUE_ID_BYTES, dtype=np.uint8)
-    if comm.rank == 0:
-        buffer[:] = np.frombuffer(_id_bytes(nccl.get_unique_id()), dtype=np.uint8)
-    comm.broadcast(buffer, root=0)
-    return buffer.tobytes()
-
-
-def _id_bytes(unique_id) -> bytes:
-    """The raw bytes of an id as CuPy's ``get_unique_id`` returns it: bytes (CuPy 14), or a tuple of
-    signed chars as ints (earlier CuPy)."""
-    if isinstance(unique_id, (bytes, bytearray)):
-        raw = bytes(unique_id)
-    else:
-        raw = np.asarray([int(v) for v in unique_id], dtype=np.int64).astype(np.int8).tobytes()
-    if len(raw) != UNIQUE_ID_BYTES:
-        raise ValueError(f"NCCL unique id of {len(raw)} bytes, expected {UNIQUE_ID_BYTES}")
-    return raw
-
-
-def _communicator(nccl, size: int, unique_id: bytes, rank: int):
-    """CuPy's NcclCommunicator for ``unique_id``, passed as the CuPy in use takes it: bytes, or (earlier
-    CuPy) a tuple of signed chars. The argument is converted before NCCL is called, so a form the
-    constructor refuses costs nothing."""
-    try:
-        return nccl.NcclCommunicator(size, unique_id, rank)
-    except TypeError:
-        return nccl.NcclCommunicator(size, tuple(int(v) for v in np.frombuffer(unique_id, dtype=np.int8)), rank)
-
-
 class NcclAllreduceExchange(ExchangeRule):
-    """The allreduce rule with its gradients summed by NCCL on the device (module docstring): the
-    rule's name and options, one NCCL group per layer in place of the host's buckets, drivers and
-    priority schedule."""
+    """The allreduce rule under the fifo schedule, its gradients summed by NCCL on the device (module
+    docstring): the rule's name and options, one NCCL group per layer in place of the host's buckets
+    and drivers."""
 
     name = "allreduce"
+    progress_mode = "DEVICE"  # the streams order everything; the host only queues
 
     def __init__(self, comm, net, options=None, measurements=None, clock=time.perf_counter, seed: int = 0):
         super().__init__(comm, net, options, measurements, clock, seed)
@@ -154,17 +136,16 @@ class NcclAllreduceExchange(ExchangeRule):
 
         self.cupy = cupy
         self._nccl = nccl
-        self.communicator = _communicator(nccl, self.comm.size, _unique_id(self.comm), self.comm.rank)
+        self.communicator = communicator(nccl, self.comm.size, unique_id(self.comm, nccl), self.comm.rank)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.compute_stream = cupy.cuda.get_current_stream()
         self._summed: dict[int, object] = {}   # param id -> the event after its layer's NCCL group
         self._spans = None  # a timeline's DeviceSpans, when one is written
-        self._types = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64,
-                       np.dtype(np.float16): nccl.NCCL_FLOAT16}
+        self._types = nccl_types(nccl)
 
     def describe(self) -> str:
-        return (f"allreduce over NCCL {self._nccl.get_version()} (one group per layer as its gradients become "
-                f"final, on a communication stream of its own; the updates wait for it on the device)")
+        return (f"allreduce over NCCL {version_text(self._nccl.get_version())} (fifo: one group per layer as its "
+                f"gradients become final, on a communication stream of its own; the updates wait for it on the device)")
 
     def trace_to(self, timeline) -> None:
         self._spans = timeline.device

@@ -8,6 +8,10 @@ library's own ``Iallreduce``; ``multicolor.TreeReduction`` builds one from point
 """
 from __future__ import annotations
 
+import numpy as np
+
+from .gradient_staging import gradients_for
+
 
 class Reduction:
     """Sum a C-contiguous host array over the ranks, in place. Every rank starts the same reductions,
@@ -24,6 +28,18 @@ class Reduction:
 
     def __init__(self, comm):
         self.comm = comm
+
+    def gradients_for(self, params):
+        """How the gradients of parameter Blobs ``params`` reach the buckets this reduction sums
+        (``gradient_staging.py``): in place on the CPU, through pinned host buffers from a GPU."""
+        return gradients_for(params)
+
+    def trace_to(self, spans) -> None:
+        """Record the reductions in ``spans`` (a timeline's DeviceSpans), where they run on a device."""
+
+    def empty(self, count: int, dtype=np.float32):
+        """A zeroed flat array of ``count`` elements that ``start`` and ``run`` take (for measuring the link)."""
+        return np.zeros(count, dtype=dtype)
 
     def buffers(self, sizes_and_dtypes):
         """Flat buffers for the buckets, one per (element count, dtype), where this reduction sums

@@ -427,7 +427,7 @@ def measure_blocking(comm, clock=time.perf_counter, repeats: int = 5, reduction:
     small, large = 64 << 10, 1 << 20
     times = {}
     for size in (small, large):
-        buffer = np.zeros(size // 4, dtype=np.float32)
+        buffer = reduction.empty(size // 4)
         reduction.run(buffer)  # warm-up
         comm.barrier()
         start = clock()
@@ -445,7 +445,7 @@ def measure_polled(comm, chunk: int, clock=time.perf_counter, sleep=time.sleep, 
     collective call, ``chunk`` the same on every rank."""
     reduction = reduction or Reduction(comm)
     poll_interval = ScheduleThread.poll_interval if poll_interval is None else poll_interval
-    buffer = np.zeros(chunk // 4, dtype=np.float32)
+    buffer = reduction.empty(chunk // 4)
     times = []
     for _ in range(repeats):
         comm.barrier()

@@ -27,6 +27,7 @@ import dataclasses
 import json
 import math
 import statistics
+import threading
 import time
 
 import numpy as np
@@ -134,6 +135,8 @@ class DeviceSpans:
         self.reference.synchronize()
         self.reference_at = time.perf_counter()
         self._pending: list[tuple] = []
+        # A schedule's communication thread may end spans (NCCL's chunks) while the training thread resolves.
+        self._lock = threading.Lock()
 
     def begin(self, stream=None):
         """An event on ``stream`` (the current one by default) where a span starts."""
@@ -143,19 +146,23 @@ class DeviceSpans:
             args: dict | None = None) -> None:
         """The span ``name`` from event ``started`` to now on ``stream``."""
         ended = (stream or self.cupy.cuda.get_current_stream()).record()
-        self._pending.append((name, started, ended, lane, category, args))
+        with self._lock:
+            self._pending.append((name, started, ended, lane, category, args))
 
     def resolve(self, wait: bool = False) -> None:
         """Write the spans whose end has completed (with ``wait``, all of them) into the timeline."""
+        with self._lock:
+            pending, self._pending = self._pending, []
         waiting = []
-        for name, started, ended, lane, category, args in self._pending:
+        for name, started, ended, lane, category, args in pending:
             if wait:
                 ended.synchronize()
             if not ended.done:
                 waiting.append((name, started, ended, lane, category, args))
                 continue
             self.timeline.span(name, self._host_time(started), self._host_time(ended), lane, category, args)
-        self._pending = waiting
+        with self._lock:
+            self._pending[:0] = waiting
 
     def _host_time(self, event) -> float:
         return self.reference_at + self.cupy.cuda.get_elapsed_time(self.reference, event) / 1e3

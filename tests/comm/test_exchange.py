@@ -309,6 +309,20 @@ def test_a_blob_keeps_its_diff_in_given_memory():
 
 
 # ============================================================================================ allreduce rule
+def run_first_layer_first(net, rule, iteration, first_ids, expected):
+    """One iteration whose exchange is waited for as the next forward does: ``first_ids`` (the first
+    layer's parameters) first, whose diffs must then hold their average."""
+    net.clear_param_diffs()
+    rule.measurements.begin(iteration, time.perf_counter())
+    rule.begin_iteration(iteration)
+    net.forward_range()
+    net.backward()
+    rule.backward_done()
+    rule.wait_for(first_ids)
+    for pid in first_ids:
+        np.testing.assert_allclose(net.learnable_params[pid].diff, expected[pid] + 0.25, rtol=1e-6, atol=1e-6)
+
+
 def test_priority_schedule_averages_chunks_into_the_diffs_first_layer_first():
     net = make_net()
     expected = reference_gradients(net)
@@ -320,15 +334,7 @@ def test_priority_schedule_averages_chunks_into_the_diffs_first_layer_first():
     net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
     ip1 = net.layer_learnable_ids(net.layer_index("ip1"))
     for iteration in range(3):
-        net.clear_param_diffs()
-        rule.measurements.begin(iteration, time.perf_counter())
-        rule.begin_iteration(iteration)
-        net.forward_range()
-        net.backward()
-        rule.backward_done()
-        rule.wait_for(ip1)  # what the next forward needs first
-        for pid in ip1:
-            np.testing.assert_allclose(net.learnable_params[pid].diff, expected[pid] + 0.25, rtol=1e-6, atol=1e-6)
+        run_first_layer_first(net, rule, iteration, ip1, expected)
         assert set(ip1) <= set(rule.arrived(range(4)))
         rule.wait_for(range(4))
         assert_averaged(net, expected)

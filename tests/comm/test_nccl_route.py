@@ -7,8 +7,8 @@ import pytest
 import netdef
 from netdef.comm.communicator import Communicator
 from netdef.comm.exchange import ExchangeOptions
-from netdef.comm.nccl import (NcclUnavailable, _id_bytes, _multi_rank_refusal, _version_text, nccl_choice,
-                              route_for)
+from netdef.comm.nccl import NcclUnavailable, _multi_rank_refusal, nccl_choice, route_for
+from netdef.comm.nccl_sum import id_bytes, version_text
 
 TWO_GPUS = [("a", "0000:01:00.0", None), ("a", "0000:02:00.0", None)]
 ONE_GPU = [("a", "0000:01:00.0", None), ("a", "0000:01:00.0", None)]
@@ -58,13 +58,13 @@ def test_a_shared_gpu_says_which_nccl_refuses_it():
                                                                   "takes NCCL 2.30 or later)")
     assert not use and route == ("pinned host buffers and MPI (ranks share a GPU, which NCCL 2.28.9 refuses "
                                  "(NCCL_MULTI_RANK_GPU_ENABLE=1 takes NCCL 2.30 or later))")
-    assert _version_text(22809) == "2.28.9" and _version_text(23000) == "2.30.0"
+    assert version_text(22809) == "2.28.9" and version_text(23000) == "2.30.0"
 
 
 def test_the_nccl_unique_id_travels_as_its_raw_bytes_whatever_cupy_returns():
     raw = bytes(range(256))[:128]
-    assert _id_bytes(raw) == raw  # CuPy 14: bytes
+    assert id_bytes(raw) == raw  # CuPy 14: bytes
     signed = tuple(int(v) for v in np.frombuffer(raw, dtype=np.int8))  # earlier CuPy: signed chars
-    assert _id_bytes(signed) == raw
+    assert id_bytes(signed) == raw
     with pytest.raises(ValueError, match="127 bytes"):
-        _id_bytes(raw[:127])
+        id_bytes(raw[:127])
