@@ -294,3 +294,30 @@ def test_an_out_of_range_label_on_the_gpu_stops_the_next_forward(on_gpu):
     net.forward()  # queued; its check is read at the next forward
     with pytest.raises(Exception, match=r"label 7 out of range \[0, 3\).*one forward later"):
         net.forward()
+
+
+def test_the_own_weights_rules_move_the_flat_vector_in_one_copy_each_way(on_gpu):
+    """easgd, gossip and hybrid see the parameters as one float32 vector on the host
+    (comm/own_weights.py): on a GPU it is gathered on the device and goes through pinned memory, and
+    gives the values a copy of each blob would, both ways, twice in a row (the buffers are reused)."""
+    from netdef.comm.communicator import Communicator
+    from netdef.comm.own_weights import OwnWeightsRule
+
+    net = netdef.Net("""
+    layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 6 dim: 6 } } }
+    layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+            convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" std: 0.1 }
+                                bias_filler { type: "constant" value: 0.5 } } }
+    layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip"
+            inner_product_param { num_output: 5 weight_filler { type: "xavier" } } }
+    """, netdef.TRAIN)
+    rule = OwnWeightsRule(Communicator(), net)
+    for step in range(2):
+        per_blob = np.concatenate([backend.to_host(b.data).ravel() for b in net.learnable_params]).astype(f32)
+        flat = rule.flat_weights()
+        assert isinstance(flat, np.ndarray) and flat.dtype == f32
+        np.testing.assert_array_equal(flat, per_blob)
+        rule.set_flat_weights(flat * f32(2) + f32(step))
+        again = np.concatenate([backend.to_host(b.data).ravel() for b in net.learnable_params])
+        np.testing.assert_array_equal(again, per_blob * f32(2) + f32(step))
+        assert flat is not rule.flat_weights()  # each caller keeps its own copy
