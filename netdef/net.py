@@ -420,11 +420,12 @@ class Net:
             return self._graphs.forward(start, end)
         return self.forward_eagerly(start, end)
 
-    def forward_eagerly(self, start: int, end: int) -> float:
-        """``forward_range`` layer by layer, without CUDA graphs."""
+    def forward_eagerly(self, start: int, end: int, call_hooks: bool = True) -> float:
+        """``forward_range`` layer by layer, without CUDA graphs; without its layer hooks where the
+        caller calls them (at the edges of a stretch replayed as one graph)."""
         loss = 0.0
         li = start
-        hooks = self._hooks
+        hooks = self._hooks if call_hooks else NetHooks()
         while li <= end:
             last, training_chain = self._step_end(li, end)
             if hooks.before_forward:
@@ -628,20 +629,28 @@ class Net:
         """Whether any layer or gradient hook is registered on this net."""
         return self._hooks.any()
 
+    @property
+    def hooks(self) -> NetHooks:
+        """What is registered to run around this net's layers (``net_hooks.py``)."""
+        return self._hooks
+
     # ====================================================================================== backward
-    def register_backward_hook(self, hook: BackwardHook) -> None:
+    def register_backward_hook(self, hook: BackwardHook, at_run_edges: bool = False) -> None:
         """Call ``hook(layer_index, param_ids)`` during backward each time the gradients of the
-        learnable parameters ``param_ids`` (indices into ``learnable_params``) become final."""
-        self._hooks.gradients_final.append(hook)
+        learnable parameters ``param_ids`` (indices into ``learnable_params``) become final;
+        ``at_run_edges``: it may be called after a stretch of layers replayed as one CUDA graph."""
+        self._hooks.add_gradient_hook(hook, at_run_edges)
 
     def remove_backward_hook(self, hook: BackwardHook) -> None:
-        self._hooks.gradients_final.remove(hook)
+        self._hooks.remove_gradient_hook(hook)
 
     def register_layer_hooks(self, before_forward=None, after_forward=None, before_backward=None,
-                             after_backward=None) -> tuple:
+                             after_backward=None, at_run_edges: bool = False) -> tuple:
         """Call ``fn(layer_index)`` around every layer's forward and backward (tracing, progress polls).
-        ``after_backward`` runs before that layer's gradient hooks. Returns a handle for removal."""
-        return self._hooks.add_layer_hooks(before_forward, after_forward, before_backward, after_backward)
+        ``after_backward`` runs before that layer's gradient hooks; ``at_run_edges``: they may be called
+        at the edges of a stretch replayed as one CUDA graph (``net_hooks.py``). Returns a handle."""
+        return self._hooks.add_layer_hooks(before_forward, after_forward, before_backward, after_backward,
+                                           at_run_edges)
 
     def remove_layer_hooks(self, handle: tuple) -> None:
         self._hooks.remove_layer_hooks(handle)
@@ -681,13 +690,13 @@ class Net:
             li = steps[-1][1] - 1
         return steps
 
-    def backward_eagerly(self, start: int, end: int) -> None:
-        """``backward_range`` step by step, without CUDA graphs."""
+    def backward_eagerly(self, start: int, end: int, call_hooks: bool = True) -> None:
+        """``backward_range`` step by step, without CUDA graphs; without its hooks where the caller
+        calls them (at the edges of a stretch replayed as one graph)."""
         for high, low in self.backward_steps(start, end):
             members = range(high, low - 1, -1)
-            for lj in members:
-                for before in self._hooks.before_backward:
-                    before(lj)
+            if call_hooks:
+                self._hooks.before_backward_of(high, low)
             try:
                 if high != low:  # a chain trained as one step
                     self._training_chain_of[high].backward(self._top_vecs[high], self._bottom_vecs[low],
@@ -698,19 +707,12 @@ class Net:
             except BlobTooLargeError as exc:
                 raise self.layers[low].error(str(exc)) from None
             for lj in members:
-                self._after_backward(lj)
-
-    def _after_backward(self, li: int) -> None:
-        """What follows layer ``li``'s backward: the layer hooks, the release of the gradients no
-        one reads any more, the hooks of the parameter gradients that are now final."""
-        for after in self._hooks.after_backward:
-            after(li)
-        if not self.keep_blob_diffs:
-            for blob in self._diff_consumed_at[li]:
-                blob.release_diff()
-        if self._final_at[li]:
-            for hook in self._hooks.gradients_final:
-                hook(li, self._final_at[li])
+                # The gradients no one reads any more go; then the hooks (a hook reads parameters' gradients).
+                if not self.keep_blob_diffs:
+                    for blob in self._diff_consumed_at[lj]:
+                        blob.release_diff()
+                if call_hooks:
+                    self._hooks.after_backward_of(lj, self._final_at[lj])
 
     def backward(self, diffs=None, start=None, end=None, **kwargs):
         """pycaffe's backward: set top diffs from ``kwargs`` (else loss weights), run, return

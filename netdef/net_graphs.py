@@ -29,9 +29,12 @@ once.
 
 A step may be replayed when every layer of it says so (``Layer.replayable``: the layers whose GPU
 passes launch the same work every pass and read nothing back) and none of its tops is weighted into
-the loss (the loss is read on the host). Graphs apply to a net on a GPU with no hooks registered: a
-hook is host code between layers, which a replay would skip (the distributed exchange, ``netdef time``,
-a timeline); the net then runs eagerly.
+the loss (the loss is read on the host). Graphs apply to a net on a GPU whose hooks may be called at
+the edges of a stretch (``net_hooks.py``): a replayed stretch's layers get their "before" hooks before
+the launch and their "after" and gradient hooks after it, and the stretches end at the boundaries the
+hooks' owners ask for (the distributed exchange: where its buckets close, so that each leaves while
+the layers below it run). A hook that must see each layer (``netdef time``, a timeline) keeps the net
+eager.
 """
 from __future__ import annotations
 
@@ -155,6 +158,7 @@ class PassGraphs:
         self._cupy = cupy  # the CuPy module, imported at the first recording (tests give a stand-in)
         self._runs: dict[tuple, _Run] = {}
         self._planned: dict[tuple, list] = {}  # forward_runs' and backward_runs' answers
+        self._planned_with: frozenset = frozenset()  # the hooks' run boundaries those answers respect
         self._said_why_not = False
         blobs, loss_weights = net._blobs, net._blob_loss_weights  # pycaffe's numbering of the blobs
         layers = range(len(net.layers))
@@ -173,9 +177,9 @@ class PassGraphs:
         why_not = None
         if self._on_cpu:
             why_not = "they need a GPU (the net runs on the CPU)"
-        elif self.net.has_hooks():
-            why_not = ("hooks run host code between the layers (a distributed exchange, netdef time, a "
-                       "timeline), which a replay would skip")
+        elif self.net.hooks.need_every_layer():
+            why_not = ("hooks run host code between every two layers (netdef time, a timeline), which a replay "
+                       "would skip")
         if why_not is not None and not self._said_why_not:
             log.info("Net %s: CUDA graphs not used: %s", self.net.name, why_not)
             self._said_why_not = True
@@ -183,19 +187,33 @@ class PassGraphs:
 
     def forward_runs(self, start: int, end: int) -> list[tuple[int, int, bool]]:
         """(first layer, last layer, replayable) of each run of ``forward_range(start, end)``."""
-        # The steps follow from the net's structure and fuse_layers alone.
+        # The steps follow from the net's structure and fuse_layers alone; a run starts at each boundary.
+        boundaries = self._boundaries()
         key = ("forward", start, end, self.net.fuse_layers)
         if key not in self._planned:
-            self._planned[key] = _runs(self.net.forward_steps(start, end), self._forward_step_replayable)
+            self._planned[key] = _runs(self.net.forward_steps(start, end), self._forward_step_replayable,
+                                       lambda first: first in boundaries)
         return self._planned[key]
 
     def backward_runs(self, start: int, end: int) -> list[tuple[int, int, bool]]:
         """(highest layer, lowest layer, replayable) of each run of ``backward_range(start, end)``."""
-        # The steps depend on which chains ran forward as one step: planned once per set of steps.
+        # The steps depend on which chains ran forward as one step: planned once per set of steps. A
+        # run ends at each boundary b (the step whose highest layer is b - 1 starts another).
+        boundaries = self._boundaries()
         key = ("backward", tuple(self.net.backward_steps(start, end)))
         if key not in self._planned:
-            self._planned[key] = _runs(key[1], self._backward_step_replayable)
+            self._planned[key] = _runs(key[1], self._backward_step_replayable, lambda high: high + 1 in boundaries)
         return self._planned[key]
+
+    def _boundaries(self) -> frozenset:
+        """The hooks' run boundaries (``NetHooks.split_runs_at``); where they changed, every run planned
+        and recorded with the old ones is forgotten."""
+        boundaries = self.net.hooks.run_boundaries
+        if boundaries != self._planned_with:
+            self._planned.clear()
+            self._runs.clear()
+            self._planned_with = boundaries
+        return boundaries
 
     def _forward_step_replayable(self, first: int, last: int) -> bool:
         layers = self.net.layers
@@ -208,10 +226,14 @@ class PassGraphs:
     def forward(self, start: int, end: int) -> float:
         loss = 0.0
         recorded = self._recorded_count()
+        hooks = self.net.hooks
         for first, last, replayable in self.forward_runs(start, end):
             if replayable:
+                # The run's hooks at its edges, never inside a recording (they are host work).
+                hooks.call(hooks.before_forward, first, last)
                 self._run(("forward", first, last), range(first, last + 1),
-                          lambda first=first, last=last: self.net.forward_eagerly(first, last))
+                          lambda first=first, last=last: self.net.forward_eagerly(first, last, call_hooks=False))
+                hooks.call(hooks.after_forward, first, last)
             else:
                 loss += self.net.forward_eagerly(first, last)
         self._say_what_was_recorded("forward", recorded)
@@ -219,12 +241,16 @@ class PassGraphs:
 
     def backward(self, start: int, end: int) -> None:
         recorded = self._recorded_count()
+        hooks = self.net.hooks
         for high, low, replayable in self.backward_runs(start, end):
-            run_eagerly = lambda high=high, low=low: self.net.backward_eagerly(high, low)  # noqa: E731
             if replayable:
-                self._run(("backward", high, low), range(low, high + 1), run_eagerly)
+                hooks.before_backward_of(high, low)
+                self._run(("backward", high, low), range(low, high + 1),
+                          lambda high=high, low=low: self.net.backward_eagerly(high, low, call_hooks=False))
+                for li in range(high, low - 1, -1):
+                    hooks.after_backward_of(li, self.net.gradients_final_at(li))
             else:
-                run_eagerly()
+                self.net.backward_eagerly(high, low)
         self._say_what_was_recorded("backward", recorded)
 
     def _recorded_count(self) -> int:
@@ -322,13 +348,14 @@ class PassGraphs:
                       for (direction, first, last), run in self._runs.items() if run.recordings)
 
 
-def _runs(steps, replayable) -> list[tuple[int, int, bool]]:
+def _runs(steps, replayable, starts_a_run=lambda a: False) -> list[tuple[int, int, bool]]:
     """Consecutive ``steps`` ((a, b) layer ranges in the pass's order) merged while ``replayable``
-    (of a step) stays the same: (the first step's a, the last step's b, replayable)."""
+    (of a step) stays the same, and not into a step where ``starts_a_run(a)``: (the first step's a,
+    the last step's b, replayable)."""
     runs: list[list] = []
     for a, b in steps:
         can = replayable(a, b)
-        if runs and runs[-1][2] == can:
+        if runs and runs[-1][2] == can and not (can and starts_a_run(a)):
             runs[-1][1] = b
         else:
             runs.append([a, b, can])

@@ -198,3 +198,22 @@ def test_the_timeline_shows_the_devices_streams(tmp_path):
               for queued, ran in zip(host[key], ran_at)]
     assert paired and all(len(device[key]) == len(host[key]) for key, _, _ in paired)
     assert all(ran >= queued - 50 for _, queued, ran in paired), [p for p in paired if p[2] < p[1] - 50][:5]
+
+
+@pytest.mark.parametrize("flags", [pytest.param([], id="staged-priority"),
+                                   pytest.param(["--schedule", "fifo"], id="staged-fifo")])
+def test_two_ranks_replay_their_passes_from_cuda_graphs_between_the_exchanges_hooks(tmp_path, flags):
+    """--cuda_graphs in a distributed run: the train net's stretches replay from CUDA graphs, the
+    exchange's and the updates' hooks run at their edges (net_hooks.py), and 2 ranks at batch B still
+    end with the weights of one process at 2B trained eagerly. 7 iterations: recorded at the 4th."""
+    iterations = 7
+    single = write_case(tmp_path, "single", 2 * BATCH, iterations, records=RECORDS)
+    one = run_netdef(["train", str(single), "--gpu", "0"], 0, tmp_path, timeout=180)
+    assert one.returncode == 0, one.stderr[-3000:]
+    expected = weights(single.with_name("single_net.prototxt"), tmp_path / f"single_iter_{iterations}.caffemodel")
+    pair = write_case(tmp_path, "pair", BATCH, iterations, records=RECORDS)
+    two = run_netdef(["train", str(pair), "--gpu", "all", "--cuda_graphs"] + flags, 2, tmp_path, timeout=180)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "recorded as CUDA graphs (backward)" in two.stderr, two.stderr[-3000:]
+    assert "without a CUDA graph" not in two.stderr, two.stderr[-3000:]
+    assert_trained_as(expected, pair.with_name("pair_net.prototxt"), tmp_path / f"pair_iter_{iterations}.caffemodel")

@@ -108,11 +108,12 @@ def test_only_layers_whose_passes_read_nothing_back_are_replayable():
                           "ip1": True, "relu1": True, "ip2": True, "loss": False}
 
 
-def test_a_one_process_solver_leaves_its_net_without_hooks_and_an_exchange_adds_them():
+def test_a_one_process_solver_leaves_its_net_without_hooks_and_an_exchange_adds_them_at_run_edges():
     solver = netdef.get_solver(SOLVER)
-    assert not solver.net.has_hooks()  # graphs can apply
+    assert not solver.net.has_hooks()
     solver.updates.connect(GradientExchange())
-    assert solver.net.has_hooks()  # a distributed exchange hands gradients over between layers
+    assert solver.net.has_hooks()  # a distributed exchange hands gradients over between layers ...
+    assert not solver.net.hooks.need_every_layer()  # ... and may do so between replayed stretches
 
 
 def _trained(cuda_graphs: bool) -> dict:
@@ -155,8 +156,9 @@ class StandInCupy:
     while the pass's NumPy work runs as usual; a graph's launch is only counted. No values come from
     it: the recordings themselves run on a GPU (tests/test_gpu_graphs.py)."""
 
-    def __init__(self, refusal: str | None = None):
+    def __init__(self, refusal: str | None = None, events: list | None = None):
         self.refusal = refusal
+        self.events = events  # where each launch is noted, in order with what else a test notes there
         self.captures = 0
         self.launches = 0
         self.cached_blocks_released = 0
@@ -175,6 +177,8 @@ class StandInCupy:
         class Graph:
             def launch(self, stream):
                 stand_in.launches += 1
+                if stand_in.events is not None:
+                    stand_in.events.append(("launch",))
 
         class Stream:
             def __init__(self, non_blocking=False):
@@ -289,3 +293,99 @@ def test_a_scratch_buffer_replaced_after_a_recording_is_never_read_by_it_again()
     assert stand_in.launches == launched and net.cuda_graphs.replayed() == []
     solver.step(2)
     assert len(net.cuda_graphs.replayed()) == 4 and stand_in.captures == 8
+
+
+# ------------------------------------------------------------------ hooks at the edges of replayed stretches
+def test_hooks_at_run_edges_run_around_each_replayed_stretch_and_hooks_of_every_layer_keep_graphs_off(caplog):
+    stand_in = StandInCupy()
+    solver = _solver_with_stand_in(stand_in)
+    net = solver.net
+    calls = []
+    net.register_layer_hooks(before_forward=lambda li: calls.append(("before", li)),
+                             after_forward=lambda li: calls.append(("after", li)),
+                             after_backward=lambda li: calls.append(("after backward", li)), at_run_edges=True)
+    net.register_backward_hook(lambda li, ids: calls.append(("final", li, tuple(ids))), at_run_edges=True)
+    solver.step(3)  # eager passes: the hooks layer by layer
+    eager = list(calls)
+    calls.clear()
+    solver.step(2)  # recorded, then replayed
+    assert stand_in.captures == 4 and stand_in.launches == 8
+    one_iteration = calls[:len(calls) // 2]
+    assert one_iteration == calls[len(calls) // 2:]
+    forward = [c for c in one_iteration if c[0] in ("before", "after")]
+    # data, then conv..pool replayed as one (every "before" before its launch, every "after" after it),
+    # Dropout, ip1..ip2 as one, the loss.
+    assert forward == ([("before", 0), ("after", 0)] + [("before", li) for li in (1, 2, 3)] +
+                       [("after", li) for li in (1, 2, 3)] + [("before", 4), ("after", 4)] +
+                       [("before", li) for li in (5, 6, 7)] + [("after", li) for li in (5, 6, 7)] +
+                       [("before", 8), ("after", 8)])
+    # Backward: each layer's "after" hook, then its gradients' hooks, in backward order, as eagerly.
+    backward = [c for c in one_iteration if c[0] in ("after backward", "final")]
+    assert backward == [c for c in eager[:len(eager) // 3] if c[0] in ("after backward", "final")]
+    assert [c[1] for c in backward if c[0] == "final"] == [7, 5, 1]
+    # A hook that must see every layer run: the net runs eagerly, and says why once.
+    net.register_layer_hooks(after_forward=lambda li: None)
+    with caplog.at_level(logging.INFO, logger="netdef"):
+        solver.step(1)
+    assert stand_in.launches == 8
+    assert [r.getMessage() for r in caplog.records if "CUDA graphs not used" in r.getMessage()] == [
+        "Net graphs: CUDA graphs not used: hooks run host code between every two layers (netdef time, a timeline), "
+        "which a replay would skip"]
+
+
+def test_stretches_end_at_the_hooks_boundaries_and_new_boundaries_forget_the_old_stretches():
+    stand_in = StandInCupy()
+    solver = _solver_with_stand_in(stand_in)
+    net = solver.net
+    graphs = net.cuda_graphs
+    last = len(net.layers) - 1
+    net.hooks.split_runs_at({net.layer_index("ip2"), net.layer_index("pool")})
+    assert named_runs(net, graphs.forward_runs(0, last)) == [
+        ("data", "data", False), ("conv", "relu", True), ("pool", "pool", True), ("drop", "drop", False),
+        ("ip1", "relu1", True), ("ip2", "ip2", True), ("loss", "loss", False)]
+    assert named_runs(net, graphs.backward_runs(last, 0)) == [
+        ("loss", "loss", False), ("ip2", "ip2", True), ("relu1", "ip1", True), ("drop", "drop", False),
+        ("pool", "pool", True), ("relu", "data", True)]
+    solver.step(4)
+    assert stand_in.captures == 8 and len(graphs.replayed()) == 8
+    net.hooks.split_runs_at(set())
+    solver.step(1)  # the old stretches' recordings are gone; the new ones warm up
+    assert graphs.replayed() == [] and stand_in.launches == 8
+    solver.step(2)
+    assert len(graphs.replayed()) == 4 and stand_in.captures == 12
+
+
+def test_an_exchange_hands_over_each_replayed_stretchs_gradients_before_the_next_stretch_launches():
+    """The allreduce rule's hooks at the edges of the train net's stretches (as DataParallel registers
+    them), which end where about a bucket's worth of gradients is final: a bucket starts between two
+    launches of backward, and every gradient reaches the exchange in the order of the first iteration."""
+    from netdef.comm.exchange import AllreduceExchange, ExchangeOptions
+    from tests.comm.test_exchange import ScriptedComm, assert_averaged, reference_gradients, run_iteration
+
+    # The same batch every pass and no Dropout: every pass makes the same gradients. ip2 is big enough
+    # to close a stretch of its own.
+    text = (NET.replace("num_output: 3 weight_filler", "num_output: 30 weight_filler")
+            .replace('data_filler { type: "gaussian" }', 'data_filler { type: "constant" value: 0.5 }'))
+    text = "\n".join(line for line in text.splitlines() if '"Dropout"' not in line)
+    netdef.set_random_seed(3)
+    net = netdef.Net(text, netdef.TRAIN)
+    expected = reference_gradients(net)
+    events = []
+    stand_in = StandInCupy(events=events)
+    net.cuda_graphs = net_graphs.PassGraphs(net, cupy=stand_in)
+    options = ExchangeOptions(schedule="fifo", bucket_bytes=64, progress="POLL")
+    rule = AllreduceExchange(ScriptedComm(size=4, events=events), net, options)
+    assert rule.run_boundaries() == {net.layer_index("ip2"), net.layer_index("ip1")}
+    net.hooks.split_runs_at(rule.run_boundaries())
+    net.register_layer_hooks(**rule.layer_hooks(), at_run_edges=True)  # as DataParallel registers them
+    net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids), at_run_edges=True)
+    for iteration in range(5):
+        events.clear()
+        run_iteration(net, rule, iteration, events)
+        if iteration < 2:
+            assert_averaged(net, expected)  # eager: the stand-in computes what it runs
+    # The replayed iteration: ip2's stretch, its bucket(s) started, then the stretch below it.
+    backward = events[[i for i, e in enumerate(events) if e == ("launch",)][3]:]  # after conv..pool, ip1..relu1, ip2
+    kinds = [e[0] for e in backward]
+    assert kinds[0] == "launch" and kinds.index("start") < kinds.index("launch", 1), kinds
+    assert kinds.count("launch") == 3 and kinds.count("start") == 6, kinds  # 6 blobs, a bucket each

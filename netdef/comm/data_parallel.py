@@ -137,9 +137,12 @@ class DataParallel(Parallel):
         if self.size > 1:
             self._requests_comm = self.comm.duplicate()
         self.exchange.leave_division_to_update()  # the updates divide (GradientExchange.take_divisor)
+        # The exchange's hooks, the updates' and the clock's may run at the edges of stretches replayed
+        # from CUDA graphs (net_hooks.py), which end where the exchange needs them to.
         hooks = self.exchange.layer_hooks()
         if hooks:
-            self._layer_hooks = net.register_layer_hooks(**hooks)
+            self._layer_hooks = net.register_layer_hooks(**hooks, at_run_edges=True)
+        net.hooks.split_runs_at(self.exchange.run_boundaries())
         if self.options.timeline:
             self.comm.barrier()
             self.timeline = Timeline(self.rank, time.perf_counter())

@@ -62,6 +62,7 @@ from ..registry import Registry, UnknownNameError
 from ..solver.arrival import GradientExchange
 from .options import DEFAULT_BUCKET_BYTES, ExchangeOptions, check  # noqa: F401  (DEFAULT_BUCKET_BYTES: simulate)
 from .gradient_staging import gradients_for, on_device
+from .graph_boundaries import boundaries_by_gradient_bytes
 from .nccl_sum import NcclReduction
 from .progress import choose_mode, make_driver, shared_memory_only
 from .reduction import Reduction
@@ -166,6 +167,12 @@ class ExchangeRule(GradientExchange):
         """The net's layer hooks this rule needs (``Net.register_layer_hooks`` keywords), e.g. to move
         its exchanges along between layers; the caller registers them and removes them at close."""
         return {}
+
+    def run_boundaries(self) -> frozenset[int]:
+        """Where the train net's stretches replayed from CUDA graphs must end (``NetHooks.split_runs_at``)
+        so that this rule's work between layers still happens part way through a pass; none here: a
+        rule that exchanges nothing during backward waits for nothing part way."""
+        return frozenset()
 
     def broadcast_initial(self) -> None:
         """Make every rank's parameters rank 0's."""
@@ -456,6 +463,11 @@ class AllreduceExchange(ExchangeRule):
         if isinstance(self.reduction, (SharedSum, NcclReduction)):  # MPI's and the trees' rules say their own
             text += f"; {self.reduction.describe()}"
         return text
+
+    def run_boundaries(self) -> frozenset[int]:
+        # Buckets leave as backward goes and the next forward waits layer by layer: stretches of about
+        # a bucket's bytes (at most GRAPH_STRETCHES of them) keep both.
+        return boundaries_by_gradient_bytes(self.net, self.options.bucket_bytes)
 
     def layer_hooks(self) -> dict:
         # Between any two layers of backward (those without parameters too), let a polling driver

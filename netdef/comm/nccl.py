@@ -35,6 +35,7 @@ import time
 import numpy as np
 
 from .exchange import ExchangeRule
+from .graph_boundaries import boundaries_by_gradient_bytes
 from .nccl_sum import communicator, nccl_types, unique_id, version_text
 
 MULTI_RANK_VARIABLE = "NCCL_MULTI_RANK_GPU_ENABLE"
@@ -149,6 +150,9 @@ class NcclAllreduceExchange(ExchangeRule):
 
     def trace_to(self, timeline) -> None:
         self._spans = timeline.device
+
+    def run_boundaries(self) -> frozenset[int]:
+        return boundaries_by_gradient_bytes(self.net, self.options.bucket_bytes)
 
     # ------------------------------------------------------------------------------ the iteration
     def gradients_ready(self, param_ids) -> None:

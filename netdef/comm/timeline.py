@@ -256,7 +256,9 @@ class IterationClock(UpdateObserver):
         self._param_names = [blob.name for blob in net.learnable_params]
         self._record: IterationRecord | None = None  # while an iteration is measured
         self._mark = 0.0
-        net.register_layer_hooks(after_forward=self._after_forward, after_backward=self._after_backward)
+        # It marks the ends of the passes (the last layer's forward, the first's backward): edges do.
+        net.register_layer_hooks(after_forward=self._after_forward, after_backward=self._after_backward,
+                                 at_run_edges=True)
 
     def begin(self, iteration: int) -> None:
         self._mark = self.clock()

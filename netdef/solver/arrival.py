@@ -102,12 +102,12 @@ class ArrivalUpdates:
     def connect(self, exchange: GradientExchange) -> None:
         """Take the gradients from ``exchange`` from now on. Its gradients may arrive during backward
         and after it, so the net's hooks hand them over and make a forward wait for its own: one
-        process's exchange needs neither (every update is applied in ``apply``), and a net without
-        hooks may replay its passes from CUDA graphs."""
+        process's exchange needs neither (every update is applied in ``apply``). The hooks may be
+        called at the edges of stretches replayed from CUDA graphs."""
         self.exchange = exchange
         if not self._hooked:
-            self.net.register_backward_hook(self._gradients_final)
-            self.net.register_layer_hooks(before_forward=self._before_forward)
+            self.net.register_backward_hook(self._gradients_final, at_run_edges=True)
+            self.net.register_layer_hooks(before_forward=self._before_forward, at_run_edges=True)
             self._hooked = True
 
     def observe(self, observer: UpdateObserver) -> None:
