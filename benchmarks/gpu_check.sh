@@ -13,7 +13,7 @@
 #
 # Usage: bash benchmarks/gpu_check.sh [BENCH_SECONDS] [EXTRA gpu_train.py FLAGS...]
 # Environment: GPU_CHECK_STAGES (which of: tests profile time train graphs data overlap; default all but profile),
-# GPU_CHECK_TESTS_BESIDE=1 (tests beside the benchmarks, see below), GPU_CHECK_PROFILE_NETS, OVERLAP_SECONDS (150),
+# GPU_CHECK_TESTS_BESIDE=1 (tests beside the benchmarks, see below), GPU_CHECK_PROFILE_NETS, OVERLAP_SECONDS (200), OVERLAP_RUNS,
 # OVERLAP_ZOO (resnet50) and OVERLAP_BATCH (32): the overlap stage's net and batch per rank,
 # GPU_CHECK_GRAPH_NETS and GRAPHS_SECONDS (120): the nets and time of the CUDA-graph stage, GPU_CHECK_PROFILE_FLAGS
 # (e.g. --cuda-graphs --precision tf32): more flags for gpu_profile.py.
@@ -124,20 +124,22 @@ overlap_benchmark() {
   # under the fifo schedule (one NCCL group per layer, ordered on the device) and the priority schedule
   # (its chunks started by the host as they become final, first what the next forward needs).
   # The net: a zoo net (OVERLAP_ZOO, default ResNet-50, issue 30's case) at OVERLAP_BATCH images per rank.
-  local seconds=$(( ${OVERLAP_SECONDS:-150} / 3 ))
-  # The staged path's buckets are driven by a communication thread; NCCL's by what AUTO chooses (its
-  # events test cheaply: POLL, between layers).
-  for run in mpi:fifo:THREAD nccl:fifo:AUTO nccl:priority:AUTO; do
-    local via schedule modes
-    IFS=: read -r via schedule modes <<< "$run"
-    echo "== overlap.py --gpu --exchange-via $via --schedule $schedule --zoo ${OVERLAP_ZOO:-resnet50}: two ranks on the GPU, the exchange hidden behind backward (issue 30) =="
+  # OVERLAP_RUNS: via:schedule:modes[:graphs] each. The staged path's buckets are driven by a
+  # communication thread; NCCL's by what AUTO chooses (its events test cheaply: POLL, between layers);
+  # "graphs": the train net replayed from CUDA graphs, the exchange's hooks at the stretches' edges.
+  local runs=(${OVERLAP_RUNS:-mpi:fifo:THREAD nccl:fifo:AUTO nccl:priority:AUTO nccl:priority:AUTO:graphs})
+  local seconds=$(( ${OVERLAP_SECONDS:-200} / ${#runs[@]} ))
+  for run in "${runs[@]}"; do
+    local via schedule modes graphs name
+    IFS=: read -r via schedule modes graphs <<< "$run"
+    name="${via}_${schedule}${graphs:+_$graphs}"
+    echo "== overlap.py --gpu --exchange-via $via --schedule $schedule ${graphs:+--cuda-graphs }--zoo ${OVERLAP_ZOO:-resnet50}: two ranks on the GPU, the exchange hidden behind backward (issue 30) =="
     LD_PRELOAD="$NCCL_PRELOAD" NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_MAX_CTAS=8 timeout "$seconds" python3 benchmarks/overlap.py \
-      --gpu --exchange-via $via --schedule $schedule \
+      --gpu --exchange-via $via --schedule $schedule ${graphs:+--cuda-graphs} \
       --zoo "${OVERLAP_ZOO:-resnet50}" --ranks 2 --batch "${OVERLAP_BATCH:-32}" --buckets 4 --modes "$modes" --rounds 2 \
-      --iters 3 --warmup 2 --no-single \
-      --timeout "$(( seconds - 5 ))" --json "$WORK/overlap_gpu_${via}_$schedule.json" \
-      > "$WORK/overlap_gpu_${via}_$schedule.txt" 2>&1
-    tail -15 "$WORK/overlap_gpu_${via}_$schedule.txt"
+      --iters 3 --warmup "$([ -n "$graphs" ] && echo 5 || echo 2)" --no-single \
+      --timeout "$(( seconds - 5 ))" --json "$WORK/overlap_gpu_$name.json" > "$WORK/overlap_gpu_$name.txt" 2>&1
+    tail -15 "$WORK/overlap_gpu_$name.txt"
   done
   cat "$WORK"/overlap_gpu_*.txt > "$OUT/overlap_gpu.txt"
 }

@@ -200,6 +200,9 @@ def worker(spec_path: str) -> None:
                                           progress=config["progress"], schedule=schedule,
                                           exchange_via=spec.get("exchange_via", "auto"))
                 solver = create_solver(param_text, comm=comm, options=options)
+                # --cuda-graphs: the train net's stretches replayed from CUDA graphs, the exchange's hooks
+                # at their edges (recorded during the warm-up, which must then be 4 iterations or more).
+                solver.net.cuda_graphs = bool(spec.get("cuda_graphs"))
                 solvers.append(solver)
                 solver.step(spec["warmup"])
                 exchange = solver.parallel.exchange
@@ -513,6 +516,9 @@ def main(argv=None) -> int:
                              "staged path, or NCCL where NCCL_MULTI_RANK_GPU_ENABLE=1 lets it)")
     parser.add_argument("--exchange-via", default="auto", choices=["auto", "shared_memory", "nccl", "mpi"],
                         help="netdef_distributed.exchange_via (default auto: on the CPU, in shared memory on one machine)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="with --gpu: replay the train net's stretches from CUDA graphs (Net.cuda_graphs); give "
+                             "--warmup 4 or more, so that the timed iterations replay")
     parser.add_argument("--schedule", default="fifo", choices=["fifo", "priority"],
                         help="the overlapped runs' schedule (default fifo; the run without overlap is always fifo). "
                              "On a GPU over NCCL, fifo is one NCCL group per layer ordered on the device, priority "
@@ -538,7 +544,8 @@ def main(argv=None) -> int:
                     "iters": args.iters, "warmup": args.warmup, "configs": launch["configs"],
                     "async_progress": launch.get("async_progress", False),
                     "probe_bytes": int(args.probe_mb * MB) // 4 * 4, "poll_interval": args.poll_interval,
-                    "gpu": args.gpu, "exchange_via": args.exchange_via, "zoo": args.zoo, "schedule": args.schedule}
+                    "gpu": args.gpu, "exchange_via": args.exchange_via, "zoo": args.zoo, "schedule": args.schedule,
+                    "cuda_graphs": args.cuda_graphs}
             path = os.path.join(folder, f"{launch['name'].split()[0]}-{len(infos)}.json")
             pathlib.Path(path).write_text(json.dumps(spec))
             command = launcher.command(launch["ranks"], path)

@@ -16,6 +16,7 @@ allreduce) beside MPI's requests.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import logging
 import os
 import sys
@@ -65,7 +66,8 @@ class Communicator:
     machine (for choosing a progress driver, sharing the cores), ``local_rank`` this one's place among
     them (for choosing its GPU, ``netdef.devices``); ``description``: the MPI library in words, ``library``
     its family ("MPICH", "Open MPI"; none for one process) and ``thread_level`` the MPI thread level
-    it gives (one process has no MPI to share: any thread may call);
+    it gives (one process has no MPI to share: any thread may call); ``device_buffers``: whether every
+    rank's MPI library says it takes GPU memory (CUDA-aware MPI, ``iallreduce_on_device``);
     ``watchdog``: what marks this process's waits on the others (``watchdog.py``; nothing is watched
     until ``watch_stalls``).
     """
@@ -77,6 +79,7 @@ class Communicator:
     description = "single process"
     library = ""
     thread_level = 3  # MPI_THREAD_MULTIPLE
+    device_buffers = False
     watchdog: NoWatchdog = NO_WATCHDOG
 
     def watch_stalls(self, warn_after_s: float, abort_after_s: float) -> None:
@@ -116,6 +119,11 @@ class Communicator:
         """Start reducing ``array`` in place over all ranks (``op``: sum, max, min); returns a
         request. ``array`` must not be touched until the request completes."""
         return _Done()
+
+    def iallreduce_on_device(self, array):
+        """``iallreduce`` of a GPU array, where ``device_buffers`` says the library takes them; the
+        caller makes sure the device has finished writing ``array`` first (MPI does not wait for it)."""
+        raise CommunicatorError(f"{self.description} takes no GPU memory (device_buffers is False)")
 
     def test_some(self, requests: list) -> list[int]:
         """Indices of the requests in ``requests`` that have completed since the last call (which
@@ -285,6 +293,8 @@ class MPICommunicator(Communicator):
         self.library = "MPICH" if "MPICH" in MPI.Get_library_version() else (
             "Open MPI" if "Open MPI" in MPI.Get_library_version() else self.description)
         self.thread_level = MPI.Query_thread()
+        # Collective, so that every rank sends GPU memory or none does (the log says one thing for all).
+        self.device_buffers = bool(self.comm.allreduce(int(library_takes_device_buffers(MPI)), op=MPI.MIN))
         shared = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.local_size = shared.Get_size()
         self.local_rank = shared.Get_rank()
@@ -358,6 +368,11 @@ class MPICommunicator(Communicator):
         if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
             raise ValueError("iallreduce needs a C-contiguous NumPy array (stage GPU arrays in host memory)")
         return self.comm.Iallreduce(self._MPI.IN_PLACE, array, op=self._ops[op])
+
+    def iallreduce_on_device(self, array):
+        if not self.device_buffers:
+            return super().iallreduce_on_device(array)
+        return self.comm.Iallreduce(self._MPI.IN_PLACE, array, op=self._MPI.SUM)
 
     def test_some(self, requests: list) -> list[int]:
         done = [i for i, r in enumerate(requests) if isinstance(r, Operation) and r.test()]
@@ -532,6 +547,18 @@ def set_library_defaults(environ, *, async_progress: bool = False) -> None:
         environ.setdefault(ASYNC_PROGRESS_VARIABLE, "1")
     for name, value in OPEN_MPI_TCP_EAGER.items():
         environ.setdefault(name, value)
+
+
+def library_takes_device_buffers(MPI) -> bool:
+    """Whether the MPI library mpi4py runs on says it takes CUDA device memory: MPICH's and Open MPI's
+    ``MPIX_Query_cuda_support`` (mpi4py has no call of its own for it), looked up among the symbols
+    mpi4py's extension module links; a library without the call takes none."""
+    try:
+        query = ctypes.CDLL(MPI.__file__).MPIX_Query_cuda_support
+    except (OSError, AttributeError):
+        return False
+    query.restype = ctypes.c_int
+    return bool(query())
 
 
 def create_communicator(*, async_progress: bool = False, launch: LaunchInfo | None = None) -> Communicator:

@@ -63,6 +63,7 @@ from ..solver.arrival import GradientExchange
 from .options import DEFAULT_BUCKET_BYTES, ExchangeOptions, check  # noqa: F401  (DEFAULT_BUCKET_BYTES: simulate)
 from .gradient_staging import gradients_for, on_device
 from .graph_boundaries import boundaries_by_gradient_bytes
+from .device_mpi import DeviceMpiReduction
 from .nccl_sum import NcclReduction
 from .progress import choose_mode, make_driver, shared_memory_only
 from .reduction import Reduction
@@ -460,7 +461,7 @@ class AllreduceExchange(ExchangeRule):
                 f"{self.options.bucket_bytes} bytes, progress {self.progress_mode}, schedule {self.options.schedule}")
         if self.transport is not None and self.transport.chunk_bytes:
             text += f": chunks of {self.transport.chunk_bytes} bytes, {self.transport.credit_bytes} bytes in flight"
-        if isinstance(self.reduction, (SharedSum, NcclReduction)):  # MPI's and the trees' rules say their own
+        if isinstance(self.reduction, (SharedSum, NcclReduction, DeviceMpiReduction)):  # the trees say their own
             text += f"; {self.reduction.describe()}"
         return text
 
@@ -755,13 +756,16 @@ class AllreduceExchange(ExchangeRule):
     def make_reduction(self) -> Reduction:
         """The algorithm that sums a bucket or chunk over the ranks (built once, with two ranks or
         more): NCCL on the device where the gradients are on a GPU and ``exchange_via`` is nccl
-        (``DataParallel`` resolves auto to it where every rank can use NCCL: ``nccl.nccl_choice``); in
+        (``DataParallel`` resolves auto to it where every rank can use NCCL: ``nccl.nccl_choice``), else
+        there MPI on device memory where the library takes it (``device_mpi.py``; else the staged path); in
         memory the ranks share where every rank runs on this machine and the gradients are host arrays
         (``shared_sum.py``; ``exchange_via: mpi`` declines it); else MPI's allreduce."""
         via = self.options.exchange_via
         gpu = on_device(self.params)
         if gpu and via == "nccl":
             return NcclReduction(self.comm)
+        if gpu and via in ("auto", "mpi") and self.comm.device_buffers:
+            return DeviceMpiReduction(self.comm)
         shared = shared_memory_only(self.comm) and not gpu
         if via == "shared_memory" and not shared:
             raise ValueError("netdef_distributed.exchange_via is shared_memory, but "

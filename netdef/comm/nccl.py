@@ -3,8 +3,9 @@
 When NCCL is used (``exchange_via``): on a GPU, for the allreduce and hybrid rules (hybrid inside each
 group), when CuPy has NCCL on every rank and every rank drives a GPU of its own (NCCL refuses two ranks
 of one communicator on a device unless ``NCCL_MULTI_RANK_GPU_ENABLE=1`` lets NCCL 2.30 or later allow
-it); ``auto`` falls back to the staged path through pinned host buffers and MPI
-(``gradient_staging.py``) and says why, ``nccl`` ends the job instead. The other rules always use MPI.
+it); ``auto`` falls back and says why, ``nccl`` ends the job instead. The fallback (and ``exchange_via:
+mpi``) is MPI on device memory where every rank's library takes it (``device_mpi.py``), else the staged
+path through pinned host buffers and MPI (``gradient_staging.py``). The other rules always use MPI.
 
 How (``over_nccl``): the priority schedule (the default), and the drivers without overlap, keep the
 rule and start its buckets and chunks through ``nccl_sum.NcclReduction``, so the next forward's first
@@ -62,7 +63,7 @@ def nccl_choice(comm, params, options) -> tuple[bool, str]:
     CPU). Every rank reaches the same answer from the same gathered facts (``route_for``)."""
     modules = {blob.array_module for blob in params}
     if modules <= {np} or options.exchange_via in ("mpi", "shared_memory") or comm.size == 1:
-        return False, "MPI" if modules <= {np} else "pinned host buffers and MPI"
+        return False, "MPI" if modules <= {np} else _fallback(options.exchange, comm.device_buffers)
     (cupy,) = modules
     problem = _nccl_problem(cupy)
     mine = json.dumps([socket.gethostname(), cupy.cuda.Device().pci_bus_id, problem,
@@ -70,7 +71,7 @@ def nccl_choice(comm, params, options) -> tuple[bool, str]:
     gathered = [json.loads(b) for b in comm.allgather_bytes(mine)]
     refusals = [fact[3] for fact in gathered if fact[3]]
     return route_for([tuple(fact[:3]) for fact in gathered], options.exchange, options.exchange_via,
-                     refusals[0] if refusals else None)
+                     refusals[0] if refusals else None, comm.device_buffers)
 
 
 # NCCL_MULTI_RANK_GPU_ENABLE is read from NCCL 2.30 on (ncclGetVersion's code 23000); an older NCCL
@@ -104,9 +105,20 @@ def over_nccl(rule: type, options) -> tuple[type, object]:
     return rule, dataclasses.replace(options, exchange_via="nccl")
 
 
-def route_for(facts, exchange: str, exchange_via: str, multi_rank_refusal: str | None) -> tuple[bool, str]:
+def _fallback(exchange: str, device_buffers: bool, reason: str | None = None) -> str:
+    """How a GPU run's gradients go without NCCL, for the log: MPI on device memory where every rank's
+    library takes it and the rule sums plainly (``AllreduceExchange.make_reduction``), else staged."""
+    if device_buffers and exchange in NCCL_RULES:
+        notes = ["CUDA-aware MPI"] + ([reason] if reason else [])
+        return f"the MPI library's allreduce on device memory ({'; '.join(notes)})"
+    return "pinned host buffers and MPI" + (f" ({reason})" if reason else "")
+
+
+def route_for(facts, exchange: str, exchange_via: str, multi_rank_refusal: str | None,
+              device_buffers: bool = False) -> tuple[bool, str]:
     """The decision of ``nccl_choice`` from every rank's (host, GPU bus id, NCCL problem or None);
-    ``multi_rank_refusal``: why ranks may not share a GPU (``_multi_rank_refusal``), None where they may."""
+    ``multi_rank_refusal``: why ranks may not share a GPU (``_multi_rank_refusal``), None where they may;
+    ``device_buffers``: whether every rank's MPI library takes GPU memory (the way without NCCL)."""
     problems = [f"rank {rank}: {problem}" for rank, (_, _, problem) in enumerate(facts) if problem]
     places = [(host, bus) for host, bus, _ in facts]
     if problems:
@@ -119,7 +131,7 @@ def route_for(facts, exchange: str, exchange_via: str, multi_rank_refusal: str |
         return True, "NCCL"
     if exchange_via == "nccl":
         raise NcclUnavailable(f"netdef_distributed.exchange_via is nccl, but {reason}")
-    return False, f"pinned host buffers and MPI ({reason})"
+    return False, _fallback(exchange, device_buffers, reason)
 
 
 class NcclAllreduceExchange(ExchangeRule):

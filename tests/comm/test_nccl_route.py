@@ -4,6 +4,8 @@ rank drives a GPU of its own and has NCCL, else pinned host buffers and MPI, sai
 import numpy as np
 import pytest
 
+from tests.comm.fixtures import mpi_available, run_python
+
 import netdef
 from netdef.comm.communicator import Communicator
 from netdef.comm.exchange import ExchangeOptions
@@ -68,3 +70,43 @@ def test_the_nccl_unique_id_travels_as_its_raw_bytes_whatever_cupy_returns():
     assert id_bytes(signed) == raw
     with pytest.raises(ValueError, match="127 bytes"):
         id_bytes(raw[:127])
+
+
+def test_without_nccl_a_cuda_aware_mpi_sums_the_allreduce_family_on_device_memory():
+    """Where every rank's MPI library takes GPU memory (``Communicator.device_buffers``), the plain
+    sums go through it on the device instead of the staged path; the tree rules stay on the host."""
+    use, route = route_for(ONE_GPU, "allreduce", "auto", NOT_ALLOWED, device_buffers=True)
+    assert not use and route == ("the MPI library's allreduce on device memory (CUDA-aware MPI; ranks share a GPU, "
+                                 "which " + NOT_ALLOWED + ")")
+    assert route_for(TWO_GPUS, "multicolor", "auto", None, device_buffers=True) == (
+        False, "pinned host buffers and MPI (the multicolor rule exchanges through MPI)")
+    assert route_for(TWO_GPUS, "allreduce", "auto", None, device_buffers=True) == (True, "NCCL")  # NCCL first
+
+
+MPI_OK, MPI_WHY_NOT = mpi_available()
+DEVICE_MEMORY_SCRIPT = """
+import ctypes
+from mpi4py import MPI
+from netdef.comm.communicator import CommunicatorError, create_communicator, library_takes_device_buffers
+comm = create_communicator()
+query = ctypes.CDLL(MPI.__file__).MPIX_Query_cuda_support  # the wheel's MPICH has the call
+try:
+    comm.iallreduce_on_device(None)
+except CommunicatorError as exc:
+    refused = str(exc)
+print(f"rank {comm.rank}: query {query()} takes {library_takes_device_buffers(MPI)} "
+      f"device_buffers {comm.device_buffers} refused {refused!r}", flush=True)
+"""
+
+
+@pytest.mark.skipif(not MPI_OK, reason=MPI_WHY_NOT)
+def test_the_mpi_library_is_asked_whether_it_takes_device_memory(tmp_path):
+    """The pip wheel's MPICH is built without CUDA: it answers 0, and every rank then stages GPU
+    gradients through the host (the device path needs a CUDA-aware build, which no machine here has)."""
+    script = tmp_path / "query.py"
+    script.write_text(DEVICE_MEMORY_SCRIPT)
+    run = run_python([str(script)], 2, tmp_path, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    for rank in (0, 1):
+        assert f"rank {rank}: query 0 takes False device_buffers False refused " in run.stdout, run.stdout
+    assert "takes no GPU memory (device_buffers is False)" in run.stdout

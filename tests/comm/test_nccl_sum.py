@@ -1,4 +1,5 @@
-"""NCCL as the allreduce family's reduction (netdef/comm/nccl_sum.py, gradient_staging.DeviceBuckets):
+"""NCCL as the allreduce family's reduction (netdef/comm/nccl_sum.py, gradient_staging.DeviceBuckets),
+and CUDA-aware MPI on the same device buckets (netdef/comm/device_mpi.py):
 the priority schedule's chunks and the drivers' buckets summed on a communication stream, each only
 once its gradients are final on the device, in one process against stand-ins for CuPy's streams and
 events and for NCCL's communicator (the other ranks scripted as in test_exchange.py). The stand-ins
@@ -13,7 +14,8 @@ import numpy as np
 import pytest
 
 from netdef.comm import exchange as ex
-from netdef.comm.communicator import Communicator, Operation
+from netdef.comm.communicator import Communicator, CommunicatorError, Operation
+from netdef.comm.device_mpi import DeviceMpiReduction
 from netdef.comm.elastic import HybridExchange
 from netdef.comm.gradient_staging import DeviceBuckets
 from netdef.comm.nccl import NcclAllreduceExchange, over_nccl, route_for
@@ -182,6 +184,20 @@ class RuleOverNccl(ex.AllreduceExchange):
         super().start_bucket(bucket)
 
 
+def device_rule(rule_class, comm, schedule, overlap, mode, log, lag):
+    """(the test net, its gradients, a ``rule_class`` on ``comm`` with its buckets on the stand-in
+    device, hooked to the net and with its sizes set)."""
+    net = make_net()
+    expected = reference_gradients(net)
+    options = ex.ExchangeOptions(schedule=schedule, overlap=overlap, bucket_bytes=64, progress=mode, chunk_bytes=32,
+                                 credit_bytes=64)
+    rule = hooked(net, rule_class(comm, net, options, log, lag))
+    assert isinstance(rule.gradients, DeviceBuckets)
+    rule.broadcast_initial()
+    net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
+    return net, expected, rule
+
+
 CASES = [pytest.param("priority", True, "POLL", id="priority"),
          pytest.param("priority", True, "THREAD", id="priority-thread"),
          pytest.param("fifo", False, "POLL", id="fifo-no-overlap"),
@@ -191,15 +207,8 @@ CASES = [pytest.param("priority", True, "POLL", id="priority"),
 @pytest.mark.parametrize("schedule, overlap, mode", CASES)
 @pytest.mark.parametrize("lag", [1, 4])
 def test_the_transports_sum_device_buckets_over_nccl_once_their_gradients_are_final(schedule, overlap, mode, lag):
-    net = make_net()
-    expected = reference_gradients(net)
     log = []
-    options = ex.ExchangeOptions(schedule=schedule, overlap=overlap, bucket_bytes=64, progress=mode, chunk_bytes=32,
-                                 credit_bytes=64)
-    rule = hooked(net, RuleOverNccl(ScriptedRanks(size=4), net, options, log, lag))
-    assert isinstance(rule.gradients, DeviceBuckets)
-    rule.broadcast_initial()
-    net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
+    net, expected, rule = device_rule(RuleOverNccl, ScriptedRanks(size=4), schedule, overlap, mode, log, lag)
     for iteration in range(3):
         log.clear()
         run_iteration(net, rule, iteration, log)
@@ -290,3 +299,37 @@ def test_hybrid_sums_over_nccl_inside_its_groups_and_the_tree_rules_through_the_
     for rule in ("multicolor", "fp16", "easgd", "gossip"):
         assert route_for(two_gpus, rule, "auto", None) == (False, f"pinned host buffers and MPI (the {rule} rule "
                                                                   f"exchanges through MPI)")
+
+
+class ScriptedCudaAwareRanks(ScriptedComm):
+    """ScriptedComm's ranks whose MPI library takes device memory (the stand-in's arrays)."""
+
+    device_buffers = True
+
+    def iallreduce_on_device(self, array):
+        return self.iallreduce(array)
+
+
+class RuleOverCudaAwareMpi(RuleOverNccl):
+    def make_reduction(self):
+        return DeviceMpiReduction(self.comm, cupy=StandInCupy(self.log, self.lag))
+
+
+@pytest.mark.parametrize("schedule, overlap, mode", CASES[:1] + CASES[2:3])
+def test_a_cuda_aware_mpi_sums_the_device_buckets_once_their_gradients_are_final(schedule, overlap, mode):
+    log = []
+    net, expected, rule = device_rule(RuleOverCudaAwareMpi, ScriptedCudaAwareRanks(size=4, events=log), schedule,
+                                      overlap, mode, log, lag=3)
+    for iteration in range(3):
+        log.clear()
+        run_iteration(net, rule, iteration, log)
+        assert_averaged(net, expected)
+        assert [e[1] for e in log if e[0] == "start bucket"] == [0, 1, 2, 3]
+    assert "the MPI library's allreduce on device memory (CUDA-aware MPI)" in rule.describe()
+    rule.close()
+
+
+def test_one_process_takes_no_device_memory_into_mpi():
+    assert not Communicator.device_buffers
+    with pytest.raises(CommunicatorError, match="takes no GPU memory"):
+        Communicator().iallreduce_on_device(np.zeros(2, dtype=np.float32))
