@@ -76,7 +76,7 @@ rm -rf "$WORK"; mkdir -p "$WORK"
 # (a first visit, when finding what breaks matters more than clean figures; the figures of such a run
 # are disturbed by the tests and are not reported); by default they run first, alone.
 run_tests() {
-  LD_PRELOAD="$NCCL_PRELOAD" timeout 200 python3 -m pytest -q -p no:cacheprovider -n 6 --dist load --timeout 90 \
+  LD_PRELOAD="$NCCL_PRELOAD" timeout 240 python3 -m pytest -q -p no:cacheprovider -n 6 --dist load --timeout 90 \
     tests/test_gpu.py tests/test_gpu_cudnn.py tests/test_gpu_chains.py tests/test_gpu_graphs.py tests/test_gpu_ranks.py \
     tests/test_gpu_data.py \
     > "$OUT/tests.log" 2>&1

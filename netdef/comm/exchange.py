@@ -638,9 +638,11 @@ class AllreduceExchange(ExchangeRule):
         and none back after it (PyTorch's DDP calls it gradient_as_bucket_view). It matters most for
         the shared-memory sums, whose buckets are memory the ranks map, so that every gradient was
         copied in and out, big ones too (benchmarks/README.md, "Gradients where they are summed").
-        A diff another blob shares stays where it is, and is copied as before; a GPU's gradients
-        travel by ``gradient_staging``. (Every bucket holds diffs of its own dtype: ``plan_buckets``.)"""
-        if self.gradients.asynchronous:
+        A diff another blob shares stays where it is, and is copied as before. A GPU's diffs live in
+        device buckets where the reduction sums device memory (NCCL, CUDA-aware MPI), not in the staged
+        path's pinned host buffers (``gradient_staging``). (Every bucket holds diffs of its own dtype:
+        ``plan_buckets``.)"""
+        if not self.gradients.diffs_may_live_in_buckets:
             return
         self._homed = []
         for bucket in self.buckets:
@@ -656,7 +658,7 @@ class AllreduceExchange(ExchangeRule):
         it gave out), and forget the bucket plan: a later iteration plans it anew."""
         for pid in self._homed:
             blob = self.params[pid]
-            blob.keep_diff_in(np.empty(blob.shape, dtype=blob.dtype))
+            blob.keep_diff_in(blob.array_module.empty(blob.shape, dtype=blob.dtype))
         self._homed = []
         self.buckets = None
         self._slot = {}

@@ -221,9 +221,16 @@ def test_the_transports_sum_device_buckets_over_nccl_once_their_gradients_are_fi
                                                          [3, 5, 6, 7, 8, 8, 8, 8])
         assert [e[1] for e in log if e[0] == "start bucket"] == [0, 1, 2, 3]  # one order on every rank
     assert "NCCL 2.30.7's allreduce on a communication stream of its own" in rule.describe()
+    # The diffs live in the device buckets (backward writes them where NCCL sums them: no copy in or
+    # out), and get memory of their own again, with their values, when the run ends.
+    buckets, diffs = rule.buckets, [blob.diff for blob in net.learnable_params]
+    assert all(np.shares_memory(diffs[pid], bucket.own_buffer()) for bucket in buckets for pid in bucket.param_ids)
     rule.close()
     rule.release()
     assert rule.reduction.communicator.destroyed
+    for blob, before in zip(net.learnable_params, diffs):
+        assert not any(np.shares_memory(blob.diff, bucket.own_buffer()) for bucket in buckets)
+        np.testing.assert_array_equal(blob.diff, before)
 
 
 def test_the_priority_schedule_sends_the_first_layers_chunks_first_over_nccl():
