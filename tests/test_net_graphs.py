@@ -1,7 +1,8 @@
 """CUDA graphs of a net's passes (netdef/net_graphs.py), what the CPU can check: which stretches of a
 net would be replayed and which run eagerly, that a one-process solver leaves its net free of hooks
-(so that graphs apply) and a distributed one does not, and that asking for graphs where they cannot
-apply trains exactly as without them and says why, once. The recordings and replays themselves run
+and a distributed one's hooks run at the stretches' edges (cut where its buckets close), that a hook of
+every layer keeps the net eager, and that asking for graphs where they cannot apply trains exactly as
+without them and says why, once. The recordings and replays themselves run
 on a GPU: tests/test_gpu_graphs.py."""
 from __future__ import annotations
 
