@@ -20,6 +20,8 @@ class DeviceMpiReduction(Reduction):
     docstring). ``cupy``: the module that makes the buckets (default: CuPy; a test of the bookkeeping
     gives a stand-in)."""
 
+    named_in_log = True
+
     def __init__(self, comm, cupy=None):
         super().__init__(comm)
         if cupy is None:

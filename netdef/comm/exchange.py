@@ -461,7 +461,7 @@ class AllreduceExchange(ExchangeRule):
                 f"{self.options.bucket_bytes} bytes, progress {self.progress_mode}, schedule {self.options.schedule}")
         if self.transport is not None and self.transport.chunk_bytes:
             text += f": chunks of {self.transport.chunk_bytes} bytes, {self.transport.credit_bytes} bytes in flight"
-        if isinstance(self.reduction, (SharedSum, NcclReduction, DeviceMpiReduction)):  # the trees say their own
+        if self.reduction is not None and self.reduction.named_in_log:
             text += f"; {self.reduction.describe()}"
         return text
 

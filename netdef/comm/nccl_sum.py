@@ -91,6 +91,7 @@ class NcclReduction(Reduction):
     """Sum device arrays over the ranks of ``comm`` with NCCL (module docstring). ``cupy``/``nccl``:
     the modules to use (default: CuPy and its NCCL; a test of the bookkeeping gives stand-ins)."""
 
+    named_in_log = True
     polls_cheaply = True  # a test asks whether an event has completed
 
     def __init__(self, comm, cupy=None, nccl=None):

@@ -22,6 +22,9 @@ class Reduction:
     on one machine is not worth it (``progress.choose_mode``)."""
 
     polls_cheaply = False
+    #: Whether the allreduce rule's log line names this reduction (``describe``): MPI's own allreduce is
+    #: what the rule means by default, and the multicolour trees' rules describe theirs themselves.
+    named_in_log = False
     #: The priority schedule's (chunk bytes, credit bytes) where the reduction shares no link between
     #: the reductions in flight (nothing to measure); None: measured (``scheduler.choose_sizes``).
     unshared_link_sizes: tuple[int, int] | None = None

@@ -80,6 +80,7 @@ class SharedSum(Reduction):
     """See the module docstring. ``buffers(buckets)`` (collective, once the bucket layout is known)
     gives every bucket its buffer in this rank's segment; ``start`` then takes any part of one."""
 
+    named_in_log = True
     polls_cheaply = True
     # Every reduction in flight is summed as soon as every rank's data is there, in start order, by
     # the ranks' own cores: one chunk per bucket (up to 1 GiB) and no bound on what is in flight.
