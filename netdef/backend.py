@@ -115,6 +115,11 @@ def get_array_module(*arrays):
     return np
 
 
+def address(array) -> int:
+    """Where ``array``'s first element lies: host memory for a NumPy array, device memory for CuPy's."""
+    return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
+
+
 def to_host(array) -> np.ndarray:
     """A NumPy array with the same values (no copy when it already is one)."""
     if isinstance(array, np.ndarray):

@@ -67,16 +67,11 @@ class _Recording:
         for blob, recorded in zip(blobs, self.recorded):
             now = blob.bound_arrays()
             for held, wanted in zip(now[:2], recorded[:2]):
-                if held is not wanted and held is not None and wanted is not None and _address(held) != _address(wanted):
+                if held is not wanted and held is not None and wanted is not None and backend.address(held) != backend.address(wanted):
                     wanted[...] = held  # an input the eager code around the graph put elsewhere
         self.graph.launch(cupy.cuda.get_current_stream())
         for blob, left in zip(blobs, self.left):
             blob.rebind(left)
-
-
-def _address(array) -> int:
-    """Where ``array``'s first element lies (device memory for CuPy; host memory for a NumPy array)."""
-    return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
 
 
 class _Run:

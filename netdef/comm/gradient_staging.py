@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import backend
+
 
 class HostGradients:
     """Diffs in host memory: the bucket copies them in and out itself.
@@ -160,8 +162,7 @@ class DeviceBuckets(_DeviceGradients):
 
 def _same_memory(a, b) -> bool:
     """Whether arrays ``a`` and ``b`` (CuPy's, or NumPy's) start at the same address with as many values."""
-    address = (lambda x: x.ctypes.data if isinstance(x, np.ndarray) else x.data.ptr)
-    return a.size == b.size and address(a) == address(b)
+    return a.size == b.size and backend.address(a) == backend.address(b)
 
 
 def on_device(params) -> bool:
