@@ -10,38 +10,15 @@ completed, because MPI, unlike NCCL, does not order itself after the device's st
 """
 from __future__ import annotations
 
-import numpy as np
-
-from .reduction import Reduction
+from .reduction import DeviceMemoryReduction
 
 
-class DeviceMpiReduction(Reduction):
+class DeviceMpiReduction(DeviceMemoryReduction):
     """Sum device arrays over the ranks of ``comm`` with its MPI library's ``Iallreduce`` (module
-    docstring). ``cupy``: the module that makes the buckets (default: CuPy; a test of the bookkeeping
-    gives a stand-in)."""
-
-    named_in_log = True
-
-    def __init__(self, comm, cupy=None):
-        super().__init__(comm)
-        if cupy is None:
-            import cupy
-        self.cupy = cupy
-        self.compute_stream = cupy.cuda.get_current_stream()
+    docstring)."""
 
     def describe(self) -> str:
         return "the MPI library's allreduce on device memory (CUDA-aware MPI)"
-
-    def gradients_for(self, params):
-        from .gradient_staging import DeviceBuckets
-
-        return DeviceBuckets(self.cupy, self.compute_stream)
-
-    def empty(self, count: int, dtype=np.float32):
-        return self.cupy.zeros(count, dtype=dtype)
-
-    def buffers(self, sizes_and_dtypes):
-        return [self.empty(count, dtype) for count, dtype in sizes_and_dtypes]
 
     def start(self, array):
         return self.comm.iallreduce_on_device(array)

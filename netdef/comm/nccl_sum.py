@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from .communicator import Operation
-from .reduction import Reduction
+from .reduction import DeviceMemoryReduction
 
 UNIQUE_ID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES
 
@@ -87,24 +87,18 @@ class DeviceEventOperation(Operation):
         self.event.synchronize()
 
 
-class NcclReduction(Reduction):
+class NcclReduction(DeviceMemoryReduction):
     """Sum device arrays over the ranks of ``comm`` with NCCL (module docstring). ``cupy``/``nccl``:
     the modules to use (default: CuPy and its NCCL; a test of the bookkeeping gives stand-ins)."""
 
-    named_in_log = True
     polls_cheaply = True  # a test asks whether an event has completed
 
     def __init__(self, comm, cupy=None, nccl=None):
-        super().__init__(comm)
-        if cupy is None:
-            import cupy
+        super().__init__(comm, cupy)
         if nccl is None:
             from cupy.cuda import nccl
-        self.cupy = cupy
         self._nccl = nccl
-        self.device = cupy.cuda.Device()       # this rank's GPU: current on the thread that builds the exchange
-        self.compute_stream = cupy.cuda.get_current_stream()
-        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.stream = self.cupy.cuda.Stream(non_blocking=True)
         self._types = nccl_types(nccl)
         self._spans = None                      # a timeline's DeviceSpans, when one is written
         self.communicator = communicator(nccl, comm.size, unique_id(comm, nccl), comm.rank)
@@ -112,20 +106,8 @@ class NcclReduction(Reduction):
     def describe(self) -> str:
         return f"summed by NCCL {version_text(self._nccl.get_version())}'s allreduce on a communication stream of its own"
 
-    def gradients_for(self, params):
-        from .gradient_staging import DeviceBuckets
-
-        return DeviceBuckets(self.cupy, self.compute_stream)
-
     def trace_to(self, spans) -> None:
         self._spans = spans
-
-    def empty(self, count: int, dtype=np.float32):
-        with self.device:
-            return self.cupy.zeros(count, dtype=dtype)
-
-    def buffers(self, sizes_and_dtypes):
-        return [self.empty(count, dtype) for count, dtype in sizes_and_dtypes]
 
     def start(self, array):
         with self.device:
