@@ -96,7 +96,7 @@ def precision_flag(parser) -> None:
 def cuda_graphs_flag(parser) -> None:
     caffe_flag(parser, "cuda_graphs", action="store_true",
                help="on a GPU, replay stretches of layers from CUDA graphs recorded once (the host launches one "
-                    "graph instead of every kernel; the same bits); one process only")
+                    "graph instead of every kernel; the same bits); under mpiexec too")
 
 
 def set_precision(args) -> None:
