@@ -416,6 +416,8 @@ def print_report(args, launcher, rows, infos, started, stream=sys.stdout):
               f"{ms(info['allreduce_all_s'])} ms\n")
         if name == "ranks" and "auto" in info:
             w(f"# progress AUTO resolves to {info['auto']} here\n")
+        for config, described in info.get("exchange", {}).items():
+            w(f"# {config}: {described}\n")
     w("#\n# T_x = wait before the update with overlap off (same bucket size); exposed = that wait with overlap on;\n"
       "# hidden = 1 - exposed / T_x; saved = (iteration time off - on) / T_x (also counts overlap's own costs);\n"
       "# in-exch = time the training thread spent inside exchange calls during backward (pack, start, poll);\n"
