@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import backend
 from .exchange import ExchangeRule
+from .gradient_staging import on_device
 
 
 class DeviceFlatWeights:
@@ -71,9 +72,8 @@ class OwnWeightsRule(ExchangeRule):
         self.resumed = False
         self.restored_model: np.ndarray | None = None
         self._stash: list | None = None  # this rank's own weights while the model is in the net
-        modules = {blob.array_module for blob in self.params}
-        self._device = (DeviceFlatWeights(next(iter(modules)), self.offsets, self.sizes)
-                        if self.params and not modules <= {np} else None)
+        self._device = (DeviceFlatWeights(self.params[0].array_module, self.offsets, self.sizes)
+                        if on_device(self.params) else None)
 
     # ------------------------------------------------------------------------------ the flat vector
     def flat_weights(self) -> np.ndarray:
