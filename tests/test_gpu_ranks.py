@@ -41,6 +41,13 @@ def assert_trained_as(expected, net_path, model_path):
             assert relative_error(np.asarray(a), np.asarray(b)) < 1e-5, name
 
 
+def skip_where_nccl_refuses_sharing(run) -> None:
+    """Skip, saying so, where ``run`` ended because this machine's NCCL refuses two ranks on one GPU."""
+    if run.returncode != 0 and re.search(r"Duplicate GPU|ncclInvalidUsage|invalid usage|which NCCL [\d.]+ refuses",
+                                         run.stderr):
+        pytest.skip("this machine's NCCL refuses two ranks on one GPU: " + run.stderr.strip().splitlines()[-1][:300])
+
+
 # The staged path's exchange (gradient_staging.py) under the schedules and overlap settings.
 FLAGS = [pytest.param([], id="priority"), pytest.param(["--schedule", "fifo"], id="fifo"),
          pytest.param(["--overlap", "off", "--schedule", "fifo"], id="fifo-no-overlap")]
@@ -84,37 +91,48 @@ def test_nccl_on_one_gpu_where_nccl_allows_two_ranks(tmp_path, one_process, flag
     pair = write_case(tmp_path, "pair", BATCH, ITERATIONS, records=RECORDS)
     two = run_netdef(["train", str(pair), "--gpu", "all", "--exchange_via", "nccl"] + flags, 2, tmp_path, timeout=180,
                      env={"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_MAX_CTAS": "4"})
-    if two.returncode != 0 and re.search(r"Duplicate GPU|ncclInvalidUsage|invalid usage|which NCCL [\d.]+ refuses",
-                                         two.stderr):
-        pytest.skip("this machine's NCCL refuses two ranks on one GPU: " + two.stderr.strip().splitlines()[-1][:300])
+    skip_where_nccl_refuses_sharing(two)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "summed through NCCL" in two.stderr and described in two.stderr, two.stderr[-3000:]
     assert_trained_as(one_process, pair.with_name("pair_net.prototxt"), tmp_path / f"pair_iter_{ITERATIONS}.caffemodel")
 
 
-def test_hybrid_sums_over_nccl_inside_its_group(tmp_path):
-    """hybrid with one group of both ranks over NCCL: its allreduce inside the group is NCCL's, and it
-    trains as the same rule through the host does."""
-    flags = ["--exchange", "hybrid", "--group_size", "2", "--tau", "2", "--chunk_bytes", "4096",
-             "--credit_bytes", "8192"]
-    env = {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_MAX_CTAS": "4"}
+def assert_nccl_trains_as_the_host(tmp_path, flags, described) -> None:
+    """The rule of ``flags`` over NCCL trains two ranks as through the host (``exchange_via: mpi``), and
+    the log says ``described``; skips where this machine's NCCL refuses two ranks on one GPU."""
     staged = write_case(tmp_path, "staged", BATCH, ITERATIONS, records=RECORDS)
     via_host = run_netdef(["train", str(staged), "--gpu", "all", "--exchange_via", "mpi"] + flags, 2, tmp_path,
                           timeout=180)
     assert via_host.returncode == 0, via_host.stderr[-3000:]
     nccl = write_case(tmp_path, "nccl", BATCH, ITERATIONS, records=RECORDS)
     two = run_netdef(["train", str(nccl), "--gpu", "all", "--exchange_via", "nccl"] + flags, 2, tmp_path,
-                     timeout=180, env=env)
-    if two.returncode != 0 and re.search(r"Duplicate GPU|ncclInvalidUsage|invalid usage|which NCCL [\d.]+ refuses",
-                                         two.stderr):
-        pytest.skip("this machine's NCCL refuses two ranks on one GPU: " + two.stderr.strip().splitlines()[-1][:300])
+                     timeout=180, env={"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_MAX_CTAS": "4"})
+    skip_where_nccl_refuses_sharing(two)
     assert two.returncode == 0, two.stderr[-3000:]
-    assert "hybrid (" in two.stderr and "allreduce on a communication stream of its own" in two.stderr
+    assert described in two.stderr, two.stderr[-3000:]
     a = weights(staged.with_name("staged_net.prototxt"), tmp_path / f"staged_iter_{ITERATIONS}.caffemodel")
     b = weights(nccl.with_name("nccl_net.prototxt"), tmp_path / f"nccl_iter_{ITERATIONS}.caffemodel")
     for name in a:
         for x, y in zip(a[name], b[name]):
             assert relative_error(np.asarray(y), np.asarray(x)) < 1e-5, name
+
+
+def test_hybrid_sums_over_nccl_inside_its_group(tmp_path):
+    """hybrid with one group of both ranks over NCCL: its allreduce inside the group is NCCL's, and it
+    trains as the same rule through the host does."""
+    assert_nccl_trains_as_the_host(tmp_path, ["--exchange", "hybrid", "--group_size", "2", "--tau", "2",
+                                              "--chunk_bytes", "4096", "--credit_bytes", "8192"],
+                                   "allreduce on a communication stream of its own")
+
+
+@pytest.mark.parametrize("rule", ["multicolor", "fp16"])
+def test_the_trees_sum_over_nccls_point_to_point_calls_as_through_the_host(tmp_path, rule):
+    """multicolor and fp16 over NCCL (netdef/comm/nccl_trees.py: every level of the trees queued on the
+    communication stream, fp16's scales and casts as device kernels) train as the same rule through the
+    host: the same additions in the same order, the same float16 messages."""
+    assert_nccl_trains_as_the_host(tmp_path, ["--exchange", rule, "--colors", "2", "--chunk_bytes", "4096",
+                                              "--credit_bytes", "8192"],
+                                   "point-to-point calls on a communication stream of its own")
 
 
 def test_a_two_rank_gpu_snapshot_resumes_exactly(tmp_path):

@@ -31,10 +31,10 @@ import time
 
 import numpy as np
 
+from ..backend import to_host
 from .exchange import Bucket, register_exchange
 from .jit_half import scaled_half_bits
-from .multicolor import MulticolorExchange, TreeReduction, WireFormat
-from .reduction import Reduction
+from .multicolor import MulticolorExchange, WireFormat
 
 logger = logging.getLogger("netdef")
 
@@ -85,6 +85,47 @@ class Float16Wire(WireFormat):
         np.add(out, values, out=out, casting="same_kind")
 
 
+def scale_exponent_where_they_lie(xp, values):
+    """``scale_exponent`` of float32 ``values`` computed by their own array module ``xp`` and left there,
+    a 0-d int32 array: on a GPU nothing waits for the device."""
+    largest = xp.max(xp.where(xp.isfinite(values), xp.abs(values), values.dtype.type(0)))
+    exponent = xp.clip(xp.frexp(largest)[1] - (1 + TARGET_EXPONENT), MIN_EXPONENT, MAX_EXPONENT)
+    return xp.where(largest == 0, 0, exponent).astype(xp.int32)
+
+
+class Float16DeviceWire(Float16Wire):
+    """``Float16Wire``'s messages, the same bits, made and read by the array operations of ``xp``
+    (CuPy where the trees run on a GPU, ``nccl_trees.py``): the scale, the casts and the scaled sums
+    run as device kernels on the communication stream, and the host never reads a value. The scale
+    multiplies in float32 and the cast rounds to nearest, ties to even, as the host's kernel does."""
+
+    def message_buffer(self, count: int, dtype):
+        return self.xp.empty(count + 1, dtype=self.xp.float16)
+
+    def _scale(self, exponent, dtype):
+        return self.xp.ldexp(dtype.type(1), exponent)
+
+    def encode(self, values):
+        xp = self.xp
+        values = values.reshape(-1).astype(xp.float32, copy=False)
+        exponent = scale_exponent_where_they_lie(xp, values)
+        message = xp.empty(values.size + 1, dtype=xp.float16)
+        message[:-1] = values * self._scale(-exponent, np.dtype(np.float32))
+        message[-1:] = exponent  # exactly: float16 holds every integer of [-126, 127]
+        return message
+
+    def decode(self, message, out) -> None:
+        xp = self.xp
+        xp.copyto(out, message[:-1])
+        xp.multiply(out, self._scale(message[-1].astype(xp.int32), out.dtype), out=out)
+
+    def accumulate(self, out, message) -> None:
+        xp = self.xp
+        values = message[:-1].astype(xp.float32)
+        xp.multiply(values, self._scale(message[-1].astype(xp.int32), np.dtype(np.float32)), out=values)
+        xp.add(out, values, out=out)
+
+
 class ErrorProbe:
     """The fp16 exchange's error in one iteration: the packed gradients (``before``) and the
     summed ones (``after``) of every bucket, compared with a float32 allreduce of the former."""
@@ -100,8 +141,8 @@ class ErrorProbe:
         """(relative L2 error, largest absolute error, largest magnitude) of the averaged gradient;
         a collective call (one blocking allreduce of every gradient)."""
         order = sorted(self.before)
-        reference = np.concatenate([self.before[i].astype(np.float32) for i in order])
-        exchanged = np.concatenate([self.after[i].astype(np.float32) for i in order])
+        reference = np.concatenate([to_host(self.before[i]).astype(np.float32) for i in order])
+        exchanged = np.concatenate([to_host(self.after[i]).astype(np.float32) for i in order])
         comm.allreduce(reference)
         reference /= comm.size
         exchanged /= comm.size
@@ -121,8 +162,9 @@ class Fp16Exchange(MulticolorExchange):
         self._probe: ErrorProbe | None = ErrorProbe() if comm.size > 1 else None
         self.measured_error: tuple[float, float, float] | None = None
 
-    def make_reduction(self) -> Reduction:
-        return TreeReduction(self.comm, self.options.multicolor_colors, Float16Wire())
+    @classmethod
+    def wire_for(cls, xp) -> WireFormat:
+        return Float16Wire() if xp is np else Float16DeviceWire(xp)
 
     def start_bucket(self, bucket: Bucket) -> None:
         if self._probe is not None:

@@ -33,61 +33,30 @@ from __future__ import annotations
 
 import numpy as np
 
+from .colour_trees import TreeLinks, colour_count, colour_roots
 from .communicator import Operation
 from .exchange import AllreduceExchange, register_exchange
+from .nccl_trees import NcclTreeReduction
 from .reduction import Reduction
 
-DEFAULT_MAX_COLOURS = 4
 MIN_TAG_WINDOW = 64  # operations that may be in flight at once (the tags of older ones are reused)
-
-
-# ============================================================================================== trees
-def default_colours(size: int) -> int:
-    """k for ``size`` ranks when the user did not choose (module docstring)."""
-    return max(1, min(size, DEFAULT_MAX_COLOURS))
-
-
-def colour_count(size: int, requested: int) -> int:
-    """The k a run uses: ``requested`` (0: the default), at most one tree per rank."""
-    return default_colours(size) if requested <= 0 else min(int(requested), size)
-
-
-def colour_roots(size: int, colours: int) -> list[int]:
-    """The root of each colour's tree, spread evenly over the ranks (distinct while colours <= size)."""
-    return [c * size // colours for c in range(colours)]
-
-
-def tree_parents(size: int, root: int) -> list[int]:
-    """The parent of every rank in the binary tree rooted at ``root`` (-1 for the root)."""
-    parents = []
-    for rank in range(size):
-        position = (rank - root) % size
-        parents.append(-1 if position == 0 else (root + (position - 1) // 2) % size)
-    return parents
-
-
-class TreeLinks:
-    """One rank's place in one colour's tree: its ``parent`` (-1 at the root) and its ``children`` in
-    the order their partial sums are added."""
-
-    __slots__ = ("parent", "children")
-
-    def __init__(self, size: int, root: int, rank: int):
-        parents = tree_parents(size, root)
-        self.parent = parents[rank]
-        self.children = sorted((r for r in range(size) if parents[r] == rank), key=lambda r: (r - root) % size)
 
 
 # ============================================================================================== wire format
 class WireFormat:
-    """How a part's values travel: as themselves (no rounding, no copy for what is sent as is)."""
+    """How a part's values travel: as themselves (no rounding, no copy for what is sent as is).
+    ``xp``: the array module of the parts and messages (NumPy; CuPy where the trees run on a GPU,
+    ``nccl_trees.py``)."""
+
+    def __init__(self, xp=np):
+        self.xp = xp
 
     def describe(self) -> str:
         return "messages in the buffer's own dtype"
 
-    def message_buffer(self, count: int, dtype) -> np.ndarray:
+    def message_buffer(self, count: int, dtype):
         """An empty message able to hold ``count`` values of ``dtype``."""
-        return np.empty(count, dtype=dtype)
+        return self.xp.empty(count, dtype=dtype)
 
     def encode(self, values: np.ndarray) -> np.ndarray:
         """The message for ``values``; may be ``values`` itself (which then must not change until sent)."""
@@ -98,9 +67,9 @@ class WireFormat:
         if message is not out:
             out[...] = message
 
-    def accumulate(self, out: np.ndarray, message: np.ndarray) -> None:
+    def accumulate(self, out, message) -> None:
         """``out += `` the values of ``message``."""
-        np.add(out, message, out=out)
+        self.xp.add(out, message, out=out)
 
 
 # ============================================================================================== the operation
@@ -281,7 +250,19 @@ class MulticolorExchange(AllreduceExchange):
     chunk summed by the multicolour allreduce (module docstring) instead of the MPI library's."""
 
     def make_reduction(self) -> Reduction:
-        return TreeReduction(self.comm, self.options.multicolor_colors)
+        """The trees over NCCL where the gradients are on a GPU and ``exchange_via`` is nccl
+        (``DataParallel`` resolves auto to it where every rank can use NCCL: ``nccl.nccl_choice``),
+        else over MPI on host arrays (from a GPU, through the pinned staging)."""
+        modules = {blob.array_module for blob in self.params}
+        if not modules <= {np} and self.options.exchange_via == "nccl":
+            (device,) = modules
+            return NcclTreeReduction(self.comm, self.options.multicolor_colors, self.wire_for(device))
+        return TreeReduction(self.comm, self.options.multicolor_colors, self.wire_for(np))
+
+    @classmethod
+    def wire_for(cls, xp) -> WireFormat:
+        """The messages' format, made by array module ``xp`` (NumPy, or the GPU's)."""
+        return WireFormat(xp)
 
     def describe(self) -> str:
         asked = self.options.multicolor_colors

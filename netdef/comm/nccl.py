@@ -1,16 +1,18 @@
-"""NCCL on GPUs: when the allreduce family sums over NCCL, and the fifo schedule's NCCL path.
+"""NCCL on GPUs: when the synchronous rules sum over NCCL, and the fifo schedule's NCCL path.
 
 When NCCL is used (``exchange_via``): on a GPU, for the allreduce and hybrid rules (hybrid inside each
-group), when CuPy has NCCL on every rank and every rank drives a GPU of its own (NCCL refuses two ranks
-of one communicator on a device unless ``NCCL_MULTI_RANK_GPU_ENABLE=1`` lets NCCL 2.30 or later allow
-it); ``auto`` falls back and says why, ``nccl`` ends the job instead. The fallback (and ``exchange_via:
-mpi``) is MPI on device memory where every rank's library takes it (``device_mpi.py``), else the staged
-path through pinned host buffers and MPI (``gradient_staging.py``). The other rules always use MPI.
+group) and for the multicolour trees' rules (multicolor and fp16, over NCCL's point-to-point calls:
+``nccl_trees.py``), when CuPy has NCCL on every rank and every rank drives a GPU of its own (NCCL
+refuses two ranks of one communicator on a device unless ``NCCL_MULTI_RANK_GPU_ENABLE=1`` lets NCCL
+2.30 or later allow it); ``auto`` falls back and says why, ``nccl`` ends the job instead. The fallback (and ``exchange_via:
+mpi``) is, for the plain sums, MPI on device memory where every rank's library takes it
+(``device_mpi.py``), else the staged path through pinned host buffers and MPI (``gradient_staging.py``).
+The rules that move weights (easgd, gossip) always stage through the host.
 
-How (``over_nccl``): the priority schedule (the default), and the drivers without overlap, keep the
-rule and start its buckets and chunks through ``nccl_sum.NcclReduction``, so the next forward's first
-layers leave first. The fifo schedule with overlap is ``NcclAllreduceExchange`` below, where the
-host never waits:
+How (``over_nccl``): the priority schedule (the default), the drivers without overlap, and every rule
+but allreduce keep the rule and start its buckets and chunks through ``nccl_sum.NcclReduction`` (the
+trees: ``nccl_trees.NcclTreeReduction``), so the next forward's first layers leave first. The fifo
+schedule with overlap is ``NcclAllreduceExchange`` below, where the host never waits:
 
 NCCL (through CuPy's ``cupy.cuda.nccl``; rank 0's unique id is broadcast over MPI) sums on a
 communication stream of its own. When a layer's gradients are final (the net's backward hook hands
@@ -40,8 +42,11 @@ from .graph_boundaries import boundaries_by_gradient_bytes
 from .nccl_sum import communicator, nccl_types, unique_id, version_text
 
 MULTI_RANK_VARIABLE = "NCCL_MULTI_RANK_GPU_ENABLE"
-# The rules whose gradients NCCL can sum: the allreduce family's plain sum (hybrid's inside a group).
-NCCL_RULES = ("allreduce", "hybrid")
+# The rules whose gradients NCCL can sum: the allreduce family's plain sum (hybrid's inside a group),
+# and the multicolour trees' (over point-to-point calls).
+NCCL_RULES = ("allreduce", "hybrid", "multicolor", "fp16")
+# The rules whose plain sum the MPI library can make on device memory (``device_mpi.py``).
+DEVICE_MPI_RULES = ("allreduce", "hybrid")
 
 
 class NcclUnavailable(RuntimeError):
@@ -98,8 +103,9 @@ def over_nccl(rule: type, options) -> tuple[type, object]:
     """The rule class and options that sum over NCCL, for the registered ``rule`` and its ``options``,
     once ``nccl_choice`` has chosen NCCL: allreduce under the fifo schedule with overlap is
     ``NcclAllreduceExchange`` (one group per layer, ordered on the device, no host wait); every other
-    allreduce-family case keeps its rule, whose transports (the priority schedule, or the drivers) start
-    buckets and chunks through ``nccl_sum.NcclReduction``: the options then say ``exchange_via: nccl``."""
+    case keeps its rule, whose transports (the priority schedule, or the drivers) start buckets and
+    chunks through its NCCL reduction (``nccl_sum.NcclReduction``, the trees' ``nccl_trees.NcclTreeReduction``):
+    the options then say ``exchange_via: nccl``."""
     if options.exchange == "allreduce" and options.schedule == "fifo" and options.overlap:
         return NcclAllreduceExchange, options
     return rule, dataclasses.replace(options, exchange_via="nccl")
@@ -108,7 +114,7 @@ def over_nccl(rule: type, options) -> tuple[type, object]:
 def _fallback(exchange: str, device_buffers: bool, reason: str | None = None) -> str:
     """How a GPU run's gradients go without NCCL, for the log: MPI on device memory where every rank's
     library takes it and the rule sums plainly (``AllreduceExchange.make_reduction``), else staged."""
-    if device_buffers and exchange in NCCL_RULES:
+    if device_buffers and exchange in DEVICE_MPI_RULES:
         notes = ["CUDA-aware MPI"] + ([reason] if reason else [])
         return f"the MPI library's allreduce on device memory ({'; '.join(notes)})"
     return "pinned host buffers and MPI" + (f" ({reason})" if reason else "")

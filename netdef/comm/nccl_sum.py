@@ -75,10 +75,12 @@ def version_text(code: int) -> str:
 
 
 class DeviceEventOperation(Operation):
-    """A reduction enqueued on a stream, complete once the event recorded after it has completed."""
+    """A reduction enqueued on a stream, complete once the event recorded after it has completed.
+    ``kept``: device buffers its calls use that nothing else holds, kept alive until then."""
 
-    def __init__(self, event):
+    def __init__(self, event, kept=()):
         self.event = event
+        self.kept = kept
 
     def test(self) -> bool:
         return self.event.done

@@ -113,8 +113,8 @@ class ExchangeOptions:
                                          "never)", flag="stall_abort", parse=float, metavar="SECONDS",
                                          check=_seconds, must="be a number of seconds >= 0 (0: off)", per_rank=True)
     # On a GPU (nccl.py).
-    exchange_via: str = _option("exchange_via", "how allreduce (and hybrid inside its groups) sums: auto (on the CPU "
-                                "in memory the ranks share when all run on one machine, else MPI; on a GPU NCCL where "
+    exchange_via: str = _option("exchange_via", "how allreduce (hybrid inside its groups; multicolor and fp16 over "
+                                "NCCL's point-to-point calls) sums: auto (on the CPU in memory the ranks share when all run on one machine, else MPI; on a GPU NCCL where "
                                 "every rank drives its own GPU, else MPI on device memory where the library takes it, "
                                 "else pinned host buffers and MPI), shared_memory, nccl, or mpi (default {default})",
                                 choices=list(EXCHANGE_ROUTES), convert=lambda v: str(v).lower(),

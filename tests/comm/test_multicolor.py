@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from netdef.comm.communicator import Communicator
-from netdef.comm.multicolor import TreeLinks, TreeReduction, colour_count, colour_roots, tree_parents
+from netdef.comm.colour_trees import TreeLinks, colour_count, colour_roots, tree_parents
+from netdef.comm.multicolor import TreeReduction
 from tests.comm.fixtures import mpi_available, run_python
 
 

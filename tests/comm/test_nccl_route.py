@@ -74,12 +74,15 @@ def test_the_nccl_unique_id_travels_as_its_raw_bytes_whatever_cupy_returns():
 
 def test_without_nccl_a_cuda_aware_mpi_sums_the_allreduce_family_on_device_memory():
     """Where every rank's MPI library takes GPU memory (``Communicator.device_buffers``), the plain
-    sums go through it on the device instead of the staged path; the tree rules stay on the host."""
+    sums go through it on the device instead of the staged path; without NCCL the tree rules stay on
+    the host."""
     use, route = route_for(ONE_GPU, "allreduce", "auto", NOT_ALLOWED, device_buffers=True)
     assert not use and route == ("the MPI library's allreduce on device memory (CUDA-aware MPI; ranks share a GPU, "
                                  "which " + NOT_ALLOWED + ")")
-    assert route_for(TWO_GPUS, "multicolor", "auto", None, device_buffers=True) == (
-        False, "pinned host buffers and MPI (the multicolor rule exchanges through MPI)")
+    for trees in ("multicolor", "fp16"):
+        assert route_for(ONE_GPU, trees, "auto", NOT_ALLOWED, device_buffers=True) == (
+            False, "pinned host buffers and MPI (ranks share a GPU, which " + NOT_ALLOWED + ")")
+        assert route_for(TWO_GPUS, trees, "auto", None, device_buffers=True) == (True, "NCCL")
     assert route_for(TWO_GPUS, "allreduce", "auto", None, device_buffers=True) == (True, "NCCL")  # NCCL first
 
 

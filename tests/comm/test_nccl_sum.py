@@ -300,10 +300,11 @@ def test_over_nccl_keeps_the_rule_and_its_schedule_but_for_fifo_with_overlap():
     assert rule is HybridExchange and chosen.exchange_via == "nccl"
 
 
-def test_hybrid_sums_over_nccl_inside_its_groups_and_the_tree_rules_through_the_host():
+def test_hybrid_and_the_trees_sum_over_nccl_and_the_rules_that_move_weights_through_the_host():
     two_gpus = [("a", "0000:01:00.0", None), ("a", "0000:02:00.0", None)]
-    assert route_for(two_gpus, "hybrid", "auto", None) == (True, "NCCL")
-    for rule in ("multicolor", "fp16", "easgd", "gossip"):
+    for rule in ("hybrid", "multicolor", "fp16"):
+        assert route_for(two_gpus, rule, "auto", None) == (True, "NCCL")
+    for rule in ("easgd", "gossip"):
         assert route_for(two_gpus, rule, "auto", None) == (False, f"pinned host buffers and MPI (the {rule} rule "
                                                                   f"exchanges through MPI)")
 
