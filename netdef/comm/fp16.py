@@ -168,12 +168,12 @@ class Fp16Exchange(MulticolorExchange):
 
     def start_bucket(self, bucket: Bucket) -> None:
         if self._probe is not None:
-            self._probe.before[bucket.index] = bucket.buffer.copy()
+            self._probe.before[bucket.index] = self.reduction.copy_of(bucket.buffer)
         super().start_bucket(bucket)
 
     def unpack_bucket(self, bucket: Bucket) -> None:
         if self._probe is not None:
-            self._probe.after[bucket.index] = bucket.buffer.copy()
+            self._probe.after[bucket.index] = self.reduction.copy_of(bucket.buffer)
         super().unpack_bucket(bucket)
 
     def after_update(self, iteration: int) -> None:

@@ -102,6 +102,10 @@ class NcclTreeReduction(DeviceMemoryReduction):
     def run(self, array) -> None:
         self.start(array).wait()
 
+    def copy_of(self, array):
+        with self.device, self.stream:
+            return array.copy()
+
     def release(self) -> None:
         self.communicator.destroy()
 
