@@ -32,6 +32,7 @@ from .layers.python import PythonLayerPolicy
 from .layers.scratch import Scratch
 from .net_errors import NetError
 from .net_hooks import GradientHook, NetHooks
+from .net_loss import QueuedLoss
 from .net_state import layer_included, parse_phase
 from .proto import io as proto_io
 from .proto import netdef_pb2 as pb
@@ -415,15 +416,20 @@ class Net:
     # ====================================================================================== forward
     def forward_range(self, start: int = 0, end: int | None = None) -> float:
         """Run layers start..end inclusive; return the weighted loss they produced."""
+        return self.forward_queued(start, end).value()
+
+    def forward_queued(self, start: int = 0, end: int | None = None) -> QueuedLoss:
+        """``forward_range`` without waiting for its loss: read it (``value``) once more work is queued
+        (``net_loss.py``)."""
         end = len(self.layers) - 1 if end is None else end
         if self._graphs is not None and self._graphs.apply():
             return self._graphs.forward(start, end)
         return self.forward_eagerly(start, end)
 
-    def forward_eagerly(self, start: int, end: int, call_hooks: bool = True) -> float:
-        """``forward_range`` layer by layer, without CUDA graphs; without its layer hooks where the
+    def forward_eagerly(self, start: int, end: int, call_hooks: bool = True) -> QueuedLoss:
+        """``forward_queued`` layer by layer, without CUDA graphs; without its layer hooks where the
         caller calls them (at the edges of a stretch replayed as one graph)."""
-        loss = 0.0
+        loss = QueuedLoss()
         li = start
         hooks = self._hooks if call_hooks else NetHooks()
         while li <= end:
@@ -441,7 +447,7 @@ class Net:
                 hooks.call(hooks.after_forward, li, last)
             for lj in range(li, last + 1):
                 for blob, weight in self._weighted_tops[lj]:
-                    loss += weight * float(blob.data.sum())
+                    loss.add(weight, blob.data.sum())
             li = last + 1
         return loss
 
@@ -727,12 +733,13 @@ class Net:
         return collections.OrderedDict((n, self.blobs[n].diff) for n in self.blobs if n in names)
 
     def forward_backward(self) -> float:
-        """One training pass: forward, loss diffs, backward; returns the loss."""
-        loss = self.forward_range(0, len(self.layers) - 1)
+        """One training pass: forward, loss diffs, backward; returns the loss (read once backward is
+        queued: ``net_loss.py``)."""
+        loss = self.forward_queued(0, len(self.layers) - 1)
         self._fill_loss_diffs(0, len(self.layers) - 1)
         self.backward_range()
-        self.loss = loss
-        return loss
+        self.loss = loss.value()
+        return self.loss
 
     def clear_param_diffs(self, deferred: bool = False) -> None:
         """Zero every learnable parameter's gradient; ``deferred``: lazily (``Blob.defer_zero_diff``,

@@ -29,7 +29,7 @@ once.
 
 A step may be replayed when every layer of it says so (``Layer.replayable``: the layers whose GPU
 passes launch the same work every pass and read nothing back) and none of its tops is weighted into
-the loss (the loss is read on the host). Graphs apply to a net on a GPU whose hooks may be called at
+the loss (its sum is taken outside the graphs). Graphs apply to a net on a GPU whose hooks may be called at
 the edges of a stretch (``net_hooks.py``): a replayed stretch's layers get their "before" hooks before
 the launch and their "after" and gradient hooks after it, and the stretches end at the boundaries the
 hooks' owners ask for (the distributed exchange: where its buckets close, so that each leaves while
@@ -43,6 +43,7 @@ import logging
 import numpy as np
 
 from . import backend
+from .net_loss import QueuedLoss
 
 log = logging.getLogger("netdef")
 
@@ -157,7 +158,7 @@ class PassGraphs:
         self._said_why_not = False
         blobs, loss_weights = net._blobs, net._blob_loss_weights  # pycaffe's numbering of the blobs
         layers = range(len(net.layers))
-        # Per layer: whether a top is weighted into the loss (read on the host: never replayed), and
+        # Per layer: whether a top is weighted into the loss (summed outside the graphs: never replayed), and
         # every blob it reads or writes.
         self._weighted = [any(loss_weights[i] for i in net._top_ids(li)) for li in layers]
         self._bottoms = [[blobs[i] for i in net._bottom_ids(li)] for li in layers]
@@ -218,8 +219,8 @@ class PassGraphs:
         layers, runs_backward = self.net.layers, self.net.layer_need_backward
         return all(layers[li].replayable() or not runs_backward[li] for li in range(low, high + 1))
 
-    def forward(self, start: int, end: int) -> float:
-        loss = 0.0
+    def forward(self, start: int, end: int) -> QueuedLoss:
+        loss = QueuedLoss()
         recorded = self._recorded_count()
         hooks = self.net.hooks
         for first, last, replayable in self.forward_runs(start, end):
@@ -230,7 +231,7 @@ class PassGraphs:
                           lambda first=first, last=last: self.net.forward_eagerly(first, last, call_hooks=False))
                 hooks.call(hooks.after_forward, first, last)
             else:
-                loss += self.net.forward_eagerly(first, last)
+                loss.extend(self.net.forward_eagerly(first, last))
         self._say_what_was_recorded("forward", recorded)
         return loss
 

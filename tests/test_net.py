@@ -127,6 +127,25 @@ def test_loss_weight_on_a_blob_that_is_also_read():
     np.testing.assert_allclose(net.blobs["x"].diff, 7.0)
 
 
+def test_a_queued_loss_is_its_forwards_whatever_runs_before_it_is_read():
+    """The solver reads the loss once backward is queued (netdef/net_loss.py): the sums are taken as
+    the loss layers run, so what runs after them changes nothing read later."""
+    text = """
+    layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+    layer { name: "a" type: "Power" bottom: "x" top: "a" power_param { scale: 2 } loss_weight: 0.5 }
+    layer { name: "b" type: "Power" bottom: "a" top: "b" power_param { scale: 3 } loss_weight: 1 }
+    force_backward: true
+    """
+    net = netdef.Net(text, netdef.TRAIN)
+    net.blobs["x"].data[...] = np.arange(6, dtype=np.float32).reshape(2, 3)
+    queued = net.forward_queued()
+    net.blobs["a"].data[...] = -1.0  # as if later work reused the loss tops
+    net.blobs["b"].data[...] = -1.0
+    assert queued.value() == 0.5 * 30 + 90 == net.forward_range()
+    loss = net.forward_backward()
+    assert loss == net.loss == 105 and net.blobs["x"].diff[0, 0] == 7.0
+
+
 def test_stage_and_level_rules():
     text = """
     layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 } } }

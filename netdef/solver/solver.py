@@ -282,14 +282,17 @@ class Solver:
 
     def forward_backward_pass(self, pass_index: int) -> float:
         """Pass ``pass_index`` (0 .. iter_size-1) of an iteration: forward, backward; the loss. The
-        last pass's backward hands the gradients to the exchange as they become final."""
-        loss = self.net.forward_range()
+        last pass's backward hands the gradients to the exchange as they become final. The loss is
+        read once backward is queued: on a GPU the host then waits for the end of forward while the
+        device runs backward (``net_loss.py``), and the check of its value still comes before the
+        update."""
+        loss = self.net.forward_queued()
         if pass_index == self.param.iter_size - 1:
             self.updates.backward()
         else:
             self.net.backward()
-        self.net.loss = loss
-        return loss
+        self.net.loss = loss.value()
+        return self.net.loss
 
     def _display(self) -> None:
         now, since = time.perf_counter(), self._speed
