@@ -24,6 +24,14 @@ def test_every_subpackage_is_installed():
     assert pyproject()["tool"]["setuptools"]["package-dir"]["netdef.models"] == "models"
 
 
+def test_every_zoo_folder_is_a_listed_package_of_data_files():
+    """A zoo folder's files are package data of its own package: setuptools warns at every install
+    about a folder of data it could import but was not told of (and may drop it one day)."""
+    listed = set(pyproject()["tool"]["setuptools"]["packages"])
+    folders = {f"netdef.models.{p.parent.name}" for p in (REPO / "models").glob("*/*.prototxt")}
+    assert folders and folders - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+
+
 def test_the_distribution_name_is_free_and_the_licence_is_there():
     project = pyproject()["project"]
     assert project["name"] == "netdef-trainer"  # "netdef" on PyPI is another project
