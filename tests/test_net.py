@@ -112,14 +112,17 @@ def test_blob_diffs_released_after_use_give_the_same_gradients():
     np.testing.assert_array_equal(w_released, w_kept)
 
 
+# Two loss tops, one of them read by the next layer: 0.5 sum(2x) + sum(6x).
+POWER_LOSSES = """
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "a" type: "Power" bottom: "x" top: "a" power_param { scale: 2 } loss_weight: 0.5 }
+layer { name: "b" type: "Power" bottom: "a" top: "b" power_param { scale: 3 } loss_weight: 1 }
+force_backward: true
+"""
+
+
 def test_loss_weight_on_a_blob_that_is_also_read():
-    text = """
-    layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
-    layer { name: "a" type: "Power" bottom: "x" top: "a" power_param { scale: 2 } loss_weight: 0.5 }
-    layer { name: "b" type: "Power" bottom: "a" top: "b" power_param { scale: 3 } loss_weight: 1 }
-    force_backward: true
-    """
-    net = netdef.Net(text, netdef.TRAIN)
+    net = netdef.Net(POWER_LOSSES, netdef.TRAIN)
     net.forward(x=np.ones((2, 3), np.float32))
     assert net.loss == pytest.approx(0.5 * 12 + 36)
     net.backward()
@@ -130,13 +133,7 @@ def test_loss_weight_on_a_blob_that_is_also_read():
 def test_a_queued_loss_is_its_forwards_whatever_runs_before_it_is_read():
     """The solver reads the loss once backward is queued (netdef/net_loss.py): the sums are taken as
     the loss layers run, so what runs after them changes nothing read later."""
-    text = """
-    layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
-    layer { name: "a" type: "Power" bottom: "x" top: "a" power_param { scale: 2 } loss_weight: 0.5 }
-    layer { name: "b" type: "Power" bottom: "a" top: "b" power_param { scale: 3 } loss_weight: 1 }
-    force_backward: true
-    """
-    net = netdef.Net(text, netdef.TRAIN)
+    net = netdef.Net(POWER_LOSSES, netdef.TRAIN)
     net.blobs["x"].data[...] = np.arange(6, dtype=np.float32).reshape(2, 3)
     queued = net.forward_queued()
     net.blobs["a"].data[...] = -1.0  # as if later work reused the loss tops
