@@ -103,7 +103,9 @@ class Float16DeviceWire(Float16Wire):
         return self.xp.empty(count + 1, dtype=self.xp.float16)
 
     def _scale(self, exponent, dtype):
-        return self.xp.ldexp(dtype.type(1), exponent)
+        """2^``exponent`` (a 0-d int32 array) as a 0-d array of ``dtype``: exact, and of that type
+        whatever rules the module follows for a scalar beside an array."""
+        return self.xp.ldexp(self.xp.ones((), dtype=dtype), exponent)
 
     def encode(self, values):
         xp = self.xp
