@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import queue
+import re
 import threading
 
 import numpy as np
@@ -22,6 +23,7 @@ from netdef.comm.multicolor import MulticolorExchange, WireFormat
 from netdef.comm.nccl import over_nccl
 from netdef.comm.nccl_sum import DeviceEventOperation
 from netdef.comm.nccl_trees import NcclTreeReduction
+from tests.comm.fixtures import mpi_available, run_python
 from tests.comm.test_nccl_sum import StandInCupy, StandInNccl
 
 DTYPES = {StandInNccl.NCCL_FLOAT16: np.float16, StandInNccl.NCCL_FLOAT32: np.float32,
@@ -259,3 +261,123 @@ def test_the_tree_rules_keep_their_rule_over_nccl():
     assert isinstance(Fp16Exchange.wire_for(device_like), Float16DeviceWire)
     assert Fp16Exchange.wire_for(device_like).xp is device_like
     assert type(MulticolorExchange.wire_for(device_like)) is WireFormat
+
+
+# ============================================================================================ the rules
+AVAILABLE, WHY_NOT = mpi_available()
+
+# Each rank a process: the multicolor and fp16 rules, their trees on the stand-in device and over a
+# stand-in NCCL whose calls travel over MPI (on a communicator of their own, pairing in the order
+# issued as NCCL's do), through the real transports (the priority schedule polled or on its thread,
+# the drivers without overlap) and the device buckets; against the same rules on the host's trees.
+RULES_SCRIPT = r'''
+import ctypes
+import hashlib
+import threading
+
+import numpy as np
+from mpi4py import MPI
+
+from netdef.comm import create_communicator, run_guarded
+from netdef.comm import exchange as ex
+from netdef.comm.fp16 import Float16DeviceWire, Fp16Exchange
+from netdef.comm.gradient_staging import DeviceBuckets
+from netdef.comm.multicolor import MulticolorExchange, WireFormat
+from netdef.comm.nccl_trees import NcclTreeReduction
+from tests.comm.test_exchange import hooked, make_net, run_iteration
+from tests.comm.test_nccl_sum import StandInCupy, StandInNccl
+
+comm = create_communicator()
+links = comm.comm.Dup()
+ITEM_BYTES = {StandInNccl.NCCL_FLOAT16: 2, StandInNccl.NCCL_FLOAT32: 4, StandInNccl.NCCL_FLOAT64: 8}
+
+
+class NcclOverMpi(StandInNccl):
+    """A group's sends leave (Isend) at its end, then its receives wait (Recv), then the sends complete."""
+
+    def __init__(self):
+        stand_in = self
+        self.group = threading.local()
+
+        class NcclCommunicator:
+            def __init__(self, size, unique_id, rank):
+                pass
+
+            def send(self, pointer, count, data_type, peer, stream):
+                stand_in.group.calls.append(("send", pointer, count * ITEM_BYTES[data_type], peer))
+
+            def recv(self, pointer, count, data_type, peer, stream):
+                stand_in.group.calls.append(("recv", pointer, count * ITEM_BYTES[data_type], peer))
+
+            def destroy(self):
+                pass
+
+        self.NcclCommunicator = NcclCommunicator
+
+    def groupStart(self):
+        self.group.calls = []
+
+    def groupEnd(self):
+        calls, self.group.calls = self.group.calls, None
+        sends = [links.Isend(np.frombuffer(ctypes.string_at(p, n), np.uint8), dest=peer, tag=7)
+                 for kind, p, n, peer in calls if kind == "send"]
+        for kind, pointer, nbytes, peer in calls:
+            if kind == "recv":
+                data = np.empty(nbytes, np.uint8)
+                links.Recv(data, source=peer, tag=7)
+                ctypes.memmove(pointer, data.ctypes.data, nbytes)
+        MPI.Request.Waitall(sends)
+
+
+def over_nccl(rule_class, wire):
+    class TreesOverNccl(rule_class):
+        def make_reduction(self):
+            return NcclTreeReduction(self.comm, self.options.multicolor_colors, wire, cupy=StandInCupy([], lag=2),
+                                     nccl=NcclOverMpi())
+    return TreesOverNccl
+
+
+def train(rule_class, exchange, schedule, overlap, mode):
+    net = make_net(seed=3 + comm.rank)
+    options = ex.ExchangeOptions(exchange=exchange, schedule=schedule, overlap=overlap, bucket_bytes=64,
+                                 progress=mode, chunk_bytes=32, credit_bytes=64, multicolor_colors=2)
+    rule = hooked(net, rule_class(comm, net, options))
+    rule.broadcast_initial()
+    net.register_backward_hook(lambda li, ids: rule.gradients_ready(ids))
+    for iteration in range(3):
+        run_iteration(net, rule, iteration, [])
+    on_device = isinstance(rule.gradients, DeviceBuckets)
+    described = rule.describe()
+    rule.close()
+    rule.release()
+    return [b.diff.copy() for b in net.learnable_params], on_device, described
+
+
+def main():
+    for rule_class, exchange, wire in ((MulticolorExchange, "multicolor", WireFormat(np)),
+                                       (Fp16Exchange, "fp16", Float16DeviceWire(np))):
+        for schedule, overlap, mode in (("priority", True, "POLL"), ("priority", True, "THREAD"),
+                                        ("fifo", False, "POLL")):
+            host, on_host, _ = train(rule_class, exchange, schedule, overlap, mode)
+            device, on_device, described = train(over_nccl(rule_class, wire), exchange, schedule, overlap, mode)
+            assert not on_host and on_device and "point-to-point calls" in described, described
+            for a, b in zip(host, device):
+                assert a.tobytes() == b.tobytes(), (exchange, schedule, mode, np.abs(a - b).max())
+            digest = hashlib.sha1(b"".join(d.tobytes() for d in device)).digest()
+            assert len(set(comm.allgather_bytes(digest))) == 1, "ranks hold different gradients"
+            print(f"rank {comm.rank}: {exchange} {schedule} {mode}: as on the host", flush=True)
+
+
+run_guarded(comm, main)
+'''
+
+
+@pytest.mark.skipif(not AVAILABLE, reason=WHY_NOT)
+def test_the_tree_rules_over_nccl_average_as_on_the_host_through_every_transport(tmp_path):
+    script = tmp_path / "rules.py"
+    script.write_text(RULES_SCRIPT)
+    run = run_python([str(script)], 3, tmp_path, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for exchange in ("multicolor", "fp16"):
+        for case in ("priority POLL", "priority THREAD", "fifo POLL"):
+            assert len(re.findall(rf"rank \d: {exchange} {case}: as on the host", run.stdout)) == 3, run.stdout[-2000:]
