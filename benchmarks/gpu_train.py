@@ -67,6 +67,7 @@ import netdef  # noqa: E402
 import netdef.cudnn.plans  # noqa: E402
 from netdef import backend, net_graphs  # noqa: E402
 from netdef.proto import netdef_pb2 as pb  # noqa: E402
+from netdef.solver.device_memory import PeakWatch  # noqa: E402
 
 MODELS = HERE.parent / "models"
 
@@ -273,24 +274,19 @@ class GpuDevice:
     @contextlib.contextmanager
     def netdef_peak(self):
         """For the block, the most bytes CuPy's pool had handed out and not got back at once (what
-        PyTorch's ``max_memory_allocated`` counts), in the one-element list it yields: every
-        allocation goes through a wrapper of the pool's own, which is why only the warm-up runs under
-        it (the timed rounds keep the pool's allocator)."""
-        peak = [float(self.pool.used_bytes())]
-        pool = self.pool
-
-        def malloc(size):
-            memory = pool.malloc(size)
-            used = pool.used_bytes()
-            if used > peak[0]:
-                peak[0] = float(used)
-            return memory
-
-        self.cupy.cuda.set_allocator(malloc)
+        PyTorch's ``max_memory_allocated`` counts), in the one-element list it yields, filled when the
+        block ends: every allocation goes through the wrapper ``netdef train`` measures its first
+        iterations with (``netdef.solver.device_memory.PeakWatch``), which is why only one untimed
+        iteration runs under it (the timed rounds keep the pool's allocator)."""
+        watch = PeakWatch(self.cupy)
+        if not watch.opened:
+            raise RuntimeError("CuPy's allocator is not its memory pool's: netdef's peak cannot be measured")
+        peak = [float("nan")]
         try:
             yield peak
         finally:
-            self.cupy.cuda.set_allocator(pool.malloc)
+            watch.close()
+            peak[0] = float(watch.peak)
 
     def reset_torch_peak(self) -> None:
         import torch

@@ -146,6 +146,10 @@ def test_gpu_flag_overrides_the_solver_files_cpu_mode(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "Using GPU 0" in done.stderr
+    # The memory line (netdef/solver/device_memory.py): the weights and activations of this small net.
+    peak = re.search(r"Device memory: at most ([\d.]+) MiB in use at once up to iteration 2; CuPy's pool holds "
+                     r"([\d.]+) MiB", done.stderr)
+    assert peak and float(peak.group(1)) > 0 and float(peak.group(2)) > 0, done.stderr
     losses = [float(x) for x in re.findall(r"Iteration \d+ \(.*\), loss = ([\d.e+-]+)", done.stderr)]
     assert len(losses) == 2 and losses[-1] < losses[0], done.stderr
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from .. import backend
 from ..net import Net
-from . import display, lr_policy
+from . import device_memory, display, lr_policy
 from . import snapshot as _snapshot
 from .arrival import ArrivalUpdates
 from .building import (
@@ -101,6 +101,7 @@ class Solver:
         self._speed = (time.perf_counter(), 0)  # (when, iteration) of the last display
         self._prefix_lock: SnapshotPrefixLock | None = None
         self._closed = False
+        self._device_memory: device_memory.DeviceMemoryReport | None = None
 
         set_up_device(param)
         set_up_precision(param)
@@ -116,6 +117,7 @@ class Solver:
         self.update_rule.setup(self.net.learnable_params)
         self.updates = ArrivalUpdates(self.net, ParameterUpdate(param, self.net, self.update_rule))
         self.parallel.attach(self.net, self.test_nets, self.updates)
+        self._device_memory = device_memory.report_for(self.net)
         if self.parallel.writes_snapshots and param.snapshot_prefix:
             _snapshot.remove_stale_temps(param)
         logger.info("Solver scaffolding done.")
@@ -259,6 +261,8 @@ class Solver:
             self._run_callbacks(1)
             self.apply_update()
             self.iter += 1
+            if self._device_memory is not None:
+                self._device_memory.iteration_ended(self.iter)
             self._run_callbacks(2)
             snap, stop = self.take_requests()
             if (p.snapshot and self.iter % p.snapshot == 0) or snap:
@@ -397,6 +401,8 @@ class Solver:
         if self._closed:
             return
         self._closed = True
+        if self._device_memory is not None:
+            self._device_memory.close()
         if self._prefix_lock is not None:
             self._prefix_lock.release()
         self.parallel.close()
