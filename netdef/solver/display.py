@@ -84,12 +84,15 @@ def log_train_outputs(net) -> dict:
     return scalars
 
 
-def test_outputs(test_net) -> np.ndarray:
-    """The test net's outputs after a forward pass, in ``output_order``, as one float32 vector."""
+def queued_test_outputs(test_net):
+    """The test net's outputs after a forward pass, in ``output_order``, as one float32 vector where
+    they lie (on a GPU, a device copy queued behind the pass: the next forward may overwrite the
+    blobs, and the host reads the copy once that forward is queued)."""
     names = output_order(test_net)
     if not names:
         return np.zeros(0, np.float32)
-    return np.concatenate([backend.to_host(test_net.blobs[n].data).astype(np.float32).ravel() for n in names])
+    xp = backend.get_array_module(test_net.blobs[names[0]].data)
+    return xp.concatenate([test_net.blobs[n].data.astype(np.float32).ravel() for n in names])
 
 
 def log_test_outputs(test_net, test_net_id: int, scores: np.ndarray, iterations: int) -> tuple[dict, dict]:

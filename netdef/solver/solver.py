@@ -344,6 +344,9 @@ class Solver:
         iterations = p.test_iter[test_net_id]
         scores = None
         loss = f32(0)
+        # Each pass's loss and outputs are read once the next pass is queued: on a GPU the device then
+        # goes on with that pass while the host reads (net_loss.py); the sums are the same.
+        previous = None
         for _ in range(iterations):
             snap, stop = self.take_requests()
             if snap:
@@ -352,14 +355,15 @@ class Solver:
                 self.requested_early_exit = True
             if self.requested_early_exit:
                 break
-            iter_loss = f32(test_net.forward_range())
-            if p.test_compute_loss:
-                loss += iter_loss
-            values = display.test_outputs(test_net)
-            scores = values.copy() if scores is None else scores + values
+            queued = (test_net.forward_queued(), display.queued_test_outputs(test_net))
+            if previous is not None:
+                scores, loss = self._add_test_pass(previous, scores, loss)
+            previous = queued
         if self.requested_early_exit:
             logger.info("Test interrupted.")
             return
+        if previous is not None:
+            scores, loss = self._add_test_pass(previous, scores, loss)
         if scores is not None or p.test_compute_loss:
             scores, loss = self.parallel.reduce_test_outputs(scores, loss)
         reported = {}
@@ -371,6 +375,14 @@ class Solver:
             self.test_scores, scalars = display.log_test_outputs(test_net, test_net_id, scores, iterations)
             reported.update(scalars)
         self._report(reported)
+
+    def _add_test_pass(self, queued, scores, loss):
+        """(scores, loss) with a test pass's ``queued`` (loss, outputs) added, in float32 as Caffe adds them."""
+        queued_loss, outputs = queued
+        if self.param.test_compute_loss:
+            loss += f32(queued_loss.value())
+        values = backend.to_host(outputs)
+        return (values.copy() if scores is None else scores + values), loss
 
     # ---------------------------------------------------------------------------------------- snapshots
     def snapshot(self) -> tuple[str, str]:

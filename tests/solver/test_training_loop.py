@@ -122,6 +122,36 @@ def test_test_phase_outputs(tmp_path, caplog, monkeypatch):
     assert solver.test_scores == {"a_sum": [12.0], "loss": [2.25]}
 
 
+ITEMS_NET = """
+layer { name: "data" type: "DummyData" top: "data" top: "target" include { phase: TRAIN }
+  dummy_data_param { shape { dim: 4 dim: 3 } shape { dim: 4 dim: 2 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" include { phase: TRAIN }
+  inner_product_param { num_output: 2 } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "loss" include { phase: TRAIN } }
+layer { name: "items" type: "Data" top: "item" top: "label" include { phase: TEST }
+  data_param { source: "items_lmdb" batch_size: 2 backend: LMDB } }
+layer { name: "labels" type: "Reduction" bottom: "label" top: "label_sum" include { phase: TEST } }
+layer { name: "pixels" type: "Reduction" bottom: "item" top: "pixel_sum" include { phase: TEST } }
+"""
+
+
+def test_each_test_pass_counts_its_own_outputs(tmp_path, monkeypatch):
+    """A pass's outputs are read once the next pass is queued (the solver's test loop): each pass's
+    own, though the next overwrites the blobs. Labels 0, 1, 2, 3, 0, 1, ... in batches of 2 sum to
+    1, 5, 1, 5: the mean is 3 (the last pass's outputs read four times would say 5)."""
+    from tests.comm.fixtures import random_lmdb
+
+    monkeypatch.chdir(tmp_path)
+    random_lmdb(tmp_path / "items_lmdb", 8)
+    (tmp_path / "net.prototxt").write_text(ITEMS_NET)
+    (tmp_path / "solver.prototxt").write_text('net: "net.prototxt" base_lr: 0 lr_policy: "fixed" max_iter: 1 '
+                                              'test_iter: 4 test_interval: 1 snapshot_after_train: false')
+    solver = get_solver("solver.prototxt")
+    solver.test(0)
+    assert solver.test_scores["label_sum"] == [3.0]
+    solver.close()
+
+
 def test_test_initialization_false_and_interval(tmp_path, caplog, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "const_net.prototxt").write_text(TEST_NET)
