@@ -67,7 +67,7 @@ import netdef  # noqa: E402
 import netdef.cudnn.plans  # noqa: E402
 from netdef import backend, net_graphs  # noqa: E402
 from netdef.proto import netdef_pb2 as pb  # noqa: E402
-from netdef.solver.device_memory import PeakWatch  # noqa: E402
+from netdef.device_memory import PeakWatch  # noqa: E402
 
 MODELS = HERE.parent / "models"
 
@@ -276,7 +276,7 @@ class GpuDevice:
         """For the block, the most bytes CuPy's pool had handed out and not got back at once (what
         PyTorch's ``max_memory_allocated`` counts), in the one-element list it yields, filled when the
         block ends: every allocation goes through the wrapper ``netdef train`` measures its first
-        iterations with (``netdef.solver.device_memory.PeakWatch``), which is why only one untimed
+        iterations with (``netdef.device_memory.PeakWatch``), which is why only one untimed
         iteration runs under it (the timed rounds keep the pool's allocator)."""
         watch = PeakWatch(self.cupy)
         if not watch.opened:

@@ -108,6 +108,7 @@ def cmd_test(args) -> int:
 
 # -------------------------------------------------------------------------------------------- time
 def cmd_time(args) -> int:
+    from netdef import device_memory
     from netdef.timing import LayerTimer, clock_for
 
     if not args.model:
@@ -120,6 +121,7 @@ def cmd_time(args) -> int:
     net = _net_maybe_without_data(args)
     if args.data_shape:
         log.info("The data layers are Inputs of --data_shape %s (zeros): their reading is not timed", args.data_shape)
+    watch = device_memory.watch_for(net)  # on a GPU: what the first passes take at once
     log.info("Performing Forward")
     log.info("Initial loss: %g", net.forward_range())
     if any(net.layer_need_backward):
@@ -128,6 +130,9 @@ def cmd_time(args) -> int:
     else:
         log.warning("No layer of this net needs backward (a deploy net: no loss, no force_backward: true): "
                     "only the forward pass is timed, and a profile of it (--json) has no backward times")
+    if watch is not None:
+        watch.close()
+        log.info(device_memory.peak_line(watch, "over the first forward and backward"))
     log.info("*** Benchmark begins ***")
     log.info("Testing for %d iterations.", args.iterations)
     total_start = time.perf_counter()

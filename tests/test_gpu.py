@@ -264,6 +264,8 @@ def test_time_on_gpu_times_each_layer_by_cuda_events(tmp_path):
     assert done.returncode == 0, done.stderr
     log = done.stderr
     assert "Use GPU with device ID 0" in log
+    assert re.search(r"Device memory: at most [\d.]+ MiB in use at once over the first forward and backward; "
+                     r"CuPy's pool holds [\d.]+ MiB", log), log
 
     def ms(layer, direction):
         found = re.search(rf"\] +{layer}\t{direction}: ([\d.e+-]+) ms\.$", log, re.M)

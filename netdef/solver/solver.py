@@ -37,9 +37,9 @@ import time
 
 import numpy as np
 
-from .. import backend
+from .. import backend, device_memory
 from ..net import Net
-from . import device_memory, display, lr_policy
+from . import display, lr_policy
 from . import snapshot as _snapshot
 from .arrival import ArrivalUpdates
 from .building import (

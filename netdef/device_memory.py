@@ -1,5 +1,6 @@
 """How much GPU memory training takes, said once in the log: the most bytes CuPy's memory pool had
-handed out at once over a GPU run's first iterations, and what the pool holds.
+handed out at once over a GPU run's first iterations (``netdef train``; ``netdef time``: its first
+forward and backward), and what the pool holds.
 
 CuPy keeps no peak counter. For the first ``WATCHED_ITERATIONS`` iterations (the first allocates what
 later ones reuse: cuDNN's plans and workspace, the layers' scratch, the solver's history; the second
@@ -67,6 +68,16 @@ class PeakWatch:
             self._cupy.cuda.set_allocator(self._pool.malloc)
 
 
+def peak_line(watch: PeakWatch, when: str, graph_pool_bytes: int = 0) -> str:
+    """The log's line for a closed ``watch`` that measured ``when``."""
+    graphs = f", the CUDA graphs' recordings {graph_pool_bytes / MIB:.1f} MiB more" if graph_pool_bytes else ""
+    return (f"Device memory: at most {watch.peak / MIB:.1f} MiB in use at once {when}; CuPy's pool holds "
+            f"{watch.pool_bytes() / MIB:.1f} MiB{graphs}")
+
+
+NOT_MEASURED = "Device memory: not measured (an allocator other than CuPy's pool is set)"
+
+
 class DeviceMemoryReport:
     """Says, once ``WATCHED_ITERATIONS`` iterations have ended, the most device memory they had in use
     at once (module docstring). ``graph_pool_bytes``: what the net's CUDA graphs' own pools hold now."""
@@ -76,7 +87,7 @@ class DeviceMemoryReport:
         self._graph_pool_bytes = graph_pool_bytes
         self._left = WATCHED_ITERATIONS
         if not self._watch.opened:
-            logger.info("Device memory: not measured (an allocator other than CuPy's pool is set)")
+            logger.info(NOT_MEASURED)
 
     def iteration_ended(self, iteration: int) -> None:
         watch = self._watch
@@ -86,19 +97,35 @@ class DeviceMemoryReport:
         if self._left:
             return
         watch.close()
-        graphs = self._graph_pool_bytes()
-        logger.info("Device memory: at most %.1f MiB in use at once up to iteration %d; CuPy's pool holds %.1f MiB%s",
-                    watch.peak / MIB, iteration, watch.pool_bytes() / MIB,
-                    f", the CUDA graphs' recordings {graphs / MIB:.1f} MiB more" if graphs else "")
+        logger.info(peak_line(watch, f"up to iteration {iteration}", self._graph_pool_bytes()))
 
     def close(self) -> None:
         """A run that ends (or fails) before the watch has: its allocator back, nothing said."""
         self._watch.close()
 
 
+def device_module(net):
+    """CuPy where ``net``'s parameters live on a GPU, else None."""
+    module = net.learnable_params[0].array_module if net.learnable_params else None
+    return module if module is not None and module.__name__.startswith("cupy") else None
+
+
 def report_for(net) -> DeviceMemoryReport | None:
     """The report for a solver training ``net``: None where it runs on the CPU."""
-    module = net.learnable_params[0].array_module if net.learnable_params else None
-    if module is None or not module.__name__.startswith("cupy"):
+    cupy = device_module(net)
+    if cupy is None:
         return None
-    return DeviceMemoryReport(module, lambda: net.cuda_graphs.pool_bytes() if net.cuda_graphs else 0)
+    return DeviceMemoryReport(cupy, lambda: net.cuda_graphs.pool_bytes() if net.cuda_graphs else 0)
+
+
+def watch_for(net) -> PeakWatch | None:
+    """An open watch over what ``net``'s passes allocate next: None on the CPU, and where it cannot be
+    measured (which the log then says)."""
+    cupy = device_module(net)
+    if cupy is None:
+        return None
+    watch = PeakWatch(cupy)
+    if not watch.opened:
+        logger.info(NOT_MEASURED)
+        return None
+    return watch

@@ -1,4 +1,4 @@
-"""The GPU run's memory line (netdef/solver/device_memory.py), against a stand-in for CuPy's pool and
+"""The GPU run's memory line (netdef/device_memory.py), against a stand-in for CuPy's pool and
 allocator: the peak of the bytes handed out over the first iterations, the allocator put back after
 them, and several solvers of one process sharing one wrapper. tests/test_gpu.py reads the line of a
 real GPU run."""
@@ -9,8 +9,8 @@ import logging
 import numpy as np
 
 import netdef
-from netdef.solver import device_memory
-from netdef.solver.device_memory import DeviceMemoryReport, PeakWatch, report_for
+from netdef import device_memory
+from netdef.device_memory import DeviceMemoryReport, PeakWatch, report_for, watch_for
 
 
 class StandInPool:
@@ -126,4 +126,4 @@ def test_a_cpu_run_has_no_report():
                      'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" inner_product_param { num_output: 2 } }',
                      netdef.TRAIN)
     assert {blob.array_module for blob in net.learnable_params} == {np}
-    assert report_for(net) is None
+    assert report_for(net) is None and watch_for(net) is None
