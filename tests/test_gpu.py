@@ -11,6 +11,7 @@ netdef/layers/kernels on a real device.
    separate steps give on the CPU, and on the GPU the same bits; one launch for many blobs, the bits
    of a launch per blob.
 5. ``netdef time --gpu 0``: per-layer times from CUDA events.
+6. The CuPy forms of code the CPU tests run on NumPy: fp16's float16 messages, the memory watch.
 
 Without CuPy or a CUDA device every test here skips, saying which; CI has no GPU, so these run where
 one is lent (NETDEF_SHARED names the fixtures' copy there).
@@ -327,3 +328,45 @@ def test_the_own_weights_rules_move_the_flat_vector_in_one_copy_each_way(on_gpu)
         again = np.concatenate([backend.to_host(b.data).ravel() for b in net.learnable_params])
         np.testing.assert_array_equal(again, per_blob * f32(2) + f32(step))
         assert flat is not rule.flat_weights()  # each caller keeps its own copy
+
+
+def test_float16_messages_made_on_the_gpu_are_the_hosts_bits(on_gpu):
+    """fp16 over NCCL makes its messages with CuPy (comm/fp16.Float16DeviceWire): the host encoding's
+    bits, and the same sums, whatever CuPy's rules for a scalar beside an array."""
+    import cupy
+
+    from netdef.comm.fp16 import Float16DeviceWire, Float16Wire
+
+    rng = np.random.default_rng(5)
+    host, device = Float16Wire(), Float16DeviceWire(cupy)
+    for scale in (1e-30, 1e-8, 1.0, 1e5, 3e36):
+        values = (rng.standard_normal(1001) * scale).astype(f32)
+        values[[3, 7, 9]] = [np.nan, np.inf, -np.inf]
+        sent, made = host.encode(values), device.encode(cupy.asarray(values))
+        assert made.dtype == np.float16
+        np.testing.assert_array_equal(made.get().view(np.uint16), sent.view(np.uint16), err_msg=str(scale))
+        by_host, by_device = np.full_like(values, 1.5), cupy.full(values.shape, 1.5, dtype=f32)
+        host.accumulate(by_host, sent)
+        device.accumulate(by_device, made)
+        assert by_device.get().tobytes() == by_host.tobytes()
+        host.decode(sent, by_host)
+        device.decode(made, by_device)
+        assert by_device.get().tobytes() == by_host.tobytes()
+
+
+def test_the_memory_watch_sees_what_cupys_pool_hands_out(on_gpu):
+    """netdef/device_memory.py on CuPy's own pool and allocator: the peak covers a block allocated and
+    freed while it watched, and the pool's allocator is back after it."""
+    import cupy
+
+    from netdef.device_memory import PeakWatch
+
+    pool = cupy.get_default_memory_pool()
+    before = pool.used_bytes()
+    watch = PeakWatch(cupy)
+    assert watch.opened
+    block = cupy.empty(64 << 20, dtype=np.uint8)
+    del block
+    watch.close()
+    assert watch.peak >= before + (64 << 20)
+    assert cupy.cuda.get_allocator() == pool.malloc
