@@ -32,7 +32,8 @@ import time
 import numpy as np
 
 from ..backend import to_host
-from .exchange import Bucket, register_exchange
+from .buckets import Bucket
+from .exchange import register_exchange
 from .jit_half import scaled_half_bits
 from .multicolor import MulticolorExchange, WireFormat
 

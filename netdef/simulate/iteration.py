@@ -6,7 +6,7 @@ The training thread (one rank; every rank is alike in a synchronous rule):
   updates of that layer's parameters that are still waiting for their averaged gradient wait for
   it and are applied (solver.py ``_before_forward``);
 - backward in reverse; after each layer the gradients that are final there go to their buckets
-  (``exchange.plan_buckets``, the solver's own bucket plan, on the same hook order), and a full
+  (``buckets.plan_buckets``, the solver's own bucket plan, on the same hook order), and a full
   bucket is handed to the schedule (with overlap; without, every bucket when backward ends). The
   first gradient of an iteration first drains the previous iteration's exchange;
 - the update: each blob whose gradient has arrived is updated now, the rest when the next forward
@@ -58,7 +58,8 @@ import dataclasses
 
 import numpy as np
 
-from ..comm.exchange import DEFAULT_BUCKET_BYTES, plan_buckets
+from ..comm.buckets import plan_buckets
+from ..comm.options import DEFAULT_BUCKET_BYTES
 from ..comm.scheduler import ScheduleThread
 from .profile import Profile
 

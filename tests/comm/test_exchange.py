@@ -10,6 +10,7 @@ import pytest
 
 import netdef
 from netdef.blob import Blob
+from netdef.comm import buckets as buckets_module
 from netdef.comm import exchange as ex
 from netdef.comm.communicator import Communicator, CommunicatorError
 from netdef.comm.reduction import Reduction
@@ -135,21 +136,21 @@ def run_iteration(net, rule, iteration, events):
 def test_plan_buckets_fuses_small_blobs_and_isolates_big_ones():
     net = make_net()
     params = net.learnable_params  # ip1.w 120 B, ip1.b 20 B, ip2.w 60 B, ip2.b 12 B (float32)
-    buckets = ex.plan_buckets([2, 3, 0, 1], params, bucket_bytes=80)
+    buckets = buckets_module.plan_buckets([2, 3, 0, 1], params, bucket_bytes=80)
     # ip2.w + ip2.b fuse (72 B); ip1.w is big and goes alone; ip1.b is left for the last bucket.
     assert [b.param_ids for b in buckets] == [[2, 3], [0], [1]]
     assert [b.index for b in buckets] == [0, 1, 2]
     assert [b.nbytes for b in buckets] == [72, 120, 20]
     # Everything fits in one bucket; and a bound of one byte gives every blob its own.
-    assert [b.param_ids for b in ex.plan_buckets([2, 3, 0, 1], params, 1 << 20)] == [[2, 3, 0, 1]]
-    assert [b.param_ids for b in ex.plan_buckets([2, 3, 0, 1], params, 1)] == [[2], [3], [0], [1]]
+    assert [b.param_ids for b in buckets_module.plan_buckets([2, 3, 0, 1], params, 1 << 20)] == [[2, 3, 0, 1]]
+    assert [b.param_ids for b in buckets_module.plan_buckets([2, 3, 0, 1], params, 1)] == [[2], [3], [0], [1]]
 
 
 def test_a_big_blob_closes_the_fused_bucket_before_it():
     net = make_net()
     params = net.learnable_params
     # ip2.b (12 B) became final before ip1.w (120 B): it must not wait behind it for ip1.b.
-    buckets = ex.plan_buckets([3, 0, 1], params, bucket_bytes=100)
+    buckets = buckets_module.plan_buckets([3, 0, 1], params, bucket_bytes=100)
     assert [b.param_ids for b in buckets] == [[3], [0], [1]]
 
 
@@ -157,18 +158,18 @@ def test_fused_buckets_close_at_a_layer_end_once_big_enough(monkeypatch):
     net = make_net()
     params = net.learnable_params
     layers = [[2, 3], [0, 1]]  # ip2's blobs are handed over by one hook call, ip1's by the next
-    monkeypatch.setattr(ex, "FUSE_ACROSS_LAYERS_BYTES", 50)
-    assert [b.param_ids for b in ex.plan_buckets([2, 3, 0, 1], params, 1 << 20, layers)] == [[2, 3], [0, 1]]
+    monkeypatch.setattr(buckets_module, "FUSE_ACROSS_LAYERS_BYTES", 50)
+    assert [b.param_ids for b in buckets_module.plan_buckets([2, 3, 0, 1], params, 1 << 20, layers)] == [[2, 3], [0, 1]]
     # Without the layers (or below the threshold) small layers fuse across the boundary.
-    assert [b.param_ids for b in ex.plan_buckets([2, 3, 0, 1], params, 1 << 20)] == [[2, 3, 0, 1]]
-    monkeypatch.setattr(ex, "FUSE_ACROSS_LAYERS_BYTES", 100)
-    assert [b.param_ids for b in ex.plan_buckets([2, 3, 0, 1], params, 1 << 20, layers)] == [[2, 3, 0, 1]]
+    assert [b.param_ids for b in buckets_module.plan_buckets([2, 3, 0, 1], params, 1 << 20)] == [[2, 3, 0, 1]]
+    monkeypatch.setattr(buckets_module, "FUSE_ACROSS_LAYERS_BYTES", 100)
+    assert [b.param_ids for b in buckets_module.plan_buckets([2, 3, 0, 1], params, 1 << 20, layers)] == [[2, 3, 0, 1]]
     # The bucket bound is also the threshold when it is the smaller.
-    assert [b.param_ids for b in ex.plan_buckets([2, 3, 0, 1], params, 73, layers)] == [[2, 3], [0], [1]]
+    assert [b.param_ids for b in buckets_module.plan_buckets([2, 3, 0, 1], params, 73, layers)] == [[2, 3], [0], [1]]
 
 
 def test_the_rule_plans_by_the_layers_it_saw(monkeypatch):
-    monkeypatch.setattr(ex, "FUSE_ACROSS_LAYERS_BYTES", 50)
+    monkeypatch.setattr(buckets_module, "FUSE_ACROSS_LAYERS_BYTES", 50)
     net = make_net()
     options = ex.ExchangeOptions(schedule="fifo", bucket_bytes=1 << 20, progress="POLL")
     rule = hooked(net, ex.AllreduceExchange(ScriptedComm(2), net, options))
@@ -179,7 +180,7 @@ def test_the_rule_plans_by_the_layers_it_saw(monkeypatch):
 
 def test_plan_buckets_splits_by_dtype_and_skips_empty_blobs():
     params = [Blob(3, dtype=np.float32), Blob(2, dtype=np.float64), Blob(0, dtype=np.float32), Blob(4, dtype=np.float32)]
-    buckets = ex.plan_buckets([0, 1, 2, 3], params, 1 << 20)
+    buckets = buckets_module.plan_buckets([0, 1, 2, 3], params, 1 << 20)
     assert [b.param_ids for b in buckets] == [[0], [1], [3]]
     assert [b.buffer.dtype if b.buffer is not None else b.dtype for b in buckets] == [np.float32, np.float64, np.float32]
 
@@ -187,7 +188,7 @@ def test_plan_buckets_splits_by_dtype_and_skips_empty_blobs():
 def test_bucket_pack_unpack_round_trip_and_in_place_single_blob():
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     b = np.array([10.0, 20.0], dtype=np.float32)
-    fused = ex.Bucket(0, np.float32, [0, 1], [a.shape, b.shape])
+    fused = buckets_module.Bucket(0, np.float32, [0, 1], [a.shape, b.shape])
     fused.pack(0, a)
     fused.pack(1, b)
     assert fused.full and not fused.in_place
@@ -198,7 +199,7 @@ def test_bucket_pack_unpack_round_trip_and_in_place_single_blob():
     fused.unpack(1, out_b, 4)
     np.testing.assert_array_equal(out_a, a / 2)
     np.testing.assert_array_equal(out_b, b / 2)
-    single = ex.Bucket(1, np.float32, [2], [a.shape])
+    single = buckets_module.Bucket(1, np.float32, [2], [a.shape])
     diff = a.copy()
     single.pack(0, diff)
     assert single.in_place and np.shares_memory(single.buffer, diff)
@@ -209,12 +210,12 @@ def test_bucket_pack_unpack_round_trip_and_in_place_single_blob():
 
 def test_an_in_place_sum_can_be_left_to_the_update():
     a = np.arange(6, dtype=np.float32)
-    single = ex.Bucket(0, np.float32, [0], [a.shape])
+    single = buckets_module.Bucket(0, np.float32, [0], [a.shape])
     single.pack(0, a)
     single.buffer *= 3
     assert single.unpack(0, a, 3, leave_division=True)  # the caller owes the division
     np.testing.assert_array_equal(a, np.arange(6) * 3)
-    fused = ex.Bucket(1, np.float32, [0, 1], [(2,), (2,)])
+    fused = buckets_module.Bucket(1, np.float32, [0, 1], [(2,), (2,)])
     fused.pack(0, np.ones(2, np.float32))
     fused.pack(1, np.ones(2, np.float32))
     out = np.zeros(2, np.float32)
@@ -271,7 +272,7 @@ def test_the_diffs_live_in_the_buckets_and_leave_them_at_release():
 
 
 def test_a_shared_diff_stays_where_it_is_and_is_copied():
-    bucket = ex.Bucket(0, np.float32, [0, 1], [(2, 3), (4,)])
+    bucket = buckets_module.Bucket(0, np.float32, [0, 1], [(2, 3), (4,)])
     home = bucket.home_of(0)
     home[...] = np.arange(6, dtype=np.float32).reshape(2, 3)
     other = np.arange(4, dtype=np.float32) + 10
