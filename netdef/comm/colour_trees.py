@@ -43,6 +43,15 @@ class TreeLinks:
         self.children = sorted((r for r in range(size) if parents[r] == rank), key=lambda r: (r - root) % size)
 
 
+def describe_trees(size: int, colours: int) -> str:
+    """The trees of ``colours`` colours over ``size`` ranks, for the log ("2 colours, binary trees rooted
+    at ranks 0, 2")."""
+    roots = ", ".join(str(r) for r in colour_roots(size, colours))
+    if colours == 1:
+        return f"1 colour, a binary tree rooted at rank {roots}"
+    return f"{colours} colours, binary trees rooted at ranks {roots}"
+
+
 def heap_depth(position: int) -> int:
     """How many links separate heap position ``position`` from the root (0 at the root)."""
     return (position + 1).bit_length() - 1

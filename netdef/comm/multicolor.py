@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .colour_trees import TreeLinks, colour_count, colour_roots
+from .colour_trees import TreeLinks, colour_count, colour_roots, describe_trees
 from .communicator import Operation
 from .exchange import AllreduceExchange, register_exchange
+from .gradient_staging import on_device
 from .nccl_trees import NcclTreeReduction
 from .reduction import Reduction
 
@@ -229,10 +230,7 @@ class TreeReduction(Reduction):
         self._started = 0
 
     def describe(self) -> str:
-        roots = ", ".join(str(r) for r in colour_roots(self.comm.size, self.colours))
-        trees = "binary trees rooted at ranks" if self.colours > 1 else "colour, a binary tree rooted at rank"
-        return (f"{self.colours} {'colours, ' if self.colours > 1 else ''}{trees} {roots}, over MPI point-to-point, "
-                f"{self.wire.describe()}")
+        return f"{describe_trees(self.comm.size, self.colours)}, over MPI point-to-point, {self.wire.describe()}"
 
     def start(self, array):
         tag_base = (self._started % self._tag_window) * 2 * self.colours
@@ -253,9 +251,8 @@ class MulticolorExchange(AllreduceExchange):
         """The trees over NCCL where the gradients are on a GPU and ``exchange_via`` is nccl
         (``DataParallel`` resolves auto to it where every rank can use NCCL: ``nccl.nccl_choice``),
         else over MPI on host arrays (from a GPU, through the pinned staging)."""
-        modules = {blob.array_module for blob in self.params}
-        if not modules <= {np} and self.options.exchange_via == "nccl":
-            (device,) = modules
+        if on_device(self.params) and self.options.exchange_via == "nccl":
+            device = self.params[0].array_module
             return NcclTreeReduction(self.comm, self.options.multicolor_colors, self.wire_for(device))
         return TreeReduction(self.comm, self.options.multicolor_colors, self.wire_for(np))
 

@@ -89,9 +89,12 @@ class DeviceEventOperation(Operation):
         self.event.synchronize()
 
 
-class NcclReduction(DeviceMemoryReduction):
-    """Sum device arrays over the ranks of ``comm`` with NCCL (module docstring). ``cupy``/``nccl``:
-    the modules to use (default: CuPy and its NCCL; a test of the bookkeeping gives stand-ins)."""
+class NcclStreamReduction(DeviceMemoryReduction):
+    """What the reductions that queue NCCL calls on a communication stream of their own share (NCCL's
+    allreduce below, the multicolour trees of ``nccl_trees.py``): the communicator over ``comm``, the
+    stream, NCCL's data types, the timeline's spans, and a started reduction that is the event after
+    its calls. ``cupy``/``nccl``: the modules to use (default: CuPy and its NCCL; a test of the
+    bookkeeping gives stand-ins)."""
 
     polls_cheaply = True  # a test asks whether an event has completed
 
@@ -105,24 +108,45 @@ class NcclReduction(DeviceMemoryReduction):
         self._spans = None                      # a timeline's DeviceSpans, when one is written
         self.communicator = communicator(nccl, comm.size, unique_id(comm, nccl), comm.rank)
 
-    def describe(self) -> str:
-        return f"summed by NCCL {version_text(self._nccl.get_version())}'s allreduce on a communication stream of its own"
+    def version(self) -> str:
+        return version_text(self._nccl.get_version())
 
     def trace_to(self, spans) -> None:
         self._spans = spans
 
     def start(self, array):
-        with self.device:
+        kept = []
+        with self.device, self.stream:
             started = self._spans.begin(self.stream) if self._spans is not None else None
-            self.communicator.allReduce(array.data.ptr, array.data.ptr, array.size, self._types[np.dtype(array.dtype)],
-                                        self._nccl.NCCL_SUM, self.stream.ptr)
+            name = self.enqueue(array, kept)
             if started is not None:
-                self._spans.end(f"allreduce of {array.nbytes} bytes", started, self.stream, lane="device exchange",
+                self._spans.end(f"{name} of {array.nbytes} bytes", started, self.stream, lane="device exchange",
                                 category="exchange", args={"bytes": int(array.nbytes)})
-            return DeviceEventOperation(self.stream.record())
+            return DeviceEventOperation(self.stream.record(), kept)
+
+    def enqueue(self, array, kept: list) -> str:
+        """Queue the sum of ``array`` on ``stream`` (current, with this rank's GPU); keep in ``kept`` the
+        buffers the calls use that nothing else holds. Returns what it is called on the timeline."""
+        raise NotImplementedError
 
     def run(self, array) -> None:
         self.start(array).wait()
 
+    def copy_of(self, array):
+        with self.device, self.stream:
+            return array.copy()
+
     def release(self) -> None:
         self.communicator.destroy()
+
+
+class NcclReduction(NcclStreamReduction):
+    """Sum device arrays over the ranks of ``comm`` with NCCL's allreduce (module docstring)."""
+
+    def describe(self) -> str:
+        return f"summed by NCCL {self.version()}'s allreduce on a communication stream of its own"
+
+    def enqueue(self, array, kept: list) -> str:
+        self.communicator.allReduce(array.data.ptr, array.data.ptr, array.size, self._types[np.dtype(array.dtype)],
+                                    self._nccl.NCCL_SUM, self.stream.ptr)
+        return "allreduce"

@@ -30,9 +30,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import address
-from .colour_trees import TreeLinks, colour_count, colour_roots, heap_depth
-from .nccl_sum import DeviceEventOperation, communicator, nccl_types, unique_id, version_text
-from .reduction import DeviceMemoryReduction
+from .colour_trees import TreeLinks, colour_count, colour_roots, describe_trees, heap_depth
+from .nccl_sum import NcclStreamReduction
 
 
 class _Part:
@@ -48,66 +47,34 @@ class _Part:
         self.down = None    # the message passed down the tree: the root's encoded sum
 
 
-class NcclTreeReduction(DeviceMemoryReduction):
+class NcclTreeReduction(NcclStreamReduction):
     """The multicolour allreduce of device arrays over the ranks of ``comm`` (module docstring):
     ``colours`` trees (0: the default count), messages in ``wire``'s format, whose array module is
     the device's. ``cupy``/``nccl``: the modules to use (a test of the bookkeeping gives stand-ins)."""
 
-    polls_cheaply = True  # a test asks whether an event has completed
-
     def __init__(self, comm, colours: int, wire, cupy=None, nccl=None):
-        super().__init__(comm, cupy)
-        if nccl is None:
-            from cupy.cuda import nccl
-        self._nccl = nccl
+        super().__init__(comm, cupy, nccl)
         self.colours = colour_count(comm.size, colours)
         self.wire = wire
-        self.stream = self.cupy.cuda.Stream(non_blocking=True)
-        self._types = nccl_types(nccl)
-        self._roots = colour_roots(comm.size, self.colours)
         self._places = [(TreeLinks(comm.size, root, comm.rank), heap_depth((comm.rank - root) % comm.size))
-                        for root in self._roots]
+                        for root in colour_roots(comm.size, self.colours)]
         self.levels = heap_depth(comm.size - 1)
-        self._spans = None  # a timeline's DeviceSpans, when one is written
-        self.communicator = communicator(nccl, comm.size, unique_id(comm, nccl), comm.rank)
 
     def describe(self) -> str:
-        roots = ", ".join(str(r) for r in self._roots)
-        trees = "binary trees rooted at ranks" if self.colours > 1 else "colour, a binary tree rooted at rank"
-        return (f"{self.colours} {'colours, ' if self.colours > 1 else ''}{trees} {roots}, over NCCL "
-                f"{version_text(self._nccl.get_version())}'s point-to-point calls on a communication stream of its "
-                f"own, {self.wire.describe()}")
+        return (f"{describe_trees(self.comm.size, self.colours)}, over NCCL {self.version()}'s point-to-point "
+                f"calls on a communication stream of its own, {self.wire.describe()}")
 
-    def trace_to(self, spans) -> None:
-        self._spans = spans
-
-    def start(self, array):
+    def enqueue(self, array, kept: list) -> str:
         flat = array.reshape(-1)
         bounds = [flat.size * c // self.colours for c in range(self.colours + 1)]
         # Fewer values than colours: some colours carry nothing, on every rank alike.
         parts = [_Part(links, depth, flat[bounds[c]:bounds[c + 1]])
                  for c, (links, depth) in enumerate(self._places) if bounds[c + 1] > bounds[c]]
-        kept = []  # every message, alive until the event after the last call
-        with self.device, self.stream:
-            started = self._spans.begin(self.stream) if self._spans is not None else None
-            for level in range(self.levels, 0, -1):
-                self._up(parts, level, kept)
-            for level in range(1, self.levels + 1):
-                self._down(parts, level, kept)
-            if started is not None:
-                self._spans.end(f"multicolour allreduce of {array.nbytes} bytes", started, self.stream,
-                                lane="device exchange", category="exchange", args={"bytes": int(array.nbytes)})
-            return DeviceEventOperation(self.stream.record(), kept)
-
-    def run(self, array) -> None:
-        self.start(array).wait()
-
-    def copy_of(self, array):
-        with self.device, self.stream:
-            return array.copy()
-
-    def release(self) -> None:
-        self.communicator.destroy()
+        for level in range(self.levels, 0, -1):
+            self._up(parts, level, kept)
+        for level in range(1, self.levels + 1):
+            self._down(parts, level, kept)
+        return "multicolour allreduce"
 
     # ------------------------------------------------------------------------------ one level
     def _up(self, parts: list[_Part], level: int, kept: list) -> None:
