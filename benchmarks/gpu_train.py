@@ -305,6 +305,8 @@ class GpuDevice:
 
         gc.collect()
         self.synchronize()
+        # The next net's peak starts from its own plans' workspace, not the largest an earlier net chose.
+        netdef.cudnn.plans.release_workspaces()
         self.pool.free_all_blocks()
         self.cupy.get_default_pinned_memory_pool().free_all_blocks()
         torch.cuda.empty_cache()
@@ -360,6 +362,7 @@ def measure(row: dict, torch, device, args) -> None:
     device.synchronize()
     netdef_pool = device.netdef_pool_bytes()
     row["conv_algorithms"] = convolution_algorithms(solver.net)
+    row["cudnn_workspace_mib"] = netdef.cudnn.plans.shared_workspace_bytes() / MIB  # in the peak
     if solver.net.cuda_graphs:
         row["cuda_graph_runs"] = solver.net.cuda_graphs.replayed()
         row["cuda_graph_refusals"] = solver.net.cuda_graphs.refused()
@@ -415,6 +418,10 @@ def print_table(rows: list[dict], environment: list[str], command: str, memory_n
         if row.get("netdef_pool_before_mib", 0) > 0:  # NaN on the CPU: no line
             print(f"#   {row['label']} {row['precision']}: CuPy's pool already held "
                   f"{row['netdef_pool_before_mib']:.0f} MiB before the net was built (in its figure)")
+    for row in rows:
+        if row.get("cudnn_workspace_mib", 0) > 0:
+            print(f"#   {row['label']} {row['precision']}: cuDNN's shared workspace {row['cudnn_workspace_mib']:.0f} MiB "
+                  f"(the largest chosen plan's; in netdef's figure)")
     for row in rows:
         if "cuda_graph_runs" in row:
             runs = row["cuda_graph_runs"]

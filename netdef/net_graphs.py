@@ -43,6 +43,7 @@ import logging
 import numpy as np
 
 from . import backend
+from .cudnn import plans as cudnn_plans
 from .net_loss import QueuedLoss
 
 log = logging.getLogger("netdef")
@@ -90,8 +91,8 @@ class _Run:
 
     def key(self, net_settings: tuple) -> tuple:
         """What a recording depends on: (the shapes of every blob, the precision and ``net_settings``,
-        the net's own: its scratch buffers, which a recording reads where they were, and whether it
-        keeps its blobs' gradients; every blob's pending clear and the parameters' arrays, by
+        the net's own: its scratch buffers and cuDNN's workspace, which a recording reads where they
+        were, and whether it keeps its blobs' gradients; every blob's pending clear and the parameters' arrays, by
         identity: a recording keeps them alive, so no other array can take their id)."""
         pending = tuple(blob.bound_arrays()[2] for blob in self.blobs)
         parameters = tuple(id(blob.bound_arrays()[0]) for blob in self.parameters)
@@ -292,15 +293,16 @@ class PassGraphs:
 
             self._cupy = cupy
         cupy = self._cupy
-        key = run.key((self.net._scratch.generation, self.net.keep_blob_diffs))
+        # The buffers a recording reads where they were: the net's scratch and cuDNN's shared workspace.
+        key = run.key((self.net._scratch.generation, cudnn_plans.workspace_generation(), self.net.keep_blob_diffs))
         recording = run.recordings.get(key)
         if recording is not None:
             recording.replay(run.blobs, cupy)
             return
         if any(recorded[0] != key[0] for recorded in run.recordings):
-            # New shapes or settings, or a scratch buffer replaced: the eager passes ahead may
-            # replace arrays that layers keep and every recording reads (scratch, kept outputs), and
-            # a replaced buffer is freed, so none of them can be replayed again.
+            # New shapes or settings, or a scratch buffer or cuDNN's workspace replaced: the eager
+            # passes ahead may replace arrays that layers keep and every recording reads (scratch,
+            # kept outputs), and a replaced buffer is freed, so none of them can be replayed again.
             self._forget_recordings()
         # Recordings of parameters since replaced (weights loaded into new arrays) will not be
         # replayed again: they go, and the old arrays they kept with them.

@@ -296,6 +296,27 @@ def test_a_scratch_buffer_replaced_after_a_recording_is_never_read_by_it_again()
     assert len(net.cuda_graphs.replayed()) == 4 and stand_in.captures == 8
 
 
+
+def test_cudnns_workspace_replaced_after_a_recording_forgets_every_recording(monkeypatch):
+    """The recordings run their cuDNN plans in the device's shared workspace where it was; a plan
+    needing more (a new layer shape, another net's) frees it for a larger one, so every recording
+    goes, and the runs warm up anew."""
+    from netdef.cudnn import plans
+
+    device = types.SimpleNamespace(generation=0)  # what plans.workspace_generation() counts
+    monkeypatch.setattr(plans, "_devices", {0: device})
+    stand_in = StandInCupy()
+    solver = _solver_with_stand_in(stand_in)
+    net = solver.net
+    solver.step(4)
+    assert len(net.cuda_graphs.replayed()) == 4
+    device.generation += 1  # as _Device.workspace does when it grows
+    launched = stand_in.launches
+    solver.step(1)
+    assert stand_in.launches == launched and net.cuda_graphs.replayed() == []
+    solver.step(2)
+    assert len(net.cuda_graphs.replayed()) == 4 and stand_in.captures == 8
+
 # ------------------------------------------------------------------ hooks at the edges of replayed stretches
 def test_hooks_at_run_edges_run_around_each_replayed_stretch_and_hooks_of_every_layer_keep_graphs_off(caplog):
     stand_in = StandInCupy()

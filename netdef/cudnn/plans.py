@@ -9,7 +9,12 @@ operands' order) and the fastest is kept. A key whose graph cuDNN cannot run rai
 (and is remembered, so the layer's fallback is chosen at once the next time).
 
 One handle and one workspace per device, bound to CuPy's current stream when a plan runs: layers
-enqueue on the compute stream and the host never waits for cuDNN.
+enqueue on the compute stream and the host never waits for cuDNN. The shared workspace is as large as
+the largest chosen plan needs, not the largest candidate timed: each candidate is timed with a
+workspace of its own, freed once timed (a candidate may want up to the limit, 1 GiB by default, and
+keeping that for the process would be memory no layer uses). A workspace outgrown is freed at once;
+``workspace_generation()`` counts the replacements, so that a CUDA graph recorded with an old one is
+never launched again (net_graphs.py forgets it, as a replaced scratch buffer).
 """
 from __future__ import annotations
 
@@ -85,29 +90,39 @@ def _pointers(operands, arrays) -> dict:
 
 
 class _Device:
-    """A device's cuDNN handle and the workspace all of its plans share (grown, never shrunk)."""
+    """A device's cuDNN handle and the workspace all of its chosen plans share (grown, never shrunk).
+    ``cudnn`` and ``cupy``: the modules (a test gives stand-ins)."""
 
-    def __init__(self):
-        import cudnn
-        import cupy
-
+    def __init__(self, cudnn, cupy):
         self.cudnn = cudnn
         self.cupy = cupy
         self.handle = cudnn.create_handle()
         self._workspace = cupy.empty(0, dtype=cupy.uint8)
-        self._retired: list = []
+        #: How many times the shared workspace was replaced by a larger one (``workspace_generation``).
+        self.generation = 0
 
     def bound_handle(self):
         self.cudnn.set_stream(self.handle, self.cupy.cuda.get_current_stream().ptr)
         return self.handle
 
     def workspace(self, nbytes: int):
+        """The shared workspace, grown to ``nbytes`` where smaller. The outgrown one is let go first,
+        so that its memory can serve the larger one's allocation; its work queued so far still runs
+        first (CuPy's pool reuses a block in its stream's order)."""
         if self._workspace.size < nbytes:
-            # The smaller one stays allocated: a CUDA graph recorded with it (netdef/net_graphs.py)
-            # still runs its plans there.
-            self._retired.append(self._workspace)
+            self._workspace = None
             self._workspace = self.cupy.empty(nbytes, dtype=self.cupy.uint8)
+            self.generation += 1
         return self._workspace
+
+    def release_workspace(self) -> None:
+        """Free the shared workspace; the next plan to run makes a new one."""
+        self._workspace = self.cupy.empty(0, dtype=self.cupy.uint8)
+        self.generation += 1
+
+    def candidate_workspace(self, nbytes: int):
+        """A workspace for timing one candidate plan, freed when the caller lets go of it."""
+        return self.cupy.empty(nbytes, dtype=self.cupy.uint8)
 
 
 _devices: dict[int, _Device] = {}
@@ -123,8 +138,29 @@ def _current_device_id() -> int:
 def _device(device_id: int) -> _Device:
     found = _devices.get(device_id)
     if found is None:
-        found = _devices[device_id] = _Device()
+        import cudnn
+        import cupy
+
+        found = _devices[device_id] = _Device(cudnn, cupy)
     return found
+
+
+def shared_workspace_bytes() -> int:
+    """The bytes of every device's shared workspace (as large as the largest plan chosen there needs)."""
+    return sum(int(device.workspace(0).size) for device in _devices.values())
+
+
+def release_workspaces() -> None:
+    """Free every device's shared workspace, as a process that has finished with its nets may (the
+    plans stay; the next to run grows a new one). A CUDA graph recorded before is forgotten."""
+    for device in _devices.values():
+        device.release_workspace()
+
+
+def workspace_generation() -> int:
+    """How many times a device's shared workspace has been replaced in this process: a CUDA graph
+    recorded before the last replacement would run its plans in freed memory."""
+    return sum(device.generation for device in _devices.values())
 
 
 def data_type(cudnn, dtype):
@@ -205,7 +241,6 @@ def _time_candidates(graph, operands, arrays, device) -> tuple[list, list, list]
     """(milliseconds, index, workspace bytes) of each of the first MAX_CANDIDATES plans that build,
     why each plan that did not was left out (its exception's type and first words), and the
     workspace bytes of those left out for the workspace limit."""
-    cupy = device.cupy
     pack = _pointers(operands, arrays)
     timed, refusals, over_limit = [], [], []
     for index in range(graph.get_execution_plan_count()):
@@ -218,20 +253,27 @@ def _time_candidates(graph, operands, arrays, device) -> tuple[list, list, list]
                 refusals.append(f"workspace {workspace_bytes} bytes")
                 over_limit.append(workspace_bytes)
                 continue
-            workspace = device.workspace(workspace_bytes)
-            handle = device.bound_handle()
-            graph.execute_plan_at_index(pack, workspace, index=index, handle=handle)
-            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-            start.record()
-            for _ in range(TIMED_RUNS):
-                graph.execute_plan_at_index(pack, workspace, index=index, handle=handle)
-            stop.record()
-            stop.synchronize()
+            milliseconds = _time_candidate(graph, pack, index, workspace_bytes, device)
         except Exception as exc:  # noqa: BLE001 - a plan that does not build or run is not a candidate
             refusals.append(f"{type(exc).__name__}: {' '.join(str(exc).split())[:80]}")
             continue
-        timed.append((cupy.cuda.get_elapsed_time(start, stop) / TIMED_RUNS, index, workspace_bytes))
+        timed.append((milliseconds, index, workspace_bytes))
     return timed, refusals, over_limit
+
+
+def _time_candidate(graph, pack, index: int, workspace_bytes: int, device) -> float:
+    """Milliseconds per launch of plan ``index`` with a workspace of its own, freed on return."""
+    cupy = device.cupy
+    workspace = device.candidate_workspace(workspace_bytes)
+    handle = device.bound_handle()
+    graph.execute_plan_at_index(pack, workspace, index=index, handle=handle)
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for _ in range(TIMED_RUNS):
+        graph.execute_plan_at_index(pack, workspace, index=index, handle=handle)
+    stop.record()
+    stop.synchronize()
+    return cupy.cuda.get_elapsed_time(start, stop) / TIMED_RUNS
 
 
 def limited_by_workspace() -> list[tuple[str, int]]:
