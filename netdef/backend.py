@@ -49,7 +49,7 @@ def gpu_count() -> tuple[int, str | None]:
     try:
         import cupy
     except ImportError:
-        return 0, 'CuPy is not installed: pip install "netdef-trainer[gpu]" (CuPy for CUDA 12)'
+        return 0, 'CuPy is not installed: pip install "netdef-trainer[gpu]" (CUDA 12) or "netdef-trainer[gpu-cuda13]" (CUDA 13)'
     try:
         return int(cupy.cuda.runtime.getDeviceCount()), None
     except Exception as exc:  # noqa: BLE001 - CUDA's errors (no driver, a driver too old) all mean no GPU

@@ -126,7 +126,12 @@ class Measurements:
 class DeviceSpans:
     """Spans of a GPU's streams, timed by CUDA events and placed on the host's time axis: one
     reference event, recorded and waited for when this is made, ties the device's clock to the
-    host's; a span is written into the timeline once its end event has completed (``resolve``)."""
+    host's; a span is written into the timeline once its end event has completed (``resolve``).
+
+    CUDA gives the time between two events as float32 milliseconds, so a span's place, measured from
+    the reference, grows coarser as the run goes on (float32's 24 bits: ten minutes in, its steps are
+    a sixteenth of a millisecond, longer than many kernels); its length is measured between its own
+    two events, as fine as CUDA's timer however long the run, so that a layer's time stays readable."""
 
     def __init__(self, cupy, timeline: "Timeline"):
         self.cupy = cupy
@@ -160,7 +165,9 @@ class DeviceSpans:
             if not ended.done:
                 waiting.append((name, started, ended, lane, category, args))
                 continue
-            self.timeline.span(name, self._host_time(started), self._host_time(ended), lane, category, args)
+            begun = self._host_time(started)
+            self.timeline.span(name, begun, begun + self.cupy.cuda.get_elapsed_time(started, ended) / 1e3, lane,
+                               category, args)
         with self._lock:
             self._pending[:0] = waiting
 

@@ -9,9 +9,11 @@ for execution plans, and runs the chosen plan on CuPy arrays. CuPy 14 no longer 
   in the log.
 - Plans are built once per operation and shape, process-wide (plans.py), and the fastest candidate is
   chosen by timing them on the layer's own arrays, as Caffe's cuDNN layers and PyTorch's
-  ``cudnn.benchmark`` do. Candidates whose workspace exceeds ``workspace_limit()`` are left out.
+  ``cudnn.benchmark`` do, on the device's clock (timing.py). Candidates whose workspace exceeds
+  ``workspace_limit()`` are left out.
 - Precision follows ``netdef.backend.precision()``: strict float32 leaves out every engine that
-  computes float32 on tensor cores (TensorFloat-32); ``"tf32"`` lets the timing choose among all.
+  computes float32 on tensor cores (TensorFloat-32); ``"tf32"`` lets the timing choose among them
+  and the others. Neither takes an engine that converts float32 inputs to a narrower type.
 
 Nothing here imports CuPy or the frontend until a GPU layer asks.
 """

@@ -5,8 +5,10 @@ type and setting that decides how it runs), building it on first use: ``describe
 declares the graph's tensors and operation and returns its operands in a fixed order; the frontend's
 heuristics rank execution plans; those that break the precision setting or the workspace limit are
 left out; the first few that build are each timed on ``arrays`` (the layer's own arrays, in the
-operands' order) and the fastest is kept. A key whose graph cuDNN cannot run raises ``Unsupported``
-(and is remembered, so the layer's fallback is chosen at once the next time).
+operands' order; the device's time, not the host's: timing.py) and the fastest is kept. Where none of
+the ranked plans runs, the more thorough heuristics are asked (``HEURISTIC_MODES``). A key whose
+graph cuDNN cannot run raises ``Unsupported``, naming each plan that failed, where and why (and is
+remembered, so the layer's fallback is chosen at once the next time).
 
 One handle and one workspace per device, bound to CuPy's current stream when a plan runs: layers
 enqueue on the compute stream and the host never waits for cuDNN. The shared workspace is as large as
@@ -19,19 +21,31 @@ never launched again (net_graphs.py forgets it, as a replaced scratch buffer).
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 
 from .. import backend
 from . import workspace_limit
+from .timing import DeviceTimer
 
 log = logging.getLogger("netdef")
 
-# How many of the heuristics' best-ranked plans are built and timed per graph: the fastest is nearly
-# always among the first few, and building a plan can take a while (runtime-compiled engines).
-MAX_CANDIDATES = 6
+# How many of the heuristics' best-ranked plans that run are timed per graph: PyTorch's
+# ``cudnn.benchmark_limit`` default. The fastest is nearly always among the first few, and building a
+# plan can take a while (runtime-compiled engines).
+MAX_CANDIDATES = 10
 # Timed launches per candidate, after one untimed launch.
-TIMED_RUNS = 2
+TIMED_RUNS = 3
+# The heuristics asked, in turn, while none of the plans a graph was given runs: mode B is slower to
+# answer and ranks more thoroughly; FALLBACK adds the engines that support the graph at all.
+HEURISTIC_MODES = (("A", "FALLBACK"), ("B", "FALLBACK"))
+# How the frontend (cuDNN 9.2 and later) refuses to build a plan that a filter left out, or whose
+# workspace is over the limit given to ``deselect_workspace_greater_than``.
+BARRED = "Deselecting execution plan"
+WORKSPACE_VIOLATION = re.compile(r"workspace violation\. Requires (\d+)")
+# Failures a refusal names in full (the rest are counted).
+NAMED_FAILURES = 4
 
 
 class Unsupported(RuntimeError):
@@ -98,6 +112,7 @@ class _Device:
         self.cupy = cupy
         self.handle = cudnn.create_handle()
         self._workspace = cupy.empty(0, dtype=cupy.uint8)
+        self.timer = DeviceTimer(cupy)
         #: How many times the shared workspace was replaced by a larger one (``workspace_generation``).
         self.generation = 0
 
@@ -192,38 +207,52 @@ def plan(key: tuple, describe, arrays) -> Plan:
 
 def _build(key, describe, arrays) -> Plan:
     device = _device(key[-1])
+    tried, over_limit = [], []
+    for modes in HEURISTIC_MODES:
+        try:
+            graph, operands = _ranked_graph(describe, arrays, device, modes)
+        except Exception as exc:  # noqa: BLE001 - the frontend raises several types; all mean: no plan
+            tried.append(f"heuristics {'+'.join(modes)}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+            continue
+        trial = _time_candidates(graph, operands, arrays, device)
+        over_limit += trial.over_limit
+        if trial.timed:
+            break
+        tried.append(f"heuristics {'+'.join(modes)}: {trial.why_none_ran(graph.get_execution_plan_count())}")
+    else:
+        raise Unsupported(f"{key[0]}: no cuDNN plan ran within the workspace limit ({workspace_limit()} bytes) "
+                          f"and precision {backend.precision()}: {'; '.join(tried)}")
+    _, index, workspace_bytes = min(trial.timed)
+    chosen = Plan(graph, operands, index, workspace_bytes, device, tuple(over_limit))
+    why_not_pinned = chosen.pin(arrays)
+    if why_not_pinned is not None:
+        _log_unpinned_once(why_not_pinned)
+    return chosen
+
+
+def _ranked_graph(describe, arrays, device, modes) -> tuple:
+    """(graph, operands): the operation ``describe`` declares, with the plans the heuristics ``modes``
+    rank for it, those that break the precision setting or the workspace limit left out."""
     cudnn = device.cudnn
     dtype = arrays[0].dtype
     compute = cudnn.data_type.DOUBLE if dtype == np.float64 else cudnn.data_type.FLOAT
     graph = cudnn.pygraph(io_data_type=data_type(cudnn, dtype), intermediate_data_type=compute,
                           compute_data_type=compute, handle=device.handle)
     operands = describe(graph, cudnn)
-    try:
-        graph.validate()
-        graph.build_operation_graph()
-        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        graph.deselect_workspace_greater_than(workspace_limit())
-        if dtype == np.float32 and backend.precision() == "float32":
-            # Caffe's strict float32: no engine that rounds float32 inputs to TensorFloat-32 (or
-            # lower) for the tensor cores.
-            graph.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE,
-                                          cudnn.numerical_note.DOWN_CONVERT_INPUTS])
-        graph.check_support()
-    except Exception as exc:  # noqa: BLE001 - the frontend raises several types; all mean: no plan
-        raise Unsupported(f"{key[0]}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
-    timed, refusals, over_limit = _time_candidates(graph, operands, arrays, device)
-    if not timed:
-        # Distinct reasons, so that a refusal seen once on a GPU can be understood from its log.
-        reasons = "; ".join(dict.fromkeys(refusals)) or "none were tried"
-        raise Unsupported(f"{key[0]}: none of the {graph.get_execution_plan_count()} ranked plans built "
-                          f"within the workspace limit ({workspace_limit()} bytes) and precision "
-                          f"{backend.precision()} ({reasons[:600]})")
-    _, index, workspace_bytes = min(timed)
-    chosen = Plan(graph, operands, index, workspace_bytes, device, tuple(over_limit))
-    why_not_pinned = chosen.pin(arrays)
-    if why_not_pinned is not None:
-        _log_unpinned_once(why_not_pinned)
-    return chosen
+    graph.validate()
+    graph.build_operation_graph()
+    heuristics = {"A": cudnn.heur_mode.A, "B": cudnn.heur_mode.B, "FALLBACK": cudnn.heur_mode.FALLBACK}
+    graph.create_execution_plans([heuristics[mode] for mode in modes])
+    graph.deselect_workspace_greater_than(workspace_limit())
+    if dtype == np.float32:
+        # No engine that converts float32 inputs to a narrower type (as PyTorch leaves out); in Caffe's
+        # strict float32 none that rounds them to TensorFloat-32 for the tensor cores either.
+        notes = [cudnn.numerical_note.DOWN_CONVERT_INPUTS]
+        if backend.precision() == "float32":
+            notes.append(cudnn.numerical_note.TENSOR_CORE)
+        graph.deselect_numeric_notes(notes)
+    graph.check_support()
+    return graph, operands
 
 
 _unpinned_logged = False
@@ -237,43 +266,86 @@ def _log_unpinned_once(why: str) -> None:
                     "failed: %s)", why)
 
 
-def _time_candidates(graph, operands, arrays, device) -> tuple[list, list, list]:
-    """(milliseconds, index, workspace bytes) of each of the first MAX_CANDIDATES plans that build,
-    why each plan that did not was left out (its exception's type and first words), and the
-    workspace bytes of those left out for the workspace limit."""
+class _Trial:
+    """What timing a graph's ranked plans found: (milliseconds, index, workspace bytes) of each timed,
+    how many the filters left out, the workspace bytes of those over the limit, and (index, the plan's
+    name, "build" or "run", the error) of each that failed otherwise."""
+
+    def __init__(self):
+        self.timed: list[tuple[float, int, int]] = []
+        self.barred = 0
+        self.over_limit: list[int] = []
+        self.failures: list[tuple[int, str, str, str]] = []
+
+    def why_none_ran(self, ranked: int) -> str:
+        named = ", ".join(f"#{index} {name} ({stage}): {error[:300]}"
+                          for index, name, stage, error in self.failures[:NAMED_FAILURES])
+        more = len(self.failures) - NAMED_FAILURES
+        return (f"{ranked} ranked, {self.barred} left out by the precision filter, {len(self.over_limit)} over the "
+                f"workspace limit, {len(self.failures)} failed" + (f": {named}" if named else "")
+                + (f" and {more} more" if more > 0 else ""))
+
+
+def _time_candidates(graph, operands, arrays, device) -> _Trial:
+    """Each ranked plan in turn built and timed, until MAX_CANDIDATES have been; a plan whose build or
+    run finds the device out of memory is tried again once CuPy's pool has given its cached blocks back."""
     pack = _pointers(operands, arrays)
-    timed, refusals, over_limit = [], [], []
+    trial = _Trial()
     for index in range(graph.get_execution_plan_count()):
-        if len(timed) == MAX_CANDIDATES:
+        if len(trial.timed) == MAX_CANDIDATES:
             break
-        try:
-            graph.build_plan_at_index(index)
-            workspace_bytes = graph.get_workspace_size_plan_at_index(index)
-            if workspace_bytes > workspace_limit():
-                refusals.append(f"workspace {workspace_bytes} bytes")
-                over_limit.append(workspace_bytes)
-                continue
-            milliseconds = _time_candidate(graph, pack, index, workspace_bytes, device)
-        except Exception as exc:  # noqa: BLE001 - a plan that does not build or run is not a candidate
-            refusals.append(f"{type(exc).__name__}: {' '.join(str(exc).split())[:80]}")
-            continue
-        timed.append((milliseconds, index, workspace_bytes))
-    return timed, refusals, over_limit
+        for last_try in (False, True):
+            stage = "build"
+            try:
+                graph.build_plan_at_index(index)
+                workspace_bytes = graph.get_workspace_size_plan_at_index(index)
+                if workspace_bytes > workspace_limit():  # a frontend that leaves the limit to its caller
+                    trial.over_limit.append(workspace_bytes)
+                    break
+                stage = "run"
+                trial.timed.append((_time_candidate(graph, pack, index, workspace_bytes, device), index,
+                                    workspace_bytes))
+                break
+            except Exception as exc:  # noqa: BLE001 - a plan that does not build or run is not a candidate
+                error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+                if not last_try and _out_of_memory(exc, device):
+                    device.cupy.get_default_memory_pool().free_all_blocks()
+                    continue
+                _note_refusal(trial, graph, index, stage, error)
+                break
+    return trial
+
+
+def _out_of_memory(exc: Exception, device) -> bool:
+    return isinstance(exc, device.cupy.cuda.memory.OutOfMemoryError) or "ALLOC_FAILED" in str(exc)
+
+
+def _note_refusal(trial: _Trial, graph, index: int, stage: str, error: str) -> None:
+    over = WORKSPACE_VIOLATION.search(error)
+    if BARRED in error:
+        trial.barred += 1
+    elif over is not None:
+        trial.over_limit.append(int(over.group(1)))
+    else:
+        trial.failures.append((index, _plan_name(graph, index), stage, error))
+
+
+def _plan_name(graph, index: int) -> str:
+    """The frontend's name of plan ``index`` (its engine and knobs), for the log."""
+    try:
+        return str(graph.get_plan_name_at_index(index))
+    except Exception:  # noqa: BLE001 - a name is only for the log; no name is no reason to fail
+        return "(unnamed)"
 
 
 def _time_candidate(graph, pack, index: int, workspace_bytes: int, device) -> float:
-    """Milliseconds per launch of plan ``index`` with a workspace of its own, freed on return."""
-    cupy = device.cupy
+    """Device milliseconds per launch of plan ``index`` (``timing.DeviceTimer``), with a workspace of its
+    own, freed on return."""
     workspace = device.candidate_workspace(workspace_bytes)
     handle = device.bound_handle()
-    graph.execute_plan_at_index(pack, workspace, index=index, handle=handle)
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(TIMED_RUNS):
-        graph.execute_plan_at_index(pack, workspace, index=index, handle=handle)
-    stop.record()
-    stop.synchronize()
-    return cupy.cuda.get_elapsed_time(start, stop) / TIMED_RUNS
+    graph.execute_plan_at_index(pack, workspace, index=index, handle=handle)  # untimed: first-launch costs
+    return device.timer.milliseconds(
+        lambda: graph.execute_plan_at_index(pack, workspace, index=index, handle=handle), TIMED_RUNS)
 
 
 def limited_by_workspace() -> list[tuple[str, int]]:
