@@ -98,7 +98,10 @@ class Float16DeviceWire(Float16Wire):
     """``Float16Wire``'s messages, the same bits, made and read by the array operations of ``xp``
     (CuPy where the trees run on a GPU, ``nccl_trees.py``): the scale, the casts and the scaled sums
     run as device kernels on the communication stream, and the host never reads a value. The scale
-    multiplies in float32 and the cast rounds to nearest, ties to even, as the host's kernel does."""
+    multiplies in float32 and the cast rounds to nearest, ties to even, as the host's kernel does.
+    Two differences CUDA makes, neither in a finite gradient's bits: a NaN is sent with CUDA's
+    payload, not NumPy's, and CuPy's kernels flush float32 subnormals to zero, so a part whose every
+    value is below float32's smallest normal number is sent as zeros."""
 
     def message_buffer(self, count: int, dtype):
         return self.xp.empty(count + 1, dtype=self.xp.float16)

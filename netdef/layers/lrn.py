@@ -82,7 +82,7 @@ def lrn_across_backward(x, y, scale, power, dy, size, alpha, beta):
         n, c, h, w = x.shape
         dx = xp.empty_like(x)
         kernels.launch("lrn_compute_diff", n * h * w,
-                       (x, y, scale, xp.ascontiguousarray(dy)) + kernels.int_args(c, h, w, size)
+                       tuple(xp.ascontiguousarray(a) for a in (x, y, scale, dy)) + kernels.int_args(c, h, w, size)
                        + (dtype(-beta), dtype(2.0 * alpha * beta / size), dx))
         return dx
     if power is None:

@@ -80,6 +80,48 @@ using std::sqrt;
 """
 
 
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
+def test_the_grid_stride_loop_never_wraps_at_the_largest_count(source, tmp_path):
+    """Each source's KERNEL_LOOP, as the last thread of the largest grid ``launch`` makes runs it over
+    the most items ``launch`` takes: every index it visits is in range (the loop that stepped past
+    2^31 - 1 wrapped to negative indices and went on)."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ is not on PATH: the loop cannot be built as host code")
+    shim = SHIM.replace("static const netdef_dim3 threadIdx = {0, 0, 0}, blockDim = {1, 1, 1};",
+                        f"static netdef_dim3 threadIdx = {{{kernels.THREADS_PER_BLOCK - 1}, 0, 0}}, "
+                        f"blockDim = {{{kernels.THREADS_PER_BLOCK}, 1, 1}};")
+    (tmp_path / "shim.h").write_text(shim)
+    (tmp_path / "loop.cpp").write_text(f'#include "{source}"\n' + """
+extern "C" long long visits(int n, int block, int grid) {
+  blockIdx.x = block; gridDim.x = grid;
+  long long count = 0;
+  KERNEL_LOOP(i, n) { if (i < 0 || i >= n) return -1; ++count; }
+  return count;
+}
+""")
+    lib = tmp_path / "loop.so"
+    result = subprocess.run([gxx, "-O1", "-fwrapv", "-shared", "-fPIC", "-std=c++17", "-include", str(tmp_path / "shim.h"),
+                             "-Dreal=float", str(tmp_path / "loop.cpp"), "-o", str(lib)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    visits = ctypes.CDLL(str(lib)).visits
+    visits.restype = ctypes.c_longlong
+    n, grid, threads = kernels.MAX_INT, kernels.MAX_BLOCKS, kernels.THREADS_PER_BLOCK
+    first = (grid - 1) * threads + threads - 1
+    assert visits(n, grid - 1, grid) == len(range(first, n, grid * threads))
+    assert visits(1000, 0, 1) == len(range(threads - 1, 1000, threads))
+
+
+def test_a_count_beyond_the_kernels_32_bit_indices_is_refused():
+    from netdef.memory import BlobTooLargeError
+
+    assert kernels.int_args(kernels.MAX_INT) == (np.int32(kernels.MAX_INT),)
+    with pytest.raises(BlobTooLargeError, match="2147483648 values.*a smaller batch_size"):
+        kernels.int_args(3, kernels.MAX_INT + 1)
+    with pytest.raises(BlobTooLargeError):
+        kernels.launch("relu_forward", kernels.MAX_INT + 1, ())
+
+
 def _signature(source_text: str, name: str) -> list[str]:
     match = re.search(r'extern\s+"C"\s+__global__\s+void\s+' + name + r'\s*\(([^)]*)\)', source_text)
     return [" ".join(p.split()) for p in match.group(1).split(",")]
@@ -239,7 +281,7 @@ def test_pooling_twins(gpu_path, monkeypatch, cfg, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("size,channels", [(5, 7), (3, 2), (1, 3), (7, 4)])
+@pytest.mark.parametrize("size,channels", [(5, 7), (3, 2), (1, 3), (7, 4), (5, 1), (7, 2)])  # fewer channels than half a window too
 def test_lrn_twins(gpu_path, monkeypatch, size, channels, dtype):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, channels, 3, 4)).astype(dtype)

@@ -14,6 +14,8 @@ import re
 
 import numpy as np
 
+from ...memory import BlobTooLargeError
+
 DIRECTORY = pathlib.Path(__file__).resolve().parent
 THREADS_PER_BLOCK = 512
 MAX_BLOCKS = 65535
@@ -76,9 +78,22 @@ def usable(*arrays) -> bool:
     return dtype is not None
 
 
+#: The largest count or size a kernel's ``int`` takes (its indices are 32-bit, as Caffe's).
+MAX_INT = 2**31 - 1
+
+
 def int_args(*values) -> tuple:
-    """The kernels' ``int`` arguments, as ``launch`` takes them: a ``numpy.int32`` each."""
+    """The kernels' ``int`` arguments, as ``launch`` takes them: a ``numpy.int32`` each. A value over
+    ``MAX_INT`` is refused (NumPy 1 would wrap it silently, and the kernel would run on a wrong count)."""
+    for value in values:
+        _check_int(value)
     return tuple(np.int32(v) for v in values)
+
+
+def _check_int(value) -> None:
+    if int(value) > MAX_INT:
+        raise BlobTooLargeError(f"{int(value)} values is more than netdef's GPU kernels index ({MAX_INT}, "
+                                f"32-bit): a smaller batch_size")
 
 
 def _real_dtype(args):
@@ -95,6 +110,7 @@ def launch(name: str, nthreads: int, args: tuple) -> None:
     for ``real`` (the first float array decides which build runs)."""
     if nthreads <= 0:
         return
+    _check_int(nthreads)
     kernel = load_kernel(name, _real_dtype(args))
     blocks = min((nthreads + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK, MAX_BLOCKS)
     kernel((blocks,), (THREADS_PER_BLOCK,), (np.int32(nthreads),) + tuple(args))

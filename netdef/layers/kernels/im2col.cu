@@ -10,8 +10,11 @@
 #define real float
 #endif
 #ifndef KERNEL_LOOP
+// A grid-stride loop whose index never passes n, so that it cannot wrap for a count near 2^31 - 1
+// (the launcher refuses larger counts).
 #define KERNEL_LOOP(i, n) \
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += blockDim.x * gridDim.x)
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x, netdef_step_ = blockDim.x * gridDim.x; i < (n); \
+       i = ((n) - i > netdef_step_) ? i + netdef_step_ : (n))
 #endif
 
 // One thread per column entry: col[c, i, j, n, ho, wo] = padded im[n, c, ho*sh - ph + i*dh, wo*sw - pw + j*dw].

@@ -10,8 +10,11 @@
 #define real float
 #endif
 #ifndef KERNEL_LOOP
+// A grid-stride loop whose index never passes n, so that it cannot wrap for a count near 2^31 - 1
+// (the launcher refuses larger counts).
 #define KERNEL_LOOP(i, n) \
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += blockDim.x * gridDim.x)
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x, netdef_step_ = blockDim.x * gridDim.x; i < (n); \
+       i = ((n) - i > netdef_step_) ? i + netdef_step_ : (n))
 #endif
 
 // One thread per (n, h, w): a running window sum down the channels.
@@ -41,9 +44,11 @@ extern "C" __global__ void lrn_fill_scale(const int nthreads, const real* in, co
       s[(head - post_pad) * step] = k + accum * alpha_over_size;
       ++head;
     }
+    // The windows' right ends past the last channel; with fewer channels than post_pad, the first of
+    // them still belong to no channel (Caffe's kernel writes those before the array).
     while (head < channels + post_pad) {
       if (head - size >= 0) accum -= x[(head - size) * step] * x[(head - size) * step];
-      s[(head - post_pad) * step] = k + accum * alpha_over_size;
+      if (head >= post_pad) s[(head - post_pad) * step] = k + accum * alpha_over_size;
       ++head;
     }
   }
@@ -88,10 +93,10 @@ extern "C" __global__ void lrn_compute_diff(const int nthreads, const real* bott
       dx[c * step] = dy[c * step] * pow(s[c * step], negative_beta) - cache_ratio * x[c * step] * accum;
       ++head;
     }
-    while (head < channels + post_pad) {
+    while (head < channels + post_pad) {  // as in lrn_fill_scale: no channel before the first
       if (head - size >= 0) accum -= dy[(head - size) * step] * y[(head - size) * step] / s[(head - size) * step];
       const int c = head - post_pad;
-      dx[c * step] = dy[c * step] * pow(s[c * step], negative_beta) - cache_ratio * x[c * step] * accum;
+      if (c >= 0) dx[c * step] = dy[c * step] * pow(s[c * step], negative_beta) - cache_ratio * x[c * step] * accum;
       ++head;
     }
   }
