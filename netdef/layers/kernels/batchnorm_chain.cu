@@ -1,7 +1,8 @@
 // A BatchNorm chain on the GPU (CuPy RawKernel sources): BatchNorm, then in place Scale and/or ReLU,
 // trained as one step (netdef/layers/batchnorm_chain.py; gpu_batchnorm_chain.py launches these).
 // CPU twins: netdef/layers/jit/batchnorm_chain.py (forward_batch, backward), whose expressions each
-// value here follows in the same order (compiled with --fmad=false, so no product is fused into a sum).
+// value here follows in the same order (compiled with --fmad=false, so no product is fused into a sum;
+// CuPy adds -ftz=true, so float32 subnormals flush to zero here where the CPU keeps them).
 //
 // Layout: x, y, dy, dx are C-contiguous (N x C x M) (M: the spatial size); per-channel arrays have C
 // values of type `real`. x is BatchNorm's input, y the chain's output (ReLU's top), dy its gradient,
