@@ -19,6 +19,13 @@ that may be replayed and runs that may not, and runs each replayable run so:
    the eager code around the graph has put in another array is copied into the recorded one; after
    it, the blobs hold the arrays the recording left them with.
 
+A backward stretch replays (and is recorded) only where the forward of each of its layers that runs
+backward came from a recording, whose serial is part of its key: layers keep arrays from forward for
+backward (a max pooling's mask, LRN's scale), which an eager forward makes anew, and which a backward
+graph reads where they were when it was recorded. What the eager passes held and a recording let go
+is given back to the device at the start of the next backward pass, not at the recording (see
+``_release_cached_memory``).
+
 A run keeps a recording per key: its blobs' shapes, its parameters' arrays and the pending clears of
 its gradients (weights loaded into new arrays, the passes of ``iter_size`` after the first, which add
 to the gradients the first wrote, each get their own). New shapes (a reshaped input) forget every
@@ -57,9 +64,15 @@ MAX_RECORDINGS = 4
 
 
 class _Recording:
-    """One graph of a run, for one key (see ``_Run.key``), and the arrays it was recorded with."""
+    """One graph of a run, for one key (see ``_Run.key``), and the arrays it was recorded with.
+    ``serial``: which recording this is, process-wide (a backward recording names the forward ones
+    whose kept arrays it reads)."""
+
+    _made = 0
 
     def __init__(self, graph, pool, recorded: list, left: list):
+        _Recording._made += 1
+        self.serial = _Recording._made
         self.graph = graph
         self.pool = pool          # the recording's own memory pool, alive with the graph
         self.recorded = recorded  # per blob: the arrays when the recording began (the graph reads them)
@@ -89,15 +102,17 @@ class _Run:
         self.eager_passes: dict[tuple, int] = {}
         self.refused: str | None = None
 
-    def key(self, net_settings: tuple) -> tuple:
+    def key(self, net_settings: tuple, paired: tuple = ()) -> tuple:
         """What a recording depends on: (the shapes of every blob, the precision and ``net_settings``,
         the net's own: its scratch buffers and cuDNN's workspace, which a recording reads where they
-        were, and whether it keeps its blobs' gradients; every blob's pending clear and the parameters' arrays, by
-        identity: a recording keeps them alive, so no other array can take their id)."""
+        were, and whether it keeps its blobs' gradients; every blob's pending clear and the
+        parameters' arrays, by identity: a recording keeps them alive, so no other array can take
+        their id; and, backward, ``paired``: the serials of the forward recordings whose kept arrays
+        its layers read)."""
         pending = tuple(blob.bound_arrays()[2] for blob in self.blobs)
         parameters = tuple(id(blob.bound_arrays()[0]) for blob in self.parameters)
         shapes = tuple(blob.shape for blob in self.blobs)
-        return (shapes, backend.precision(), net_settings), (pending, parameters)
+        return (shapes, backend.precision(), net_settings), (pending, parameters, paired)
 
     def _give_made_values_new_memory(self) -> None:
         """Forward, each blob the run makes gets an array of the recording's own, uninitialized: its
@@ -139,9 +154,6 @@ class _Run:
             raise
         recording = _Recording(graph, pool, recorded, [blob.bound_arrays() for blob in self.blobs])
         graph.launch(cupy.cuda.get_current_stream())
-        # What the eager passes held and the recording let go goes back to the device, rather than
-        # staying cached in the default pool, which the graphs never draw from.
-        cupy.get_default_memory_pool().free_all_blocks()
         return recording
 
 
@@ -157,6 +169,9 @@ class PassGraphs:
         self._planned: dict[tuple, list] = {}  # forward_runs' and backward_runs' answers
         self._planned_with: frozenset = frozenset()  # the hooks' run boundaries those answers respect
         self._said_why_not = False
+        # Per layer: the serial of the recording its last forward ran from (None: it ran eagerly).
+        self._made_by: list[int | None] = [None] * len(net.layers)
+        self._release_pending = False  # a recording let go of arrays the default pool still caches
         blobs, loss_weights = net._blobs, net._blob_loss_weights  # pycaffe's numbering of the blobs
         layers = range(len(net.layers))
         # Per layer: whether a top is weighted into the loss (summed outside the graphs: never replayed), and
@@ -225,30 +240,58 @@ class PassGraphs:
         recorded = self._recorded_count()
         hooks = self.net.hooks
         for first, last, replayable in self.forward_runs(start, end):
+            recording = None
             if replayable:
                 # The run's hooks at its edges, never inside a recording (they are host work).
                 hooks.call(hooks.before_forward, first, last)
-                self._run(("forward", first, last), range(first, last + 1),
-                          lambda first=first, last=last: self.net.forward_eagerly(first, last, call_hooks=False))
+                recording = self._run(("forward", first, last), range(first, last + 1),
+                                      lambda first=first, last=last: self.net.forward_eagerly(first, last,
+                                                                                              call_hooks=False))
                 hooks.call(hooks.after_forward, first, last)
             else:
                 loss.extend(self.net.forward_eagerly(first, last))
+            self._made_by[first:last + 1] = [recording.serial if recording is not None else None] * (last - first + 1)
         self._say_what_was_recorded("forward", recorded)
+        if self._release_pending and not any(self.net.layer_need_backward):
+            self._release_cached_memory()  # a net without backward runs once the exchange has finished
         return loss
 
     def backward(self, start: int, end: int) -> None:
+        if self._release_pending:
+            self._release_cached_memory()
         recorded = self._recorded_count()
         hooks = self.net.hooks
         for high, low, replayable in self.backward_runs(start, end):
             if replayable:
+                paired = self._forward_recordings(high, low)
                 hooks.before_backward_of(high, low)
                 self._run(("backward", high, low), range(low, high + 1),
-                          lambda high=high, low=low: self.net.backward_eagerly(high, low, call_hooks=False))
+                          lambda high=high, low=low: self.net.backward_eagerly(high, low, call_hooks=False), paired)
                 for li in range(high, low - 1, -1):
                     hooks.after_backward_of(li, self.net.gradients_final_at(li))
             else:
                 self.net.backward_eagerly(high, low)
         self._say_what_was_recorded("backward", recorded)
+
+    def _forward_recordings(self, high: int, low: int) -> tuple | None:
+        """The serials of the forward recordings that the layers ``low..high`` that run backward last
+        ran from; None where one of them ran eagerly. A layer keeps arrays from its forward for its
+        backward (a max pooling's mask, LRN's scale): a backward graph reads them where they were when
+        it was recorded, which only a replay of the same forward recording writes again; an eager
+        forward puts them in fresh arrays, and its backward must run eagerly too."""
+        needs = self.net.layer_need_backward
+        paired = tuple(self._made_by[li] for li in range(low, high + 1) if needs[li])
+        return None if None in paired else paired
+
+    def _release_cached_memory(self) -> None:
+        """Give back to the device what the eager passes held and the recordings let go, rather than
+        leave it cached in the default pool, which the graphs never draw from. Not when recording:
+        freeing device memory waits for the whole device, NCCL's collectives included, and one started
+        ahead of a peer whose host waits on this rank's MPI would never end. At the start of a
+        backward pass a distributed run has nothing in flight (every gradient of the last iteration
+        arrived before its layer's forward; none of this one's is made yet)."""
+        self._release_pending = False
+        self._cupy.get_default_memory_pool().free_all_blocks()
 
     def _recorded_count(self) -> int:
         return sum(len(run.recordings) for run in self._runs.values())
@@ -279,7 +322,10 @@ class PassGraphs:
             written.update((id(blob), blob) for blob in writes)
         return [blob for key, blob in written.items() if key not in read]
 
-    def _run(self, which: tuple, layer_indices, run_eagerly) -> None:
+    def _run(self, which: tuple, layer_indices, run_eagerly, paired: tuple | None = ()) -> "_Recording | None":
+        """Run ``run_eagerly``'s layers: from a recording (replayed, or made now and launched), which is
+        returned, or eagerly (None). ``paired``: as for ``_Run.key``; None: eagerly, whatever was
+        recorded (``_forward_recordings``)."""
         run = self._runs.get(which)
         if run is None:
             touched = {id(blob): blob for li in layer_indices for blob in self._blobs[li]}
@@ -287,18 +333,19 @@ class PassGraphs:
                                            which[0], self._written_first(which[0], layer_indices))
         if run.refused is not None:
             run_eagerly()
-            return
+            return None
         if self._cupy is None:
             import cupy
 
             self._cupy = cupy
         cupy = self._cupy
         # The buffers a recording reads where they were: the net's scratch and cuDNN's shared workspace.
-        key = run.key((self.net._scratch.generation, cudnn_plans.workspace_generation(), self.net.keep_blob_diffs))
-        recording = run.recordings.get(key)
+        key = run.key((self.net._scratch.generation, cudnn_plans.workspace_generation(), self.net.keep_blob_diffs),
+                      paired)
+        recording = run.recordings.get(key) if paired is not None else None
         if recording is not None:
             recording.replay(run.blobs, cupy)
-            return
+            return recording
         if any(recorded[0] != key[0] for recorded in run.recordings):
             # New shapes or settings, or a scratch buffer or cuDNN's workspace replaced: the eager
             # passes ahead may replace arrays that layers keep and every recording reads (scratch,
@@ -308,19 +355,25 @@ class PassGraphs:
         # replayed again: they go, and the old arrays they kept with them.
         run.recordings = {recorded: recording for recorded, recording in run.recordings.items()
                           if recorded[1][1] == key[1][1]}
-        warmed = run.eager_passes.get(key, 0)
-        if warmed < WARM_UP_PASSES or len(run.recordings) >= MAX_RECORDINGS:
-            run.eager_passes[key] = warmed + 1
+        # The warm-up is the layers' (plans timed, arrays made): the forward recordings paired with
+        # do not change it.
+        warming = (key[0], key[1][:2])
+        warmed = run.eager_passes.get(warming, 0)
+        if warmed < WARM_UP_PASSES or len(run.recordings) >= MAX_RECORDINGS or paired is None:
+            run.eager_passes[warming] = warmed + 1
             run_eagerly()
-            return
+            return None
         try:
-            run.recordings[key] = run.record(run_eagerly, cupy)
+            recording = run.recordings[key] = run.record(run_eagerly, cupy)
+            self._release_pending = True
+            return recording
         except Exception as exc:  # noqa: BLE001 - any failure to record leaves the run eager
             run.refused = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
             first, last = (self.net.layers[li].name for li in which[1:])  # in the pass's order
             log.warning("Net %s: layers %s..%s run %s without a CUDA graph: recording them failed (%s)",
                         self.net.name, first, last, which[0], run.refused)
             run_eagerly()
+            return None
 
     def _forget_recordings(self) -> None:
         for run in self._runs.values():

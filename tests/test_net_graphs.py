@@ -157,8 +157,10 @@ class StandInCupy:
     while the pass's NumPy work runs as usual; a graph's launch is only counted. No values come from
     it: the recordings themselves run on a GPU (tests/test_gpu_graphs.py)."""
 
-    def __init__(self, refusal: str | None = None, events: list | None = None):
+    def __init__(self, refusal: str | None = None, events: list | None = None, refuse_from: int = 0):
         self.refusal = refusal
+        self.refuse_from = refuse_from  # how many captures succeed before ``refusal`` applies
+        self.capture_attempts = 0
         self.events = events  # where each launch is noted, in order with what else a test notes there
         self.captures = 0
         self.launches = 0
@@ -192,7 +194,8 @@ class StandInCupy:
                 return False
 
             def begin_capture(self):
-                if stand_in.refusal:
+                stand_in.capture_attempts += 1
+                if stand_in.refusal and stand_in.capture_attempts > stand_in.refuse_from:
                     raise RuntimeError(stand_in.refusal)
 
             def end_capture(self):
@@ -219,16 +222,26 @@ def test_a_recording_cuda_refuses_leaves_each_run_eager_for_good_and_says_why_on
     said = [r.getMessage() for r in caplog.records if "without a CUDA graph" in r.getMessage()]
     # Each replayable run tried once, at its third pass, then ran eagerly.
     why = ": recording them failed (RuntimeError: operation not permitted when stream is capturing)"
+    # The backward of a stretch whose forward ran eagerly runs eagerly too (nothing recorded may read
+    # what an eager forward kept for backward): it is never tried.
     assert said == [f"Net graphs: layers conv..pool run forward without a CUDA graph{why}",
-                    f"Net graphs: layers ip1..ip2 run forward without a CUDA graph{why}",
-                    f"Net graphs: layers ip2..ip1 run backward without a CUDA graph{why}",
-                    f"Net graphs: layers pool..data run backward without a CUDA graph{why}"], said
+                    f"Net graphs: layers ip1..ip2 run forward without a CUDA graph{why}"], said
     assert stand_in.launches == 0 and solver.net.cuda_graphs.replayed() == []
     assert [refusal[:3] for refusal in solver.net.cuda_graphs.refused()] == [
-        ("backward", "ip2", "ip1"), ("backward", "pool", "data"), ("forward", "conv", "pool"), ("forward", "ip1", "ip2")]
+        ("forward", "conv", "pool"), ("forward", "ip1", "ip2")]
     for name, blobs in solver.net.params.items():  # every blob restored before the eager pass
         for i, blob in enumerate(blobs):
             np.testing.assert_array_equal(blob.data, without[f"{name}/{i}"], err_msg=f"{name}/{i}")
+    # Forward recorded, backward refused: said once each, and the forward replays.
+    caplog.clear()
+    stand_in = StandInCupy(refusal="operation not permitted when stream is capturing", refuse_from=2)
+    solver = _solver_with_stand_in(stand_in)
+    with caplog.at_level(logging.WARNING, logger="netdef"):
+        solver.step(6)
+    said = [r.getMessage() for r in caplog.records if "without a CUDA graph" in r.getMessage()]
+    assert said == [f"Net graphs: layers ip2..ip1 run backward without a CUDA graph{why}",
+                    f"Net graphs: layers pool..data run backward without a CUDA graph{why}"], said
+    assert solver.net.cuda_graphs.replayed() == [("forward", "conv", "pool"), ("forward", "ip1", "ip2")]
 
 
 def test_runs_are_recorded_at_the_third_pass_of_a_kind_and_replayed_after(caplog):
@@ -245,14 +258,16 @@ def test_runs_are_recorded_at_the_third_pass_of_a_kind_and_replayed_after(caplog
     assert said == [f"Net graphs: 2 stretch(es) of layers recorded as CUDA graphs ({direction}); 2 replay from now "
                     f"on, 0 replayable stretch(es) run eagerly" for direction in ("forward", "backward")]
     assert stand_in.captures == 4 and stand_in.launches == 4  # recorded, then launched: that pass
-    assert stand_in.cached_blocks_released == 4
+    # What the forward recordings let go is given back at the start of backward (never while
+    # recording, when an exchange may be in flight); the backward recordings' at the next backward.
+    assert stand_in.cached_blocks_released == 1
     assert net.cuda_graphs.replayed() == [("backward", "ip2", "ip1"), ("backward", "pool", "data"),
                                           ("forward", "conv", "pool"), ("forward", "ip1", "ip2")]
     # What a run makes is let go before its recording, which allocates its own.
     assert net.blobs["conv"].data is not conv_before
     recorded_data = net.blobs["data"].data
     solver.step(3)
-    assert stand_in.captures == 4 and stand_in.launches == 4 + 3 * 4
+    assert stand_in.captures == 4 and stand_in.launches == 4 + 3 * 4 and stand_in.cached_blocks_released == 2
     # The data layer refills its top eagerly each pass; before a launch its values go into the array
     # the recording reads, which the blob holds again afterwards.
     assert net.blobs["data"].data is recorded_data
@@ -316,6 +331,25 @@ def test_cudnns_workspace_replaced_after_a_recording_forgets_every_recording(mon
     assert stand_in.launches == launched and net.cuda_graphs.replayed() == []
     solver.step(2)
     assert len(net.cuda_graphs.replayed()) == 4 and stand_in.captures == 8
+
+
+def test_a_backward_stretch_replays_only_after_its_layers_forward_replayed():
+    """A layer keeps arrays from forward for backward (a max pooling's mask, LRN's scale); a backward
+    graph reads them where its recording found them, which only the forward recordings it was made
+    after write again. ip2's top counts in the loss, so its forward runs eagerly every pass, into
+    fresh arrays: the backward stretch holding ip2 runs eagerly too, the others replay."""
+    net_text = (NET.replace('layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }\n',
+                            "")
+                .replace('top: "ip2" inner_product_param', 'top: "ip2" loss_weight: 1 inner_product_param'))
+    stand_in = StandInCupy()
+    solver = _solver_with_stand_in(stand_in, SOLVER.replace(NET, net_text))
+    graphs = solver.net.cuda_graphs
+    last = len(solver.net.layers) - 1
+    assert named_runs(solver.net, graphs.forward_runs(0, last))[-1] == ("ip2", "ip2", False)
+    assert named_runs(solver.net, graphs.backward_runs(last, 0))[0] == ("ip2", "ip1", True)
+    solver.step(6)
+    assert graphs.replayed() == [("backward", "pool", "data"), ("forward", "conv", "pool"), ("forward", "ip1", "relu1")]
+    assert stand_in.captures == 3
 
 # ------------------------------------------------------------------ hooks at the edges of replayed stretches
 def test_hooks_at_run_edges_run_around_each_replayed_stretch_and_hooks_of_every_layer_keep_graphs_off(caplog):
