@@ -17,6 +17,9 @@ Two hazards decide the order of the calls in ``stage``:
   device arrays are allocated on the copy stream, so no compute allocation reuses them early, and the
   copy stream waits for everything the compute stream has queued by then (an event recorded after the
   allocation), so a block that a batch of the compute stream's past still reads is not overwritten.
+  Where the compute stream is CUDA's per-thread default stream (``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM``)
+  the prefetch thread cannot name it (the handle means the calling thread's own), so the event is
+  recorded on the legacy default stream, which follows all work queued on blocking streams.
 - The pinned pool reuses a buffer as soon as it is dropped, even while a copy from it is in flight.
   The staging keeps each host buffer until its copy's event has completed, whatever becomes of the
   batch (taken, or discarded when a snapshot is restored).
@@ -111,6 +114,9 @@ class PinnedDeviceStaging:
         self.cupy = cupy
         self.device_id = int(device_id)
         self.compute_stream = compute_stream
+        # Where the prefetch thread marks what the compute stream has queued (module docstring).
+        per_thread = compute_stream.ptr == cupy.cuda.runtime.streamPerThread
+        self._compute_stream_seen_from_other_threads = cupy.cuda.Stream.null if per_thread else compute_stream
         self._copy_stream = None
         self._in_flight: list[tuple[object, list]] = []  # (copy event, host arrays it reads)
         self._lock = threading.Lock()
@@ -132,7 +138,7 @@ class PinnedDeviceStaging:
             stream = self._copy_stream
             with stream:
                 device = [cupy.empty(a.shape, dtype=a.dtype) for a in arrays]
-            stream.wait_event(self.compute_stream.record())
+            stream.wait_event(self._compute_stream_seen_from_other_threads.record())
             for target, source in zip(device, arrays):
                 target.set(source, stream=stream)
             copied = stream.record()
