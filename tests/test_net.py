@@ -1,5 +1,7 @@
 """The Net builder: filtering, upgrades, splits, in-place layers, sharing, loss weights, backward
 decisions, hooks and errors."""
+import types
+
 import numpy as np
 import pytest
 
@@ -128,6 +130,35 @@ def test_loss_weight_on_a_blob_that_is_also_read():
     net.backward()
     # d/dx of 0.5*sum(2x) + sum(6x) = 1 + 6
     np.testing.assert_allclose(net.blobs["x"].diff, 7.0)
+
+
+def test_a_device_loss_is_copied_behind_its_layer_and_read_without_waiting_for_later_work():
+    """On a GPU a loss top's sum is copied to pinned memory right behind its layer, with an event after
+    the copy, and reading it waits for that event, not for the stream (which backward fills by then).
+    A stand-in for CuPy notes the calls; the copies themselves run on a GPU (tests/test_gpu.py)."""
+    from netdef.net_loss import DeviceRead
+
+    calls = []
+
+    class Event:
+        def synchronize(self):
+            calls.append("waited for the copy")
+
+    stream = types.SimpleNamespace(record=lambda: calls.append("event recorded") or Event())
+
+    def asnumpy(value, stream, out, blocking):
+        assert not blocking and out.flags.c_contiguous
+        calls.append(("copy queued", stream is stream_in_use))
+        out[...] = value
+
+    stream_in_use = stream
+    cupy = types.SimpleNamespace(asnumpy=asnumpy, cuda=types.SimpleNamespace(
+        get_current_stream=lambda: stream, alloc_pinned_memory=lambda nbytes: bytearray(nbytes)))
+    read = DeviceRead(cupy, np.array(2.5, np.float32))
+    assert calls == [("copy queued", True), "event recorded"]
+    calls.append("backward queued")
+    assert float(read) == 2.5
+    assert calls[-1] == "waited for the copy"
 
 
 def test_a_queued_loss_is_its_forwards_whatever_runs_before_it_is_read():
