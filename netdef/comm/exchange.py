@@ -571,6 +571,8 @@ class AllreduceExchange(ExchangeRule):
             self.driver.close()
         if self.transport is not None:
             self.transport.close()
+        if self.reduction is not None:
+            self.reduction.close()
 
     def release(self) -> None:
         self._take_gradients_home()

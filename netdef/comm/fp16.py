@@ -179,7 +179,9 @@ class Fp16Exchange(MulticolorExchange):
 
     def unpack_bucket(self, bucket: Bucket) -> None:
         if self._probe is not None:
-            self._probe.after[bucket.index] = self.reduction.copy_of(bucket.buffer)
+            # The sum is complete here (its end was seen): copied on the compute stream, ahead of the
+            # update that follows there (on the reduction's stream it could run after the update).
+            self._probe.after[bucket.index] = bucket.buffer.copy()
         super().unpack_bucket(bucket)
 
     def after_update(self, iteration: int) -> None:

@@ -102,6 +102,10 @@ class PinnedDeviceGradients(_DeviceGradients):
         buffer = self._buffers.get(bucket.index)
         count = sum(bucket.sizes)
         if buffer is None or buffer.size != count or buffer.dtype != bucket.dtype:
+            if buffer is not None:
+                # A bucket replanned: the pinned pool hands a dropped buffer out again at once, so the
+                # copies still reading or writing the old one must have run (a rare host wait).
+                self.copy_stream.synchronize()
             memory = self.cupy.cuda.alloc_pinned_memory(max(1, count * bucket.dtype.itemsize))
             buffer = np.frombuffer(memory, bucket.dtype, count)
             self._buffers[bucket.index] = buffer

@@ -156,6 +156,7 @@ class NcclAllreduceExchange(ExchangeRule):
         self.cupy = cupy
         self._nccl = nccl
         self.communicator = communicator(nccl, self.comm.size, unique_id(self.comm, nccl), self.comm.rank)
+        self._released = False  # destroyed at the end of a run (release), aborted on a failure (close)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.compute_stream = cupy.cuda.get_current_stream()
         self._summed: dict[int, object] = {}   # param id -> the event after its layer's NCCL group
@@ -226,5 +227,14 @@ class NcclAllreduceExchange(ExchangeRule):
     def settle(self) -> None:
         self.finish()
 
+    def release(self) -> None:
+        if not self._released:
+            self.communicator.destroy()
+            self._released = True
+
     def close(self) -> None:
-        self.communicator.destroy()
+        # Local, also when this rank fails: destroying would wait for collectives a failed peer never
+        # joins; aborting does not.
+        if not self._released:
+            self.communicator.abort()
+            self._released = True

@@ -107,6 +107,7 @@ class NcclStreamReduction(DeviceMemoryReduction):
         self._types = nccl_types(nccl)
         self._spans = None                      # a timeline's DeviceSpans, when one is written
         self.communicator = communicator(nccl, comm.size, unique_id(comm, nccl), comm.rank)
+        self._released = False  # destroyed at the end of a run (release), aborted on a failure (close)
 
     def version(self) -> str:
         return version_text(self._nccl.get_version())
@@ -137,7 +138,16 @@ class NcclStreamReduction(DeviceMemoryReduction):
             return array.copy()
 
     def release(self) -> None:
-        self.communicator.destroy()
+        if not self._released:
+            self.communicator.destroy()
+            self._released = True
+
+    def close(self) -> None:
+        # Destroying waits for this rank's queued collectives, which a failed peer never joins:
+        # aborting does not.
+        if not self._released:
+            self.communicator.abort()
+            self._released = True
 
 
 class NcclReduction(NcclStreamReduction):

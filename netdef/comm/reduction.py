@@ -54,6 +54,10 @@ class Reduction:
         """Collective, once the run has ended and nothing is in flight: free the memory ``buffers``
         gave out. A rank that fails never gets here; the job ends without it."""
 
+    def close(self) -> None:
+        """Local, also when this rank fails (the others may not be listening): free what ``release``
+        did not, without waiting for any other rank."""
+
     def copy_of(self, array):
         """A copy of ``array`` as the reductions this one starts find it: one started next does not
         change it (on a device, the copy runs on the stream they run on)."""

@@ -121,7 +121,7 @@ class StandInNccl:
             def __init__(self, size, unique_id, rank):
                 assert len(unique_id) == 128
                 self.size = size
-                self.destroyed = False
+                self.destroyed = self.aborted = False
 
             def allReduce(self, send, receive, count, data_type, op, stream):
                 assert send == receive and op == stand_in.NCCL_SUM
@@ -132,7 +132,12 @@ class StandInNccl:
                 stand_in.log.append(("allreduce", count, stream))
 
             def destroy(self):
+                assert not self.aborted
                 self.destroyed = True
+
+            def abort(self):
+                assert not self.destroyed
+                self.aborted = True
 
         self.NcclCommunicator = NcclCommunicator
 
@@ -225,9 +230,9 @@ def test_the_transports_sum_device_buckets_over_nccl_once_their_gradients_are_fi
     # out), and get memory of their own again, with their values, when the run ends.
     buckets, diffs = rule.buckets, [blob.diff for blob in net.learnable_params]
     assert all(np.shares_memory(diffs[pid], bucket.own_buffer()) for bucket in buckets for pid in bucket.param_ids)
+    rule.release()  # the end of a run: the communicator destroyed, and nothing more at the close
     rule.close()
-    rule.release()
-    assert rule.reduction.communicator.destroyed
+    assert rule.reduction.communicator.destroyed and not rule.reduction.communicator.aborted
     for blob, before in zip(net.learnable_params, diffs):
         assert not any(np.shares_memory(blob.diff, bucket.own_buffer()) for bucket in buckets)
         np.testing.assert_array_equal(blob.diff, before)
@@ -256,7 +261,10 @@ def test_the_priority_schedule_sends_the_first_layers_chunks_first_over_nccl():
     # ip2.b last.
     assert [c.bucket for c in chunks[:2]] == [0, 0] and chunks[-1].bucket == 1
     assert {c.bucket for c in chunks[2:-1]} == ip1_buckets
+    # Closed without the run's end (a rank that failed): aborted, as destroying would wait for
+    # collectives that the other ranks may never join.
     rule.close()
+    assert rule.reduction.communicator.aborted and not rule.reduction.communicator.destroyed
 
 
 def test_a_chunk_over_nccl_is_complete_when_its_event_is():

@@ -70,6 +70,9 @@ class ThreadedNccl(StandInNccl):
             def destroy(self):
                 self.destroyed = True
 
+            def abort(self):
+                self.aborted = True
+
         self.NcclCommunicator = NcclCommunicator
 
     def groupStart(self):
@@ -310,6 +313,9 @@ class NcclOverMpi(StandInNccl):
                 stand_in.group.calls.append(("recv", pointer, count * ITEM_BYTES[data_type], peer))
 
             def destroy(self):
+                pass
+
+            def abort(self):
                 pass
 
         self.NcclCommunicator = NcclCommunicator
