@@ -32,7 +32,10 @@ class DeviceRead:
         self._value = value  # alive until the copy has run
         self._host = np.frombuffer(cupy.cuda.alloc_pinned_memory(value.dtype.itemsize), value.dtype, 1)
         cupy.asnumpy(value.reshape(1), stream=stream, out=self._host, blocking=False)
-        self._copied = stream.record()
+        # A blocking-sync event: the host may wait for a whole forward here, asleep rather than
+        # spinning a core that the data threads could use.
+        self._copied = cupy.cuda.Event(block=True, disable_timing=True)
+        self._copied.record(stream)
 
     def __float__(self) -> float:
         self._copied.synchronize()

@@ -141,10 +141,17 @@ def test_a_device_loss_is_copied_behind_its_layer_and_read_without_waiting_for_l
     calls = []
 
     class Event:
+        def __init__(self, block, disable_timing):
+            assert block and disable_timing  # the host sleeps while it waits
+
+        def record(self, stream):
+            assert stream is stream_in_use
+            calls.append("event recorded")
+
         def synchronize(self):
             calls.append("waited for the copy")
 
-    stream = types.SimpleNamespace(record=lambda: calls.append("event recorded") or Event())
+    stream = types.SimpleNamespace()
 
     def asnumpy(value, stream, out, blocking):
         assert not blocking and out.flags.c_contiguous
@@ -153,7 +160,7 @@ def test_a_device_loss_is_copied_behind_its_layer_and_read_without_waiting_for_l
 
     stream_in_use = stream
     cupy = types.SimpleNamespace(asnumpy=asnumpy, cuda=types.SimpleNamespace(
-        get_current_stream=lambda: stream, alloc_pinned_memory=lambda nbytes: bytearray(nbytes)))
+        Event=Event, get_current_stream=lambda: stream, alloc_pinned_memory=lambda nbytes: bytearray(nbytes)))
     read = DeviceRead(cupy, np.array(2.5, np.float32))
     assert calls == [("copy queued", True), "event recorded"]
     calls.append("backward queued")
