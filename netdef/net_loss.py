@@ -41,6 +41,14 @@ class DeviceRead:
         self._copied.synchronize()
         return float(self._host[0])
 
+    def __del__(self):
+        # CuPy's pinned pool hands a dropped buffer out again at once (to a data batch, say): a copy
+        # into it must have run first, also for a loss dropped unread (a pass that failed).
+        try:
+            self._copied.synchronize()
+        except Exception:  # noqa: BLE001 - at exit CUDA may be gone, and the buffer with it
+            pass
+
 
 class QueuedLoss:
     """The weighted sums of a forward pass's loss tops, in the order their layers ran."""
