@@ -318,7 +318,7 @@ class GpuDevice:
                  f"CuPy {self.cupy.__version__} (CUDA runtime {self.cupy.cuda.runtime.runtimeGetVersion()}); "
                  f"torch {torch.__version__} (CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()})"]
         lines.append(f"netdef's cuDNN: {netdef.cudnn.status()[1]}; workspace limit "
-                     f"{netdef.cudnn.workspace_limit() / MIB:.0f} MiB")
+                     f"{netdef.cudnn.workspace_limit() / MIB:.0f} MiB, benchmark limit {netdef.cudnn.benchmark_limit()}")
         return lines
 
 
@@ -462,6 +462,9 @@ def parse_args(argv):
     parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                         help="start no new net once this many seconds have passed (the first always runs)")
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
+    parser.add_argument("--cudnn-benchmark-limit", type=int, metavar="N",
+                        help="candidate cuDNN plans timed per operation and shape (netdef.cudnn.set_benchmark_limit; "
+                             f"default {netdef.cudnn.DEFAULT_BENCHMARK_LIMIT}, as PyTorch's cudnn.benchmark_limit)")
     parser.add_argument("--cudnn-workspace-mib", type=int, metavar="MIB",
                         help="the most workspace a cuDNN plan of netdef's may use (netdef.cudnn.set_workspace_limit; "
                              "default 1024): PyTorch's cudnn.benchmark sets itself no such limit")
@@ -491,9 +494,11 @@ def main(argv=None) -> list[dict]:
 
     device = GpuDevice(0) if args.device == "gpu" else CpuDevice()
     device.use_for_netdef()
-    previous_workspace_limit = netdef.cudnn.workspace_limit()
+    previous_workspace_limit, previous_benchmark_limit = netdef.cudnn.workspace_limit(), netdef.cudnn.benchmark_limit()
     if args.cudnn_workspace_mib is not None:
         netdef.cudnn.set_workspace_limit(args.cudnn_workspace_mib * MIB)
+    if args.cudnn_benchmark_limit is not None:
+        netdef.cudnn.set_benchmark_limit(args.cudnn_benchmark_limit)
     environment = device.describe(torch) + [time.strftime("%Y-%m-%d %H:%M")]
     memory_note = ("memory: netdef = the most bytes CuPy's pool had handed out at once in an iteration after the "
                    "warm-up (plus the CUDA graphs' own pools), PyTorch = "
@@ -522,6 +527,7 @@ def main(argv=None) -> list[dict]:
     finally:
         backend.set_precision(previous_precision)
         netdef.cudnn.set_workspace_limit(previous_workspace_limit)
+        netdef.cudnn.set_benchmark_limit(previous_benchmark_limit)
     print_table(rows, environment, command, memory_note,
                 netdef.cudnn.plans.limited_by_workspace() if args.device == "gpu" else [])
     return rows

@@ -257,6 +257,20 @@ def test_the_fastest_on_the_device_is_chosen_and_each_timing_queues_behind_a_hol
     assert device.cupy.held_for == [timing.FIRST_WAIT_S] * 3  # one hold per candidate, long enough here
 
 
+def test_the_benchmark_limit_caps_the_candidates_timed_and_is_part_of_the_key(device, monkeypatch):
+    from netdef import cudnn
+
+    monkeypatch.setattr(cudnn, "_settings", {**cudnn._settings})
+    cudnn.set_benchmark_limit(2)
+    chosen, graph = _plan(device, "conv_fprop", [(0, 0.9), (0, 0.5), (0, 0.2)])
+    assert chosen.index == 1 and len(device.cupy.held_for) == 2  # the third, fastest, never timed
+    cudnn.set_benchmark_limit(3)
+    chosen, graph = _plan(device, "conv_fprop", [(0, 0.9), (0, 0.5), (0, 0.2)])  # planned anew
+    assert chosen.index == 2
+    with pytest.raises(ValueError, match="at least 1"):
+        cudnn.set_benchmark_limit(0)
+
+
 def test_a_hold_the_host_outlasts_is_doubled_and_the_timing_taken_again():
     cupy = StandInCupy()
     host = {"s": 0.0}

@@ -27,7 +27,11 @@ log = logging.getLogger("netdef")
 # The most scratch memory one cuDNN plan may use. The workspace is one buffer shared by every layer
 # (layers run one at a time on the compute stream), so this bounds its size, not a per-layer sum.
 DEFAULT_WORKSPACE_LIMIT = 1 << 30
-_settings = {"workspace_limit": DEFAULT_WORKSPACE_LIMIT, "enabled": True}
+# How many of the best-ranked plans that run are timed per operation and shape: PyTorch's
+# ``torch.backends.cudnn.benchmark_limit`` default. More can find a faster plan; each costs a build
+# (a runtime-compiled engine's can take a while) and a few launches at the first iteration.
+DEFAULT_BENCHMARK_LIMIT = 10
+_settings = {"workspace_limit": DEFAULT_WORKSPACE_LIMIT, "benchmark_limit": DEFAULT_BENCHMARK_LIMIT, "enabled": True}
 
 INSTALL_HINT = ('pip install "netdef-trainer[gpu]" for CUDA 12, "netdef-trainer[gpu-cuda13]" for CUDA 13 '
                 '(nvidia-cudnn-frontend, nvidia-cudnn-cu12/cu13 and cuda-bindings)')
@@ -42,6 +46,18 @@ def set_workspace_limit(nbytes: int) -> None:
 
 def workspace_limit() -> int:
     return _settings["workspace_limit"]
+
+
+def set_benchmark_limit(count: int) -> None:
+    """How many candidate plans that run are timed for each operation and shape planned from now on
+    (PyTorch's ``cudnn.benchmark_limit``; at least 1)."""
+    if count < 1:
+        raise ValueError(f"the cuDNN benchmark limit must be at least 1 plan, not {count}")
+    _settings["benchmark_limit"] = int(count)
+
+
+def benchmark_limit() -> int:
+    return _settings["benchmark_limit"]
 
 
 def set_enabled(enabled: bool) -> None:

@@ -26,15 +26,11 @@ import re
 import numpy as np
 
 from .. import backend
-from . import workspace_limit
+from . import benchmark_limit, workspace_limit
 from .timing import DeviceTimer
 
 log = logging.getLogger("netdef")
 
-# How many of the heuristics' best-ranked plans that run are timed per graph: PyTorch's
-# ``cudnn.benchmark_limit`` default. The fastest is nearly always among the first few, and building a
-# plan can take a while (runtime-compiled engines).
-MAX_CANDIDATES = 10
 # Timed launches per candidate, after one untimed launch.
 TIMED_RUNS = 3
 # The heuristics asked, in turn, while none of the plans a graph was given runs: mode B is slower to
@@ -190,9 +186,9 @@ def data_type(cudnn, dtype):
 
 def plan(key: tuple, describe, arrays) -> Plan:
     """The plan for ``key``, built and timed on ``arrays`` the first time (see the module docstring).
-    The device and the settings that decide which plans qualify (precision, workspace limit) are part
-    of the key."""
-    key = key + (backend.precision(), workspace_limit(), _current_device_id())
+    The device and the settings that decide which plans qualify and how many are timed (precision,
+    workspace limit, benchmark limit) are part of the key."""
+    key = key + (backend.precision(), workspace_limit(), benchmark_limit(), _current_device_id())
     found = _plans.get(key)
     if found is None:
         try:
@@ -287,12 +283,12 @@ class _Trial:
 
 
 def _time_candidates(graph, operands, arrays, device) -> _Trial:
-    """Each ranked plan in turn built and timed, until MAX_CANDIDATES have been; a plan whose build or
+    """Each ranked plan in turn built and timed, until ``benchmark_limit()`` have been; a plan whose build or
     run finds the device out of memory is tried again once CuPy's pool has given its cached blocks back."""
     pack = _pointers(operands, arrays)
     trial = _Trial()
     for index in range(graph.get_execution_plan_count()):
-        if len(trial.timed) == MAX_CANDIDATES:
+        if len(trial.timed) == benchmark_limit():
             break
         for last_try in (False, True):
             stage = "build"
