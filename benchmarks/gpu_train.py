@@ -482,6 +482,8 @@ def parse_args(argv):
             parser.error(f"--precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
     if min(args.iters, args.rounds) < 1 or args.warmup < 0 or args.batch_scale <= 0:
         parser.error("--iters and --rounds must be at least 1, --warmup at least 0, --batch-scale positive")
+    if args.cudnn_benchmark_limit is not None and args.cudnn_benchmark_limit < 1:
+        parser.error("--cudnn-benchmark-limit must be at least 1")
     return args
 
 

@@ -28,7 +28,10 @@ is given back to the device at the start of the next backward pass, not at the r
 
 A run keeps a recording per key: its blobs' shapes, its parameters' arrays and the pending clears of
 its gradients (weights loaded into new arrays, the passes of ``iter_size`` after the first, which add
-to the gradients the first wrote, each get their own). New shapes (a reshaped input) forget every
+to the gradients the first wrote, each get their own), and backward the forward recordings its layers
+ran from. A backward stretch whose recording fails makes the forward of its layers eager too: with
+several forward recordings (``iter_size``) the arrays a layer last kept are the last recording's, not
+those of the one replayed. New shapes (a reshaped input) forget every
 recording of the net, since the eager passes that follow may replace arrays the layers keep and the
 recordings read. A recording that fails (a layer that reads the device from the
 host, a library call that cannot be captured) leaves that run eager for good, and the log says why,
@@ -351,15 +354,18 @@ class PassGraphs:
             # passes ahead may replace arrays that layers keep and every recording reads (scratch,
             # kept outputs), and a replaced buffer is freed, so none of them can be replayed again.
             self._forget_recordings()
-        # Recordings of parameters since replaced (weights loaded into new arrays) will not be
-        # replayed again: they go, and the old arrays they kept with them.
+        # Recordings of parameters since replaced (weights loaded into new arrays), or paired with
+        # forward recordings since gone, will not be replayed again: they go, and what they kept.
+        live = self._forward_serials()
         run.recordings = {recorded: recording for recorded, recording in run.recordings.items()
-                          if recorded[1][1] == key[1][1]}
+                          if recorded[1][1] == key[1][1] and live.issuperset(recorded[1][2])}
         # The warm-up is the layers' (plans timed, arrays made): the forward recordings paired with
-        # do not change it.
+        # do not change it. A backward stretch after replayed forwards is recorded whatever the count:
+        # run eagerly, it would read what the last forward recorded kept, not the one replayed.
         warming = (key[0], key[1][:2])
         warmed = run.eager_passes.get(warming, 0)
-        if warmed < WARM_UP_PASSES or len(run.recordings) >= MAX_RECORDINGS or paired is None:
+        full = len(run.recordings) >= MAX_RECORDINGS and not paired
+        if warmed < WARM_UP_PASSES or full or paired is None:
             run.eager_passes[warming] = warmed + 1
             run_eagerly()
             return None
@@ -372,8 +378,28 @@ class PassGraphs:
             first, last = (self.net.layers[li].name for li in which[1:])  # in the pass's order
             log.warning("Net %s: layers %s..%s run %s without a CUDA graph: recording them failed (%s)",
                         self.net.name, first, last, which[0], run.refused)
+            if which[0] == "backward":
+                self._keep_forward_eager(layer_indices, f"{first}..{last}")
             run_eagerly()
             return None
+
+    def _forward_serials(self) -> set:
+        """The serials of every forward recording kept now."""
+        return {recording.serial for (direction, _, _), run in self._runs.items() if direction == "forward"
+                for recording in run.recordings.values()}
+
+    def _keep_forward_eager(self, layer_indices, backward_stretch: str) -> None:
+        """The forward of layers whose backward runs eagerly for good runs eagerly too: their backward
+        reads what their forward kept, which a replay writes into the arrays of the recording it
+        replays, not into those the layers last held (where a run has several recordings)."""
+        layers = set(layer_indices)
+        for (direction, first, last), run in self._runs.items():
+            if direction == "forward" and run.refused is None and layers & set(range(first, last + 1)):
+                run.refused = f"the backward stretch {backward_stretch} runs eagerly"
+                run.recordings.clear()
+                names = self.net.layers[first].name, self.net.layers[last].name
+                log.warning("Net %s: layers %s..%s run forward without a CUDA graph from now on: %s", self.net.name,
+                            *names, run.refused)
 
     def _forget_recordings(self) -> None:
         for run in self._runs.values():

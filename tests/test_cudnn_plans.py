@@ -166,6 +166,7 @@ def device(monkeypatch):
     cupy = StandInCupy()
     graphs: list = []
     made = plans._Device(stand_in_frontend(graphs), cupy)
+    made.timer = timing.DeviceTimer(cupy, clock=lambda: 0.0)  # the host queues at once: one hold each
     monkeypatch.setattr(plans, "_devices", {0: made})
     monkeypatch.setattr(plans, "_plans", {})
     monkeypatch.setattr(plans, "_current_device_id", lambda: 0)

@@ -50,7 +50,7 @@ def test_a_short_span_an_hour_into_a_run_keeps_its_length():
     spans.resolve()
     first, late = [event for event in timeline.events() if event["ph"] == "X"]
     assert abs(first["dur"] - 30.0) < 0.01
-    # float32 milliseconds an hour from the reference step by 0.24 ms: measured from the reference,
-    # the span would last 0 or 244 us; from its own events it lasts what it lasted.
+    # float32 milliseconds an hour from the reference step by 0.25 ms: measured from the reference,
+    # the span would last 0 or 250 us; from its own events it lasts what it lasted.
     assert abs(late["dur"] - 30.0) < 0.01, late
     assert abs(late["ts"] - (spans.reference_at + 3600.0) * 1e6) < 300  # placed within float32's step

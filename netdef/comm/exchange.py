@@ -567,12 +567,14 @@ class AllreduceExchange(ExchangeRule):
         self._in_flight = 0
 
     def close(self) -> None:
+        # The reduction first: aborting NCCL's communicator ends the collectives the threads below may
+        # be waiting on, where a failed peer never joins them.
+        if self.reduction is not None:
+            self.reduction.close()
         if self.driver is not None:
             self.driver.close()
         if self.transport is not None:
             self.transport.close()
-        if self.reduction is not None:
-            self.reduction.close()
 
     def release(self) -> None:
         self._take_gradients_home()

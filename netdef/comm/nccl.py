@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import socket
 import time
@@ -40,6 +41,8 @@ import numpy as np
 from .exchange import ExchangeRule
 from .graph_boundaries import boundaries_by_gradient_bytes
 from .nccl_sum import communicator, nccl_types, unique_id, version_text
+
+log = logging.getLogger("netdef")
 
 MULTI_RANK_VARIABLE = "NCCL_MULTI_RANK_GPU_ENABLE"
 # The rules whose gradients NCCL can sum: the allreduce family's plain sum (hybrid's inside a group),
@@ -236,5 +239,8 @@ class NcclAllreduceExchange(ExchangeRule):
         # Local, also when this rank fails: destroying would wait for collectives a failed peer never
         # joins; aborting does not.
         if not self._released:
-            self.communicator.abort()
             self._released = True
+            try:
+                self.communicator.abort()
+            except Exception as exc:  # noqa: BLE001 - a failing rank's own error is the one to report
+                log.warning("NCCL's communicator could not be aborted: %s", exc)

@@ -24,10 +24,14 @@ training thread, or the schedule's communication thread), with this rank's GPU m
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from .communicator import Operation
 from .reduction import DeviceMemoryReduction
+
+log = logging.getLogger("netdef")
 
 UNIQUE_ID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES
 
@@ -146,8 +150,11 @@ class NcclStreamReduction(DeviceMemoryReduction):
         # Destroying waits for this rank's queued collectives, which a failed peer never joins:
         # aborting does not.
         if not self._released:
-            self.communicator.abort()
             self._released = True
+            try:
+                self.communicator.abort()
+            except Exception as exc:  # noqa: BLE001 - a failing rank's own error is the one to report
+                log.warning("NCCL's communicator could not be aborted: %s", exc)
 
 
 class NcclReduction(NcclStreamReduction):

@@ -8,7 +8,7 @@ is not cuDNN's: the layer adds it (and sums its gradient) with CuPy, as for ever
 from __future__ import annotations
 
 from .. import backend
-from . import plans, workspace_limit
+from . import benchmark_limit, plans, workspace_limit
 
 
 def contiguous_strides(shape) -> list[int]:
@@ -70,7 +70,8 @@ class CudnnConvolution:
     def plan_backward(self, x, dy, w) -> None:
         """Plan both gradients for these shapes (timed on temporaries), so that ``Unsupported`` is
         raised here, before a backward has added anything anywhere."""
-        settings = (tuple(x.shape), tuple(w.shape), str(x.dtype), backend.precision(), workspace_limit())
+        settings = (tuple(x.shape), tuple(w.shape), str(x.dtype), backend.precision(), workspace_limit(),
+                    benchmark_limit())
         if settings in self._backward_planned:
             return
         xp = backend.get_array_module(x)

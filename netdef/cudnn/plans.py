@@ -4,8 +4,9 @@
 type and setting that decides how it runs), building it on first use: ``describe(graph, cudnn)``
 declares the graph's tensors and operation and returns its operands in a fixed order; the frontend's
 heuristics rank execution plans; those that break the precision setting or the workspace limit are
-left out; the first few that build are each timed on ``arrays`` (the layer's own arrays, in the
-operands' order; the device's time, not the host's: timing.py) and the fastest is kept. Where none of
+left out; the first that run, up to the benchmark limit, are each timed on ``arrays`` (the layer's
+own arrays, in the operands' order; the device's time, not the host's: timing.py) and the fastest is
+kept. Where none of
 the ranked plans runs, the more thorough heuristics are asked (``HEURISTIC_MODES``). A key whose
 graph cuDNN cannot run raises ``Unsupported``, naming each plan that failed, where and why (and is
 remembered, so the layer's fallback is chosen at once the next time).
@@ -40,6 +41,8 @@ HEURISTIC_MODES = (("A", "FALLBACK"), ("B", "FALLBACK"))
 # workspace is over the limit given to ``deselect_workspace_greater_than``.
 BARRED = "Deselecting execution plan"
 WORKSPACE_VIOLATION = re.compile(r"workspace violation\. Requires (\d+)")
+# cuDNN's and CUDA's words for an allocation that failed, in the frontend's errors.
+_ALLOCATION_FAILED = re.compile(r"ALLOC|out of memory", re.IGNORECASE)
 # Failures a refusal names in full (the rest are counted).
 NAMED_FAILURES = 4
 
@@ -100,8 +103,8 @@ def _pointers(operands, arrays) -> dict:
 
 
 class _Device:
-    """A device's cuDNN handle and the workspace all of its chosen plans share (grown, never shrunk).
-    ``cudnn`` and ``cupy``: the modules (a test gives stand-ins)."""
+    """A device's cuDNN handle and the workspace all of its chosen plans share (grown as they need,
+    freed by ``release_workspace``). ``cudnn`` and ``cupy``: the modules (a test gives stand-ins)."""
 
     def __init__(self, cudnn, cupy):
         self.cudnn = cudnn
@@ -109,7 +112,7 @@ class _Device:
         self.handle = cudnn.create_handle()
         self._workspace = cupy.empty(0, dtype=cupy.uint8)
         self.timer = DeviceTimer(cupy)
-        #: How many times the shared workspace was replaced by a larger one (``workspace_generation``).
+        #: How many times the shared workspace was let go (``workspace_generation``).
         self.generation = 0
 
     def bound_handle(self):
@@ -118,12 +121,12 @@ class _Device:
 
     def workspace(self, nbytes: int):
         """The shared workspace, grown to ``nbytes`` where smaller. The outgrown one is let go first,
-        so that its memory can serve the larger one's allocation; its work queued so far still runs
-        first (CuPy's pool reuses a block in its stream's order)."""
+        so that its memory can serve the larger one's allocation (the plans run on the compute stream,
+        where CuPy's pool reuses a block in the stream's order); where the larger one does not fit,
+        the error is raised with an empty workspace in place."""
         if self._workspace.size < nbytes:
-            self._workspace = None
+            self.release_workspace()
             self._workspace = self.cupy.empty(nbytes, dtype=self.cupy.uint8)
-            self.generation += 1
         return self._workspace
 
     def release_workspace(self) -> None:
@@ -169,8 +172,8 @@ def release_workspaces() -> None:
 
 
 def workspace_generation() -> int:
-    """How many times a device's shared workspace has been replaced in this process: a CUDA graph
-    recorded before the last replacement would run its plans in freed memory."""
+    """How many times a device's shared workspace has been let go in this process: a CUDA graph
+    recorded before the last time would run its plans in freed memory."""
     return sum(device.generation for device in _devices.values())
 
 
@@ -241,8 +244,9 @@ def _ranked_graph(describe, arrays, device, modes) -> tuple:
     graph.create_execution_plans([heuristics[mode] for mode in modes])
     graph.deselect_workspace_greater_than(workspace_limit())
     if dtype == np.float32:
-        # No engine that converts float32 inputs to a narrower type (as PyTorch leaves out); in Caffe's
-        # strict float32 none that rounds them to TensorFloat-32 for the tensor cores either.
+        # No engine that converts float32 inputs to float16 or bfloat16 (DOWN_CONVERT_INPUTS, which
+        # PyTorch leaves out too); in Caffe's strict float32 none that rounds them to TensorFloat-32
+        # for the tensor cores either.
         notes = [cudnn.numerical_note.DOWN_CONVERT_INPUTS]
         if backend.precision() == "float32":
             notes.append(cudnn.numerical_note.TENSOR_CORE)
@@ -283,8 +287,9 @@ class _Trial:
 
 
 def _time_candidates(graph, operands, arrays, device) -> _Trial:
-    """Each ranked plan in turn built and timed, until ``benchmark_limit()`` have been; a plan whose build or
-    run finds the device out of memory is tried again once CuPy's pool has given its cached blocks back."""
+    """Each ranked plan in turn built and timed, until ``benchmark_limit()`` have been; a plan cuDNN could
+    not allocate for is tried again once CuPy's pool has given its cached blocks back (planning runs in
+    the eager passes, before any CUDA graph is recorded)."""
     pack = _pointers(operands, arrays)
     trial = _Trial()
     for index in range(graph.get_execution_plan_count()):
@@ -304,7 +309,7 @@ def _time_candidates(graph, operands, arrays, device) -> _Trial:
                 break
             except Exception as exc:  # noqa: BLE001 - a plan that does not build or run is not a candidate
                 error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-                if not last_try and _out_of_memory(exc, device):
+                if not last_try and _out_of_memory(exc):
                     device.cupy.get_default_memory_pool().free_all_blocks()
                     continue
                 _note_refusal(trial, graph, index, stage, error)
@@ -312,8 +317,10 @@ def _time_candidates(graph, operands, arrays, device) -> _Trial:
     return trial
 
 
-def _out_of_memory(exc: Exception, device) -> bool:
-    return isinstance(exc, device.cupy.cuda.memory.OutOfMemoryError) or "ALLOC_FAILED" in str(exc)
+def _out_of_memory(exc: Exception) -> bool:
+    """Whether the error says an allocation failed: cuDNN's (ALLOC_FAILED), CUDA's or CuPy's (out of
+    memory)."""
+    return _ALLOCATION_FAILED.search(str(exc)) is not None
 
 
 def _note_refusal(trial: _Trial, graph, index: int, stage: str, error: str) -> None:

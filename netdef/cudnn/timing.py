@@ -29,8 +29,10 @@ WAIT_KERNEL = "netdef_hold_stream"
 
 #: The first wait: several launches through the frontend's Python, with room to spare.
 FIRST_WAIT_S = 0.002
-#: Tries per candidate, the wait doubled (at least) after each whose launches outlasted it.
+#: Tries per candidate, the wait doubled (at least) after each whose launches outlasted it, up to
+#: ``LONGEST_WAIT_S``: a host that slow for that long times what it can (the last try's figure).
 TRIES = 3
+LONGEST_WAIT_S = 0.1
 
 
 class DeviceTimer:
@@ -60,7 +62,7 @@ class DeviceTimer:
             stop.synchronize()
             if queueing_s * 1e3 < cuda.get_elapsed_time(held, start):
                 break  # every launch was queued while the stream was held: no gap of the host's is timed
-            self.wait_s = 2 * max(self.wait_s, queueing_s)
+            self.wait_s = min(2 * max(self.wait_s, queueing_s), LONGEST_WAIT_S)
         return cuda.get_elapsed_time(start, stop) / runs
 
     def _hold_stream(self, seconds: float) -> None:

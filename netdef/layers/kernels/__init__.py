@@ -90,6 +90,14 @@ def int_args(*values) -> tuple:
     return tuple(np.int32(v) for v in values)
 
 
+def _check_sizes(nthreads: int, args) -> None:
+    """The count and every array a kernel indexes within ``MAX_INT`` (a kernel's work items may be
+    fewer than the values it reads: pooling's and LRN's address their whole input)."""
+    _check_int(nthreads)
+    for arg in args:
+        _check_int(np.size(arg))
+
+
 def _check_int(value) -> None:
     if int(value) > MAX_INT:
         raise BlobTooLargeError(f"{int(value)} values is more than netdef's GPU kernels index ({MAX_INT}, "
@@ -110,7 +118,7 @@ def launch(name: str, nthreads: int, args: tuple) -> None:
     for ``real`` (the first float array decides which build runs)."""
     if nthreads <= 0:
         return
-    _check_int(nthreads)
+    _check_sizes(nthreads, args)
     kernel = load_kernel(name, _real_dtype(args))
     blocks = min((nthreads + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK, MAX_BLOCKS)
     kernel((blocks,), (THREADS_PER_BLOCK,), (np.int32(nthreads),) + tuple(args))
@@ -120,4 +128,5 @@ def launch_blocks(name: str, dtype, grid: tuple, block: int, args: tuple) -> Non
     """Run the ``dtype`` build of kernel ``name`` on ``grid`` blocks of ``block`` threads (kernels
     that work block by block, such as a reduction's, or whose first float array is not of type
     ``real``); ``args`` as for ``launch``, without the count."""
+    _check_sizes(0, args)
     load_kernel(name, np.dtype(dtype))(tuple(grid), (block,), tuple(args))
