@@ -206,6 +206,15 @@ def test_an_outgrown_workspace_is_freed_and_counted_and_a_smaller_plan_runs_in_t
     assert device.cupy.held() == [300] and plans.workspace_generation() == 4
 
 
+def test_a_workspace_that_cannot_grow_leaves_an_empty_one_and_counts_the_loss(device):
+    device.device.workspace(300)
+    device.cupy.free = 100
+    with pytest.raises(StandInCupy.OutOfMemoryError):
+        device.device.workspace(700)
+    assert device.device.workspace(0).size == 0 and device.cupy.held() == [0]  # usable, and the 300 freed
+    assert plans.workspace_generation() == 2  # a graph recorded with the 300 bytes is forgotten
+
+
 def test_where_no_ranked_plan_runs_the_thorough_heuristics_are_asked_next(device):
     # Mode A's plans: one left out by the precision filter, one over the workspace limit as the frontend
     # says it, one that fails to build; mode B ranks one that runs.

@@ -13,7 +13,7 @@ for execution plans, and runs the chosen plan on CuPy arrays. CuPy 14 no longer 
   ``workspace_limit()`` are left out.
 - Precision follows ``netdef.backend.precision()``: strict float32 leaves out every engine that
   computes float32 on tensor cores (TensorFloat-32); ``"tf32"`` lets the timing choose among them
-  and the others. Neither takes an engine that converts float32 inputs to a narrower type.
+  and the others. Neither takes an engine that converts float32 inputs to float16 or bfloat16.
 
 Nothing here imports CuPy or the frontend until a GPU layer asks.
 """
