@@ -101,14 +101,18 @@ def apply_channel_map(x, shift, mean, std, scale, bias, negative_slope, y) -> No
     compute them. Without a normalizing stage the kernel divides v - 0 by 1, which leaves every value
     as it was."""
     if mean is None:
-        mean, std = _identity_statistics(get_array_module(x), x.shape[1], np.dtype(x.dtype), x.device)
+        xp = get_array_module(x)
+        # Keyed by the device's number: CuPy's Device objects cannot be hashed.
+        device_id = None if xp is np else x.device.id
+        mean, std = _identity_statistics(xp, x.shape[1], np.dtype(x.dtype), device_id)
     forward_global(x, mean, std, scale, bias, negative_slope, y, shift)
 
 
 @functools.lru_cache(maxsize=None)
-def _identity_statistics(xp, channels: int, dtype, device) -> tuple:
-    """(zeros, ones) of ``channels`` values of ``dtype`` on ``device``, the current one (where the map's
-    input is): kept, since the maps that need them recur every forward, and only ever read."""
+def _identity_statistics(xp, channels: int, dtype, device_id: int | None) -> tuple:
+    """(zeros, ones) of ``channels`` values of ``dtype`` on GPU ``device_id``, the current one (where
+    the map's input is; None: the host): kept, since the maps that need them recur every forward, and
+    only ever read."""
     return xp.zeros(channels, dtype=dtype), xp.ones(channels, dtype=dtype)
 
 

@@ -95,7 +95,8 @@ def _check_sizes(nthreads: int, args) -> None:
     fewer than the values it reads: pooling's and LRN's address their whole input)."""
     _check_int(nthreads)
     for arg in args:
-        _check_int(np.size(arg))
+        if not isinstance(arg, (np.generic, int, float)):  # an array (NumPy's np.size would cost CuPy more)
+            _check_int(arg.size)
 
 
 def _check_int(value) -> None:
