@@ -175,6 +175,7 @@ class PassGraphs:
         # Per layer: the serial of the recording its last forward ran from (None: it ran eagerly).
         self._made_by: list[int | None] = [None] * len(net.layers)
         self._release_pending = False  # a recording let go of arrays the default pool still caches
+        self._dropped: list[_Recording] = []  # recordings gone, whose pools go at the next release
         blobs, loss_weights = net._blobs, net._blob_loss_weights  # pycaffe's numbering of the blobs
         layers = range(len(net.layers))
         # Per layer: whether a top is weighted into the loss (summed outside the graphs: never replayed), and
@@ -288,12 +289,14 @@ class PassGraphs:
 
     def _release_cached_memory(self) -> None:
         """Give back to the device what the eager passes held and the recordings let go, rather than
-        leave it cached in the default pool, which the graphs never draw from. Not when recording:
+        leave it cached in the default pool, which the graphs never draw from, and the pools of the
+        recordings dropped since the last release. Not when recording or dropping them:
         freeing device memory waits for the whole device, NCCL's collectives included, and one started
         ahead of a peer whose host waits on this rank's MPI would never end. At the start of a
         backward pass a distributed run has nothing in flight (every gradient of the last iteration
         arrived before its layer's forward; none of this one's is made yet)."""
         self._release_pending = False
+        self._dropped.clear()  # their pools free their memory as they go
         self._cupy.get_default_memory_pool().free_all_blocks()
 
     def _recorded_count(self) -> int:
@@ -357,8 +360,10 @@ class PassGraphs:
         # Recordings of parameters since replaced (weights loaded into new arrays), or paired with
         # forward recordings since gone, will not be replayed again: they go, and what they kept.
         live = self._forward_serials()
-        run.recordings = {recorded: recording for recorded, recording in run.recordings.items()
-                          if recorded[1][1] == key[1][1] and live.issuperset(recorded[1][2])}
+        kept = {recorded: recording for recorded, recording in run.recordings.items()
+                if recorded[1][1] == key[1][1] and live.issuperset(recorded[1][2])}
+        self._drop([recording for recorded, recording in run.recordings.items() if recorded not in kept])
+        run.recordings = kept
         # The warm-up is the layers' (plans timed, arrays made): the forward recordings paired with
         # do not change it. A backward stretch after replayed forwards is recorded whatever the count:
         # run eagerly, it would read what the last forward recorded kept, not the one replayed.
@@ -396,6 +401,7 @@ class PassGraphs:
         for (direction, first, last), run in self._runs.items():
             if direction == "forward" and run.refused is None and layers & set(range(first, last + 1)):
                 run.refused = f"the backward stretch {backward_stretch} runs eagerly"
+                self._drop(run.recordings.values())
                 run.recordings.clear()
                 names = self.net.layers[first].name, self.net.layers[last].name
                 log.warning("Net %s: layers %s..%s run forward without a CUDA graph from now on: %s", self.net.name,
@@ -403,8 +409,15 @@ class PassGraphs:
 
     def _forget_recordings(self) -> None:
         for run in self._runs.values():
+            self._drop(run.recordings.values())
             run.recordings.clear()
             run.eager_passes.clear()
+
+    def _drop(self, recordings) -> None:
+        """Let go of ``recordings`` at the next release point, not now: freeing their pools' memory
+        would wait for the whole device (see ``_release_cached_memory``)."""
+        self._dropped.extend(recordings)
+        self._release_pending = self._release_pending or bool(self._dropped)
 
     def pool_bytes(self) -> int:
         """The device memory the recordings' own pools hold (their graphs' temporaries)."""
