@@ -318,7 +318,8 @@ class GpuDevice:
                  f"CuPy {self.cupy.__version__} (CUDA runtime {self.cupy.cuda.runtime.runtimeGetVersion()}); "
                  f"torch {torch.__version__} (CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()})"]
         lines.append(f"netdef's cuDNN: {netdef.cudnn.status()[1]}; workspace limit "
-                     f"{netdef.cudnn.workspace_limit() / MIB:.0f} MiB, benchmark limit {netdef.cudnn.benchmark_limit()}")
+                     f"{netdef.cudnn.workspace_limit() / MIB:.0f} MiB, benchmark limit "
+                     f"{netdef.cudnn.benchmark_limit()}")
         return lines
 
 
@@ -341,46 +342,50 @@ def measure(row: dict, torch, device, args) -> None:
     device.free()
     row["netdef_pool_before_mib"] = device.netdef_pool_bytes() / MIB
     solver = build_solver(solver_param(train_net_param(row["key"], row["batch"]), device.name == "gpu"))
-    solver.net.cuda_graphs = args.cuda_graphs
-    if backend.device() != device.name:
-        raise RuntimeError(f"netdef's solver runs on the {backend.device()}, not the {device.name}")
-    fill_batch(solver.net)
-    torch_iteration = torch_trainer(torch, solver.net, device.torch_device)
+    try:  # closed whatever happens: a net that fails in its first iterations leaves no memory watch behind
+        solver.net.cuda_graphs = args.cuda_graphs
+        if backend.device() != device.name:
+            raise RuntimeError(f"netdef's solver runs on the {backend.device()}, not the {device.name}")
+        fill_batch(solver.net)
+        torch_iteration = torch_trainer(torch, solver.net, device.torch_device)
 
-    def run_torch(iters: int) -> None:
-        for _ in range(iters):
-            torch_iteration()
+        def run_torch(iters: int) -> None:
+            for _ in range(iters):
+                torch_iteration()
 
-    run_netdef = solver.step
-    # With graphs, the warm-up ends with every stretch recorded (the first iteration, which makes the
-    # gradients, is a kind of pass of its own): the timed rounds replay.
-    run_netdef(max(args.warmup, net_graphs.WARM_UP_PASSES + 2) if args.cuda_graphs else args.warmup)
-    with device.netdef_peak() as peak:
-        run_netdef(1)  # a training iteration as every later one, its memory peak measured
-    # A recording's memory pool is its own (net_graphs.py): held throughout, on top of the default pool's peak.
-    row["netdef_peak_mib"] = (peak[0] + (solver.net.cuda_graphs.pool_bytes() if solver.net.cuda_graphs else 0)) / MIB
-    device.synchronize()
-    netdef_pool = device.netdef_pool_bytes()
-    row["conv_algorithms"] = convolution_algorithms(solver.net)
-    row["cudnn_workspace_mib"] = netdef.cudnn.plans.shared_workspace_bytes() / MIB  # in the peak
-    if solver.net.cuda_graphs:
-        row["cuda_graph_runs"] = solver.net.cuda_graphs.replayed()
-        row["cuda_graph_refusals"] = solver.net.cuda_graphs.refused()
-    run_torch(args.warmup)
-    device.reset_torch_peak()  # PyTorch's peak from here: the same steady iterations as netdef's
-    run_torch(1)
-    runs = {"netdef": run_netdef, "torch": run_torch}
-    times = {"netdef": [], "torch": []}
-    for round_index in range(args.rounds):
-        order = list(runs) if round_index % 2 == 0 else list(reversed(runs))
-        for framework in order:
-            times[framework].append(timed_ms(runs[framework], args.iters, device))
-    row["netdef_pool_mib"] = max(netdef_pool, device.netdef_pool_bytes()) / MIB
-    row["torch_peak_mib"], row["torch_reserved_mib"] = (b / MIB for b in device.torch_peak_bytes())
-    for framework, ms in times.items():
-        row[f"{framework}_ms"] = ms
-        row[f"{framework}_img_s"] = row["batch"] / (statistics.median(ms) / 1000)
-    row["ratio"] = row["netdef_img_s"] / row["torch_img_s"]
+        run_netdef = solver.step
+        # With graphs, the warm-up ends with every stretch recorded (the first iteration, which makes the
+        # gradients, is a kind of pass of its own): the timed rounds replay.
+        run_netdef(max(args.warmup, net_graphs.WARM_UP_PASSES + 2) if args.cuda_graphs else args.warmup)
+        with device.netdef_peak() as peak:
+            run_netdef(1)  # a training iteration as every later one, its memory peak measured
+        # A recording's memory pool is its own (net_graphs.py): held throughout, on top of the default pool's peak.
+        graph_pools = solver.net.cuda_graphs.pool_bytes() if solver.net.cuda_graphs else 0
+        row["netdef_peak_mib"] = (peak[0] + graph_pools) / MIB
+        device.synchronize()
+        netdef_pool = device.netdef_pool_bytes()
+        row["conv_algorithms"] = convolution_algorithms(solver.net)
+        row["cudnn_workspace_mib"] = netdef.cudnn.plans.shared_workspace_bytes() / MIB  # in the peak
+        if solver.net.cuda_graphs:
+            row["cuda_graph_runs"] = solver.net.cuda_graphs.replayed()
+            row["cuda_graph_refusals"] = solver.net.cuda_graphs.refused()
+        run_torch(args.warmup)
+        device.reset_torch_peak()  # PyTorch's peak from here: the same steady iterations as netdef's
+        run_torch(1)
+        runs = {"netdef": run_netdef, "torch": run_torch}
+        times = {"netdef": [], "torch": []}
+        for round_index in range(args.rounds):
+            order = list(runs) if round_index % 2 == 0 else list(reversed(runs))
+            for framework in order:
+                times[framework].append(timed_ms(runs[framework], args.iters, device))
+        row["netdef_pool_mib"] = max(netdef_pool, device.netdef_pool_bytes()) / MIB
+        row["torch_peak_mib"], row["torch_reserved_mib"] = (b / MIB for b in device.torch_peak_bytes())
+        for framework, ms in times.items():
+            row[f"{framework}_ms"] = ms
+            row[f"{framework}_img_s"] = row["batch"] / (statistics.median(ms) / 1000)
+        row["ratio"] = row["netdef_img_s"] / row["torch_img_s"]
+    finally:
+        solver.close()
 
 
 def run_job(row: dict, torch, device, args) -> None:
@@ -420,8 +425,8 @@ def print_table(rows: list[dict], environment: list[str], command: str, memory_n
                   f"{row['netdef_pool_before_mib']:.0f} MiB before the net was built (in its figure)")
     for row in rows:
         if row.get("cudnn_workspace_mib", 0) > 0:
-            print(f"#   {row['label']} {row['precision']}: cuDNN's shared workspace {row['cudnn_workspace_mib']:.0f} MiB "
-                  f"(the largest chosen plan's; in netdef's figure)")
+            print(f"#   {row['label']} {row['precision']}: cuDNN's shared workspace "
+                  f"{row['cudnn_workspace_mib']:.0f} MiB (the largest chosen plan's; in netdef's figure)")
     for row in rows:
         if "cuda_graph_runs" in row:
             runs = row["cuda_graph_runs"]
