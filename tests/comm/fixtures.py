@@ -156,6 +156,12 @@ def _run(command: list[str], cwd, timeout: float, env: dict | None):
         stdout, stderr = process.communicate()
         raise AssertionError(f"{' '.join(command)} ran past {timeout} s (a hang?)\nstdout: {stdout[-2000:]}\n"
                              f"stderr: {stderr[-3000:]}") from None
+    except BaseException:
+        # Interrupted while waiting (pytest-timeout's signal, Ctrl-C): the run's processes end with the
+        # test, rather than go on into whatever runs next (a GPU machine's benchmarks).
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
