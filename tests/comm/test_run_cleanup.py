@@ -24,14 +24,14 @@ def test_an_interrupted_run_ends_with_the_processes_it_started(tmp_path):
     pid_file = tmp_path / "child"
     before = signal.signal(signal.SIGALRM, interrupt)
     try:
-        signal.alarm(2)
+        signal.alarm(5)  # time for both interpreters to start, even on a busy machine
         started = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
             fixtures._run([sys.executable, "-c", CHILD, str(pid_file)], tmp_path, 30, None)
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, before)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 20
     time.sleep(0.5)
     status = pathlib.Path(f"/proc/{int(pid_file.read_text())}/status")  # gone, or a zombie no one reaped yet
     assert not status.exists() or "State:\tZ" in status.read_text()
