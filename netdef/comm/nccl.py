@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import socket
 import time
@@ -40,9 +39,7 @@ import numpy as np
 
 from .exchange import ExchangeRule
 from .graph_boundaries import boundaries_by_gradient_bytes
-from .nccl_sum import communicator, nccl_types, unique_id, version_text
-
-log = logging.getLogger("netdef")
+from .nccl_sum import CommunicatorEnd, communicator, nccl_types, unique_id, version_text
 
 MULTI_RANK_VARIABLE = "NCCL_MULTI_RANK_GPU_ENABLE"
 # The rules whose gradients NCCL can sum: the allreduce family's plain sum (hybrid's inside a group),
@@ -159,7 +156,7 @@ class NcclAllreduceExchange(ExchangeRule):
         self.cupy = cupy
         self._nccl = nccl
         self.communicator = communicator(nccl, self.comm.size, unique_id(self.comm, nccl), self.comm.rank)
-        self._released = False  # destroyed at the end of a run (release), aborted on a failure (close)
+        self._end = CommunicatorEnd(self.communicator)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.compute_stream = cupy.cuda.get_current_stream()
         self._summed: dict[int, object] = {}   # param id -> the event after its layer's NCCL group
@@ -231,16 +228,7 @@ class NcclAllreduceExchange(ExchangeRule):
         self.finish()
 
     def release(self) -> None:
-        if not self._released:
-            self.communicator.destroy()
-            self._released = True
+        self._end.destroy()
 
     def close(self) -> None:
-        # Local, also when this rank fails: destroying would wait for collectives a failed peer never
-        # joins; aborting does not.
-        if not self._released:
-            self._released = True
-            try:
-                self.communicator.abort()
-            except Exception as exc:  # noqa: BLE001 - a failing rank's own error is the one to report
-                log.warning("NCCL's communicator could not be aborted: %s", exc)
+        self._end.abort()  # local, also when this rank fails

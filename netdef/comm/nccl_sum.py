@@ -67,6 +67,30 @@ def communicator(nccl, size: int, unique: bytes, rank: int):
         return nccl.NcclCommunicator(size, tuple(int(v) for v in np.frombuffer(unique, dtype=np.int8)), rank)
 
 
+class CommunicatorEnd:
+    """How a rank's NCCL communicator ends, once: destroyed at the end of a run (``destroy``, collective:
+    every rank's queued collectives run to their end), or aborted where the rank closes without that
+    end (``abort``, local: destroying would wait for collectives that a failed peer never joins). An
+    error from the abort is logged, not raised: a failing rank's own error is the one to report."""
+
+    def __init__(self, communicator):
+        self._communicator = communicator
+        self._ended = False
+
+    def destroy(self) -> None:
+        if not self._ended:
+            self._communicator.destroy()
+            self._ended = True
+
+    def abort(self) -> None:
+        if not self._ended:
+            self._ended = True
+            try:
+                self._communicator.abort()
+            except Exception as exc:  # noqa: BLE001 - see the class docstring
+                log.warning("NCCL's communicator could not be aborted: %s", exc)
+
+
 def nccl_types(nccl) -> dict:
     """NCCL's data type for each dtype a gradient may have."""
     return {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64,
@@ -111,7 +135,7 @@ class NcclStreamReduction(DeviceMemoryReduction):
         self._types = nccl_types(nccl)
         self._spans = None                      # a timeline's DeviceSpans, when one is written
         self.communicator = communicator(nccl, comm.size, unique_id(comm, nccl), comm.rank)
-        self._released = False  # destroyed at the end of a run (release), aborted on a failure (close)
+        self._end = CommunicatorEnd(self.communicator)
 
     def version(self) -> str:
         return version_text(self._nccl.get_version())
@@ -142,19 +166,10 @@ class NcclStreamReduction(DeviceMemoryReduction):
             return array.copy()
 
     def release(self) -> None:
-        if not self._released:
-            self.communicator.destroy()
-            self._released = True
+        self._end.destroy()
 
     def close(self) -> None:
-        # Destroying waits for this rank's queued collectives, which a failed peer never joins:
-        # aborting does not.
-        if not self._released:
-            self._released = True
-            try:
-                self.communicator.abort()
-            except Exception as exc:  # noqa: BLE001 - a failing rank's own error is the one to report
-                log.warning("NCCL's communicator could not be aborted: %s", exc)
+        self._end.abort()
 
 
 class NcclReduction(NcclStreamReduction):
